@@ -1,0 +1,129 @@
+"""Benchmark: acquire+release pairs per second, gitward Redlock vs pottery vs single-node SET NX.
+
+Starts three local redis-server processes (temporary directories), then runs several
+interleaved rounds of sequential, contention-free acquire+release pairs on one key:
+
+  ours        gitward ``Redlock`` over the 3 masters (no token source)
+  ours-3keys  the same, locking 3 keys at once (one Lua script per master)
+  pottery     pottery 3.0.1 ``Redlock`` over the same 3 masters (one object reused)
+  baseline    one master: ``SET key v NX PX ttl`` + compare-and-delete Lua (EVALSHA)
+
+Prints medians over the rounds and the ratios. Not a test: nothing is asserted.
+
+    .venv/bin/python bench/locks.py [--pairs 400] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workers.locks import Redlock
+from workers.redisnode import RedisNode
+
+TTL = 10.0
+KEY = "locks:bench:one"
+
+_CAS_DELETE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def run_pairs(pair: Callable[[], None], pairs: int) -> float:
+    """Seconds for ``pairs`` sequential acquire+release pairs."""
+    start = time.perf_counter()
+    for _ in range(pairs):
+        pair()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--pairs", type=int, default=400, help="pairs per round and variant")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from pottery import Redlock as PotteryRedlock  # type: ignore[import-untyped]
+
+    with tempfile.TemporaryDirectory(prefix="gitward-bench-") as tmp:
+        nodes = [RedisNode(Path(tmp) / f"m{i}").start() for i in range(3)]
+        try:
+            urls = [n.url for n in nodes]
+            ours = Redlock(urls, retry_count=0)
+            masters = {redis.Redis(host=n.host, port=n.port) for n in nodes}
+            pottery = PotteryRedlock(key=KEY, masters=masters, auto_release_time=TTL)
+            single = nodes[0].client()
+            cas_delete = single.register_script(_CAS_DELETE)
+            ttl_ms = int(TTL * 1000)
+
+            def ours_pair() -> None:
+                ours.acquire(KEY, ttl=TTL).release()
+
+            def ours_3keys_pair() -> None:
+                ours.acquire([KEY, KEY + ":b", KEY + ":c"], ttl=TTL).release()
+
+            def pottery_pair() -> None:
+                if not pottery.acquire(blocking=False):
+                    raise RuntimeError("pottery failed to acquire a free lock")
+                pottery.release()
+
+            def baseline_pair() -> None:
+                value = secrets.token_hex(16)
+                if not single.set(KEY, value, nx=True, px=ttl_ms):
+                    raise RuntimeError("baseline failed to acquire a free lock")
+                cas_delete(keys=[KEY], args=[value])
+
+            variants: dict[str, Callable[[], None]] = {
+                "ours": ours_pair,
+                "ours-3keys": ours_3keys_pair,
+                "pottery": pottery_pair,
+                "baseline": baseline_pair,
+            }
+            for pair in variants.values():  # warm up connections and script caches
+                run_pairs(pair, 20)
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(args.rounds):
+                for name, pair in variants.items():
+                    times[name].append(run_pairs(pair, args.pairs) / args.pairs)
+
+            print(
+                f"redis {single.info()['redis_version']}, Python {platform.python_version()}, "
+                f"{os.cpu_count()} CPUs, 3 local masters, TTL {TTL:g} s, "
+                f"{args.rounds} rounds x {args.pairs} sequential pairs on 1 key (no contention)"
+            )
+            print(f"{'variant':<12} {'pairs/s':>10} {'us/pair':>10} {'min us':>9} {'max us':>9}")
+            med = {name: statistics.median(t) for name, t in times.items()}
+            for name, t in times.items():
+                print(
+                    f"{name:<12} {1 / med[name]:>10.0f} {med[name] * 1e6:>10.0f} "
+                    f"{min(t) * 1e6:>9.0f} {max(t) * 1e6:>9.0f}"
+                )
+            print(f"ours/pottery throughput: {med['pottery'] / med['ours']:.2f}x")
+            print(f"ours/baseline time per pair: {med['ours'] / med['baseline']:.2f}x")
+            lat = ours.stats()["acquire_latency"]
+            print(
+                f"ours acquire latency (last {lat['count']} acquisitions, us): "
+                f"p50 {lat['p50'] * 1e6:.0f}, p99 {lat['p99'] * 1e6:.0f}, "
+                f"max {lat['max'] * 1e6:.0f}"
+            )
+            ours.close()
+        finally:
+            for node in nodes:
+                node.kill()
+
+
+if __name__ == "__main__":
+    main()

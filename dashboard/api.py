@@ -1,0 +1,177 @@
+"""JSON API (DESIGN §10): session or ``Authorization: Bearer <token>``.
+
+Errors are JSON ``{"error": message}`` with a 4xx status; unexpected failures are
+logged and answered with a generic JSON error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from dashboard import status as system_status
+from dashboard.commits import BadCursor, commit_dict, commit_page
+from dashboard.models import ApiToken, Repository
+from dashboard.queues import RedisUnavailable
+from dashboard.repositories import (
+    InvalidRemote,
+    current_fingerprint,
+    repository_status,
+    submit_repository,
+)
+from dashboard.summaries import repository_summary
+
+log = logging.getLogger(__name__)
+
+
+def error(message: str, status: int) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status)
+
+
+def _bearer_user(request: HttpRequest) -> Any:
+    header = request.headers.get("Authorization", "")
+    if not header:
+        return None
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        return False
+    token = ApiToken.objects.select_related("user").filter(digest=ApiToken.hash(raw.strip())).first()
+    if token is None or not token.user.is_active:
+        return False
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return token.user
+
+
+def api_view(methods: tuple[str, ...]) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Authenticate (bearer token, else session + CSRF for unsafe methods), check the
+    method, and turn every expected failure into a JSON 4xx."""
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @csrf_exempt
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                response = error(f"method {request.method} not allowed", 405)
+                response["Allow"] = ", ".join(methods)
+                return response
+            user = _bearer_user(request)
+            if user is False:
+                return error("invalid API token", 401)
+            if user is None:
+                if not request.user.is_authenticated:
+                    return error("authentication required", 401)
+                if request.method not in {"GET", "HEAD", "OPTIONS"}:
+                    # Session-authenticated writes need the CSRF token like any form.
+                    rejected = CsrfViewMiddleware(lambda r: HttpResponse()).process_view(
+                        request, None, (), {}
+                    )
+                    if rejected is not None:
+                        return error("CSRF verification failed", 403)
+            else:
+                request.user = user
+            try:
+                return view(request, *args, **kwargs)
+            except RedisUnavailable as exc:
+                return error(str(exc), 503)
+            except Exception:
+                log.exception("API error on %s", request.path)
+                return error("internal error; the failure was logged", 500)
+
+        return wrapper
+
+    return decorate
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    if request.content_type == "application/json":
+        try:
+            data = json.loads(request.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError("request body is not valid JSON") from exc
+        if not isinstance(data, dict):
+            raise ValueError("request body must be a JSON object")
+        return data
+    return {k: v for k, v in request.POST.items()}
+
+
+@api_view(("POST",))
+def repos(request: HttpRequest) -> HttpResponse:
+    try:
+        data = _json_body(request)
+    except ValueError as exc:
+        return error(str(exc), 400)
+    url = data.get("url")
+    branch = data.get("branch")
+    if not isinstance(url, str) or not url.strip():
+        return error("url is required", 400)
+    if branch is not None and not isinstance(branch, str):
+        return error("branch must be a string", 400)
+    try:
+        repo, created = submit_repository(url=url, branch=branch, user=request.user)
+    except InvalidRemote as exc:
+        return error(str(exc), 400)
+    return JsonResponse(repository_status(repo), status=202 if created else 200)
+
+
+def _repo_or_404(repo_id: int) -> Repository | None:
+    return Repository.objects.filter(pk=repo_id).first()
+
+
+@api_view(("GET",))
+def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
+    repo = _repo_or_404(repo_id)
+    if repo is None:
+        return error("repository not found", 404)
+    body = repository_status(repo)
+    if request.GET.get("summary") in {"1", "true"}:
+        body["summary"] = repository_summary(repo, current_fingerprint())
+    return JsonResponse(body)
+
+
+@api_view(("GET",))
+def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
+    repo = _repo_or_404(repo_id)
+    if repo is None:
+        return error("repository not found", 404)
+    raw_limit = request.GET.get("limit", "50")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        return error("limit must be an integer", 400)
+    if not 1 <= limit <= 1000:
+        return error("limit must be between 1 and 1000", 400)
+    try:
+        rows, nxt = commit_page(
+            repo,
+            fingerprint=current_fingerprint(),
+            limit=limit,
+            cursor=request.GET.get("cursor") or None,
+            with_files=request.GET.get("files") in {"1", "true"},
+        )
+    except BadCursor:
+        return error("invalid cursor", 400)
+    results = [commit_dict(c, getattr(c, "file_rows", None)) for c in rows]
+    return JsonResponse({"results": results, "next": nxt})
+
+
+@api_view(("GET",))
+def status(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(system_status.snapshot())
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return error("not found", 404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception or Exception())
+
+

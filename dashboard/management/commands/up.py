@@ -1,0 +1,101 @@
+"""``manage.py up``: the whole system in one process tree.
+
+Embedded Redis nodes (when ``REDIS_URLS`` is unset), migrations, the first admin user,
+the reconciler, the worker pool and the ASGI server on ``HOST:PORT``. Ctrl-C/SIGTERM
+stops the server, lets workers finish or hand back their job, then stops the nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from dashboard import embedded
+from dashboard.accounts import ensure_admin
+from dashboard.reconciler import reconcile
+from workers.pool import Pool
+
+
+class Command(BaseCommand):
+    help = "Start gitward: web server, worker pool and (by default) embedded Redis nodes."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--host", default=None)
+        parser.add_argument("--port", type=int, default=None)
+        parser.add_argument("--workers", type=int, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        host = options["host"] or settings.HOST
+        port = options["port"] if options["port"] is not None else settings.PORT
+        workers = options["workers"] if options["workers"] is not None else settings.WORKERS
+        nodes = []
+        if not os.environ.get("REDIS_URLS"):
+            try:
+                nodes = embedded.start_nodes(settings.EMBEDDED_REDIS_NODES)
+            except (embedded.AlreadyRunning, RuntimeError) as exc:
+                raise CommandError(str(exc)) from None
+            urls = [n.url for n in nodes]
+            embedded.use_redis(urls)
+            embedded.write_state(
+                {"pid": os.getpid(), "redis_urls": urls, "ports": [n.port for n in nodes],
+                 "web": f"http://{host}:{port}/"}  # fmt: skip
+            )
+            self.stdout.write(f"embedded Redis nodes: {', '.join(urls)}")
+        pool: Pool | None = None
+        stop_reconciler = threading.Event()
+        try:
+            call_command("migrate", interactive=False, verbosity=0)
+            password = ensure_admin()
+            if password:
+                self.stdout.write(
+                    self.style.WARNING(f"created user admin with password: {password}  (shown once)")
+                )
+            reconcile()
+            threading.Thread(
+                target=_reconcile_periodically, args=(stop_reconciler,), daemon=True
+            ).start()
+            if workers > 0:
+                pool = Pool(workers, manage_py=Path(settings.BASE_DIR) / "manage.py",
+                            env=dict(os.environ))  # fmt: skip
+                pool.start()
+                threading.Thread(target=_supervise, args=(pool, stop_reconciler), daemon=True).start()
+            self.stdout.write(f"gitward is up on http://{host}:{port}/ with {workers} workers")
+            config = uvicorn.Config(
+                "dashboard.asgi:application", host=host, port=port, lifespan="off",
+                log_level="warning", ws_max_size=1 << 20,
+            )  # fmt: skip
+            uvicorn.Server(config).run()
+        finally:
+            stop_reconciler.set()
+            if pool is not None:
+                self.stdout.write("stopping workers (finishing current jobs)…")
+                pool.stop()
+            if nodes:
+                embedded.stop_nodes(nodes)
+                embedded.clear_state()
+            self.stdout.write("gitward stopped")
+
+
+def _reconcile_periodically(stop: threading.Event) -> None:
+    from django.db import close_old_connections
+
+    while not stop.wait(60):
+        try:
+            close_old_connections()
+            reconcile()
+        except Exception:  # the next round retries; the error is logged
+            import logging
+
+            logging.getLogger(__name__).exception("reconciler round failed")
+
+
+def _supervise(pool: Pool, stop: threading.Event) -> None:
+    while not stop.wait(2):
+        pool.check()

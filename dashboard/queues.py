@@ -1,0 +1,128 @@
+"""Redis connections, RQ queues and the process-wide Redlock."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from rq import Queue, Retry
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job, JobStatus
+
+from workers.analyzer import queue_name
+from workers.locks import Redlock
+
+log = logging.getLogger(__name__)
+
+SYNC_QUEUE = "sync"
+#: Every attempt after the first waits a little longer (seconds).
+RETRY = Retry(max=2, interval=[2, 10])
+
+
+class RedisUnavailable(ImproperlyConfigured):
+    pass
+
+
+def redis_urls() -> list[str]:
+    urls = list(settings.REDIS_URLS)
+    if not urls:
+        raise RedisUnavailable(
+            "no Redis configured: start `make run` (embedded nodes) or set REDIS_URLS"
+        )
+    return urls
+
+
+def redis_url() -> str:
+    return str(settings.REDIS_URL or redis_urls()[0])
+
+
+@functools.cache
+def _connection(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+
+
+def connection() -> redis.Redis:
+    return _connection(redis_url())
+
+
+@functools.cache
+def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
+    from dashboard.fencing import next_token
+
+    ttl_unused, count, delay, jitter, drift, node_timeout = settings_key
+    return Redlock(
+        list(urls),
+        retry_count=int(count),
+        retry_delay=delay,
+        retry_jitter=jitter,
+        drift_factor=drift,
+        node_timeout=node_timeout,
+        token_source=next_token,
+    )
+
+
+def redlock() -> Redlock:
+    """The Redlock over the configured masters, with database fencing tokens."""
+    return _redlock(
+        tuple(redis_urls()),
+        (
+            settings.LOCK_TTL,
+            settings.LOCK_RETRY_COUNT,
+            settings.LOCK_RETRY_DELAY,
+            settings.LOCK_RETRY_JITTER,
+            settings.LOCK_DRIFT_FACTOR,
+            settings.LOCK_NODE_TIMEOUT,
+        ),
+    )
+
+
+def queue(name: str) -> Queue:
+    return Queue(name, connection=connection(), default_timeout=settings.JOB_TIMEOUT)
+
+
+def analysis_queue(fingerprint: str) -> Queue:
+    return queue(queue_name(fingerprint))
+
+
+def enqueue_unique(q: Queue, func: str, *args: object, job_id: str) -> bool:
+    """Enqueue under a deterministic id; False if that job already exists in Redis.
+
+    Two processes enqueuing the same id concurrently: RQ's ``unique`` enqueue is one Lua
+    script (check-and-save), so exactly one succeeds and the other gets
+    DuplicateJobError. The job itself is idempotent too, so a redelivery is harmless.
+    """
+    try:
+        q.enqueue(
+            func,
+            *args,
+            job_id=job_id,
+            unique=True,
+            retry=RETRY,
+            result_ttl=3600,
+            failure_ttl=7 * 24 * 3600,
+        )
+    except DuplicateJobError:
+        pass
+    else:
+        return True
+    # The id exists. A live job (queued, started, scheduled) is the same work: done.
+    # A finished or failed one is a leftover of an earlier round: replace it. Two
+    # replacers racing both delete, then both enqueue with ``unique``: one wins.
+    try:
+        existing = Job.fetch(job_id, connection=q.connection)
+        status = existing.get_status(refresh=True)
+    except NoSuchJobError:
+        status = None
+    if status in {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED}:
+        return False
+    if status is not None:
+        existing.delete()
+    try:
+        q.enqueue(func, *args, job_id=job_id, unique=True, retry=RETRY, result_ttl=3600,
+                  failure_ttl=7 * 24 * 3600)  # fmt: skip
+    except DuplicateJobError:
+        return False
+    return True

@@ -1,0 +1,140 @@
+"""Submitting repositories and reading their state."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from dashboard import queues
+from dashboard.models import Chunk, Commit, Repository
+from workers.analyzer import DEFAULT
+from workers.remotes import InvalidRemote, Remote, RemotePolicy, normalise_branch, parse_remote
+
+__all__ = ["InvalidRemote", "current_fingerprint", "repository_status", "submit_repository"]
+
+
+def current_fingerprint() -> str:
+    return DEFAULT.fingerprint()
+
+
+def remote_policy() -> RemotePolicy:
+    nets = tuple(ipaddress.ip_network(n, strict=False) for n in settings.ALLOWED_HOSTS_NETS)
+    return RemotePolicy(
+        local_roots=tuple(settings.LOCAL_ROOTS),
+        allowed_nets=nets,
+        resolve_hosts=settings.RESOLVE_HOSTS,
+    )
+
+
+def validate_remote(url: str) -> Remote:
+    return parse_remote(url, remote_policy())
+
+
+def submit_repository(*, url: str, branch: str | None = None, user: Any = None) -> tuple[Repository, bool]:
+    """Validate, get-or-create the repository, and enqueue its sync after commit.
+
+    Returns ``(repository, created)``. Re-submitting a ready or failed repository starts
+    a new sync generation (new commits are analysed; stored ones are not redone);
+    re-submitting one that is still in progress changes nothing.
+
+    Race: two identical submissions at once. ``get_or_create`` relies on the unique
+    (url, branch) constraint, so both get the same row; only the creator enqueues. For a
+    re-submission the state change is a conditional UPDATE (status ready/failed →
+    queued, generation + 1) and only the caller whose UPDATE matched a row enqueues.
+    The sync job id contains the generation, so even a repeated enqueue is one job.
+    """
+    remote = validate_remote(url)
+    norm_branch = normalise_branch(branch)
+    with transaction.atomic():
+        repo, created = Repository.objects.get_or_create(
+            url=remote.url,
+            branch=norm_branch,
+            defaults={"submitted_by": user if getattr(user, "pk", None) else None},
+        )
+        if not created:
+            updated = Repository.objects.filter(
+                pk=repo.pk, status__in=[Repository.Status.READY, Repository.Status.FAILED]
+            ).update(
+                status=Repository.Status.QUEUED,
+                generation=F("generation") + 1,
+                error="",
+                updated_at=timezone.now(),
+            )
+            repo.refresh_from_db()
+            if not updated:
+                return repo, False
+        transaction.on_commit(lambda: enqueue_sync(repo.pk, repo.generation))
+    return repo, created
+
+
+def enqueue_sync(repo_id: int, generation: int) -> bool:
+    return queues.enqueue_unique(
+        queues.queue(queues.SYNC_QUEUE),
+        "workers.jobs.sync_repository",
+        repo_id,
+        generation,
+        job_id=f"sync-{repo_id}-g{generation}",
+    )
+
+
+def resolve_repository(ref: str) -> Repository:
+    """A repository by id or by URL (normalised); raises Repository.DoesNotExist."""
+    ref = ref.strip()
+    if ref.isdigit():
+        return Repository.objects.get(pk=int(ref))
+    try:
+        url = validate_remote(ref).url
+    except InvalidRemote:
+        url = ref
+    repo = Repository.objects.filter(Q(url=url) | Q(url=ref)).order_by("branch").first()
+    if repo is None:
+        raise Repository.DoesNotExist(f"no repository {ref!r}")
+    return repo
+
+
+def commits_analyzed(repo: Repository, fingerprint: str | None = None) -> int:
+    return Commit.objects.filter(
+        repository=repo, fingerprint=fingerprint or current_fingerprint()
+    ).count()
+
+
+def repository_status(repo: Repository) -> dict[str, Any]:
+    """The API shape of DESIGN §10 plus progress and chunk counts."""
+    fp = current_fingerprint()
+    analyzed = commits_analyzed(repo, fp)
+    total = repo.commits_total
+    chunks = dict.fromkeys(Chunk.State.values, 0)
+    for state, n in (
+        Chunk.objects.filter(repository=repo, fingerprint=fp)
+        .values_list("state")
+        .annotate(n=Count("id"))
+    ):
+        chunks[state] = n
+    if repo.status == Repository.Status.READY:
+        progress = 100.0
+    elif total:
+        progress = round(min(100.0, 100.0 * analyzed / total), 1)
+    else:
+        progress = 0.0
+    return {
+        "id": repo.pk,
+        "url": repo.url,
+        "name": repo.name,
+        "branch": repo.branch,
+        "status": repo.status,
+        "head": repo.head or None,
+        "commits_total": total,
+        "commits_analyzed": analyzed,
+        "progress": progress,
+        "chunks": chunks,
+        "fingerprint": fp,
+        "error": repo.error or None,
+        "created_at": repo.created_at.isoformat(),
+        "analyzed_at": repo.analyzed_at.isoformat() if repo.analyzed_at else None,
+    }
+

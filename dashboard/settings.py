@@ -1,0 +1,190 @@
+"""gitward settings: environment only, with defaults that run on a fresh machine.
+
+Every variable is read through ``dashboard.env`` helpers (which raise
+``ImproperlyConfigured`` on bad values) and documented in README.md; a test checks the
+README table is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from dashboard.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("GITWARD_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+
+# ---------------------------------------------------------------------------- core
+DEBUG = env_bool("GITWARD_DEBUG", False)
+PRODUCTION = env_bool("GITWARD_PRODUCTION", False)
+
+
+def _secret_key() -> str:
+    """The key from the environment, else one generated once and kept under var/."""
+    from_env = env_str("GITWARD_SECRET_KEY", "")
+    if from_env:
+        return from_env
+    path = VAR_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(50)
+        # Two processes starting at once may both write; each writes a valid key and the
+        # last rename wins. Both then re-read the same file on their next start.
+        tmp = path.with_suffix(f".{secrets.token_hex(4)}")
+        tmp.write_text(key)
+        tmp.replace(path)
+        return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("GITWARD_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("GITWARD_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "dashboard.middleware.ContentSecurityPolicyMiddleware",
+]
+
+ROOT_URLCONF = "dashboard.urls"
+ASGI_APPLICATION = "dashboard.asgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+
+# ---------------------------------------------------------------------------- database
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'gitward.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several worker processes write to one file: WAL lets readers run beside the
+    # writer, IMMEDIATE takes the write lock at BEGIN (no deadlocking lock upgrades),
+    # and the timeout makes writers queue instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 60,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ---------------------------------------------------------------------------- redis
+STATE_FILE = VAR_DIR / "state.json"
+
+
+def _embedded_redis_urls() -> list[str]:
+    """Redis URLs of the nodes a running ``manage.py up`` started (var/state.json)."""
+    try:
+        state = json.loads(STATE_FILE.read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    urls = state.get("redis_urls", [])
+    return [str(u) for u in urls] if isinstance(urls, list) else []
+
+
+REDIS_URLS = env_list("REDIS_URLS", "") or _embedded_redis_urls()
+REDIS_URL = env_str("REDIS_URL", "") or (REDIS_URLS[0] if REDIS_URLS else "")
+EMBEDDED_REDIS_NODES = env_int("GITWARD_EMBEDDED_REDIS_NODES", 3, minimum=1)
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL or "redis://127.0.0.1:6379/0"], "capacity": 1000},
+    }
+}
+
+# ---------------------------------------------------------------------------- locks
+LOCK_TTL = env_float("GITWARD_LOCK_TTL", 30.0, minimum=0.5)
+LOCK_RETRY_COUNT = env_int("GITWARD_LOCK_RETRY_COUNT", 3, minimum=0)
+LOCK_RETRY_DELAY = env_float("GITWARD_LOCK_RETRY_DELAY", 0.2, minimum=0.0)
+LOCK_RETRY_JITTER = env_float("GITWARD_LOCK_RETRY_JITTER", 0.1, minimum=0.0)
+LOCK_DRIFT_FACTOR = env_float("GITWARD_LOCK_DRIFT_FACTOR", 0.01, minimum=0.0)
+LOCK_NODE_TIMEOUT = env_float("GITWARD_LOCK_NODE_TIMEOUT", 0.05, minimum=0.001)
+
+# ---------------------------------------------------------------------------- processes
+HOST = env_str("HOST", "127.0.0.1")
+PORT = env_int("PORT", 8000, minimum=0)
+WORKERS = env_int("WORKERS", 2, minimum=0)
+WORKSPACE = Path(env_str("GITWARD_WORKSPACE", str(VAR_DIR / "workspace"))).resolve()
+ADMIN_PASSWORD = env_str("GITWARD_ADMIN_PASSWORD", "")
+
+# ---------------------------------------------------------------------------- analysis
+CHUNK_SIZE = env_int("GITWARD_CHUNK_SIZE", 1000, minimum=1)
+GIT_TIMEOUT = env_float("GITWARD_GIT_TIMEOUT", 900.0, minimum=1.0)
+JOB_TIMEOUT = env_int("GITWARD_JOB_TIMEOUT", 1800, minimum=10)
+LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]
+ALLOWED_HOSTS_NETS = env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
+RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
+
+# ---------------------------------------------------------------------------- auth, web
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
+WHITENOISE_USE_FINDERS = True
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+if PRODUCTION:
+    # Behind TLS: cookies never travel in clear, browsers remember to use HTTPS.
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("GITWARD_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("GITWARD_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("GITWARD_LOG_LEVEL", "INFO")},
+    "loggers": {"rq.worker": {"level": "WARNING"}},
+}

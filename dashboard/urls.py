@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from dashboard import api, views
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("repos/", views.repositories, name="repositories"),
+    path("repos/<int:repo_id>/", views.repository, name="repository"),
+    path("healthz", views.healthz, name="healthz"),
+    path("api/repos", api.repos, name="api-repos"),
+    path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
+    path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),
+    path("api/status", api.status, name="api-status"),
+    path("admin/", admin.site.urls),
+]
+
+handler404 = "dashboard.api.not_found"

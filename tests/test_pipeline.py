@@ -1,0 +1,184 @@
+"""The pipeline end to end: submit → sync → chunks → analyze, through real RQ workers,
+real Redis masters, real git and the real database; compared with git itself."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from dashboard import queues
+from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository
+from dashboard.repositories import InvalidRemote, current_fingerprint, submit_repository
+from tests.conftest import run_workers
+from tests.gitrepo import GitRepo, reference_commits
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stored(repo: Repository) -> dict[str, dict[str, object]]:
+    out = {}
+    for c in Commit.objects.filter(repository=repo, fingerprint=current_fingerprint()):
+        files = sorted(
+            (f.path, f.added, f.deleted, f.binary) for f in FileChange.objects.filter(commit=c)
+        )
+        out[c.sha] = {
+            "sha": c.sha,
+            "parents": c.parent_list(),
+            "author_name": c.author_name,
+            "author_email": c.author_email,
+            "authored_at": c.authored_at,
+            "committer_name": c.committer_name,
+            "committer_email": c.committer_email,
+            "committed_at": c.committed_at,
+            "subject": c.subject,
+            "is_merge": c.is_merge,
+            "files": files,
+            "files_changed": c.files_changed,
+            "insertions": c.insertions,
+            "deletions": c.deletions,
+        }
+    return out
+
+
+def assert_matches_git(repo: Repository, origin: Path) -> None:
+    ref = reference_commits(origin)
+    got = stored(repo)
+    assert set(got) == set(ref)
+    for sha, want in ref.items():
+        have = dict(got[sha])
+        # Instants must match exactly; the offsets are checked by the API tests.
+        assert have.pop("authored_at") == datetime.fromisoformat(want["authored_at"])
+        assert have.pop("committed_at") == datetime.fromisoformat(want["committed_at"])
+        expected = {k: v for k, v in want.items() if k not in {"authored_at", "committed_at"}}
+        assert have == expected, sha
+
+
+def test_it_analyses_every_commit_of_a_submitted_repository(git_repo: GitRepo) -> None:
+    repo, created = submit_repository(url=str(git_repo.path))
+    assert created
+    assert repo.status == Repository.Status.QUEUED
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    assert repo.head == git_repo.head()
+    assert repo.commits_total == 3
+    assert_matches_git(repo, git_repo.path)
+    runs = JobRun.objects.filter(repository=repo)
+    assert {r.kind for r in runs} == {"sync", "analyze"}
+    assert all(r.state == JobRun.State.SUCCEEDED and r.token for r in runs)
+
+
+def test_it_splits_history_into_chunks_each_under_its_own_lock(git_repo: GitRepo, settings) -> None:
+    settings.CHUNK_SIZE = 2
+    for i in range(12):
+        git_repo.commit(f"change {i}", {f"f{i % 3}.txt": f"line {i}\n" * (i + 1)})
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    chunks = list(Chunk.objects.filter(repository=repo))
+    assert len(chunks) > 1
+    assert sum(c.size for c in chunks) == 15
+    assert all(c.state == Chunk.State.DONE for c in chunks)
+    # Each chunk was written under its own lock with its own fencing token.
+    assert len({c.token for c in chunks}) == len(chunks) or len({c.lock_key() for c in chunks}) == len(chunks)
+    assert all(c.lock_key().startswith(f"locks:git:repo:{repo.pk}:commit:") for c in chunks)
+    assert_matches_git(repo, git_repo.path)
+
+
+def test_it_analyses_only_new_commits_on_resubmission(git_repo: GitRepo) -> None:
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    before = dict(Commit.objects.filter(repository=repo).values_list("sha", "pk"))
+    git_repo.commit("pushed later", {"late.txt": "new\n"})
+    git_repo.commit("pushed later 2", {"late.txt": "new\nnewer\n"})
+    again, created = submit_repository(url=str(git_repo.path))
+    assert again.pk == repo.pk and not created
+    assert again.status == Repository.Status.QUEUED
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    after = dict(Commit.objects.filter(repository=repo).values_list("sha", "pk"))
+    assert len(after) == 5
+    # Old rows untouched (same primary keys): nothing was re-analysed.
+    assert {s: after[s] for s in before} == before
+    new_chunks = Chunk.objects.filter(repository=repo).order_by("position")
+    assert new_chunks.last().size == 2
+    assert_matches_git(repo, git_repo.path)
+
+
+def test_a_duplicate_submission_enqueues_no_work(git_repo: GitRepo) -> None:
+    first, created1 = submit_repository(url=str(git_repo.path))
+    second, created2 = submit_repository(url=str(git_repo.path) + "/")
+    assert first.pk == second.pk and created1 and not created2
+    assert queues.queue(queues.SYNC_QUEUE).count == 1
+    run_workers()
+    assert Commit.objects.filter(repository=first).count() == 3
+
+
+def test_concurrent_duplicate_submissions_store_each_commit_once(git_repo: GitRepo) -> None:
+    if connection.vendor == "sqlite":
+        pass  # SQLite serialises writers; the race still exercises the unique constraint path
+    results: list[object] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def submit() -> None:
+        try:
+            barrier.wait()
+            results.append(submit_repository(url=str(git_repo.path))[0].pk)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(results)) == 1
+    assert Repository.objects.count() == 1
+    run_workers()
+    # Redeliver every analyze job again: still one row per commit.
+    from workers.jobs import enqueue_chunks
+
+    Chunk.objects.update(state=Chunk.State.QUEUED)
+    for job_id in queues.analysis_queue(current_fingerprint()).finished_job_registry.get_job_ids():
+        queues.connection().delete(f"rq:job:{job_id}")
+    enqueue_chunks(list(Chunk.objects.values_list("pk", flat=True)))
+    run_workers()
+    repo = Repository.objects.get()
+    assert Commit.objects.filter(repository=repo).count() == 3
+    assert Commit.objects.values("sha").distinct().count() == 3
+
+
+def test_an_unreachable_repository_fails_with_a_readable_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    missing.mkdir()
+    repo, _ = submit_repository(url=str(missing))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.FAILED
+    assert "not found" in repo.error or "not a git repository" in repo.error
+    assert "Traceback" not in repo.error
+
+
+def test_a_missing_branch_fails_with_a_readable_reason(git_repo: GitRepo) -> None:
+    repo, _ = submit_repository(url=str(git_repo.path), branch="no-such-branch")
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.FAILED
+    assert repo.error == "branch 'no-such-branch' does not exist in the repository"
+
+
+def test_a_path_outside_the_local_roots_is_refused(tmp_path: Path, settings) -> None:
+    settings.LOCAL_ROOTS = [tmp_path / "allowed"]
+    with pytest.raises(InvalidRemote):
+        submit_repository(url=str(tmp_path))
+    assert Repository.objects.count() == 0

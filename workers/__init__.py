@@ -1,0 +1,1 @@
+"""Everything a worker process does. Core modules here never import Django."""

@@ -1,0 +1,210 @@
+"""Running git: a fixed hardened environment, own process groups, timeouts.
+
+Every git process gitward starts goes through ``spawn``: it runs in its own process
+group (so a timeout or a lost lock kills git *and* its children: upload-pack, ssh,
+remote helpers), with hooks, fsmonitor, submodule recursion, system/global config and
+terminal prompts disabled, and only the allowlisted transports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Transports git may use (``GIT_ALLOW_PROTOCOL`` also covers submodules/redirects).
+ALLOWED_PROTOCOLS = "file:git:http:https:ssh"
+
+#: ``-c`` options put before every git subcommand.
+HARDENED_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("core.quotepath", "off"),
+    ("core.askPass", ""),
+    ("credential.helper", ""),
+    ("protocol.allow", "never"),
+    ("protocol.file.allow", "always"),
+    ("protocol.git.allow", "always"),
+    ("protocol.http.allow", "always"),
+    ("protocol.https.allow", "always"),
+    ("protocol.ssh.allow", "always"),
+    ("protocol.ext.allow", "never"),
+    ("submodule.recurse", "false"),
+    ("fetch.recurseSubmodules", "false"),
+    ("transfer.fsckObjects", "true"),
+    ("fetch.fsckObjects", "true"),
+    ("http.followRedirects", "false"),
+    ("http.lowSpeedLimit", "1000"),
+    ("http.lowSpeedTime", "60"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("advice.detachedHead", "false"),
+    ("safe.bareRepository", "all"),
+)
+
+
+class GitError(RuntimeError):
+    """A git command failed; ``str()`` is a readable one-line reason."""
+
+    def __init__(self, message: str, *, returncode: int | None = None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class GitTimeout(GitError):
+    """A git command ran past its deadline and was killed with its process group."""
+
+
+def hardened_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A minimal, fixed environment: nothing from the caller leaks into git."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "/bin/false",
+        "SSH_ASKPASS": "/bin/false",
+        "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS,
+        "GIT_PROTOCOL_FROM_USER": "0",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_SSH_COMMAND": (
+            "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new "
+            "-o ConnectTimeout=20 -o ProxyCommand=none -o LocalCommand=none "
+            "-o PermitLocalCommand=no"
+        ),
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def command(args: Sequence[str]) -> list[str]:
+    """``git -c k=v ... <args>``."""
+    cmd = ["git"]
+    for key, value in HARDENED_CONFIG:
+        cmd += ["-c", f"{key}={value}"]
+    cmd += list(args)
+    return cmd
+
+
+class ProcessGroups:
+    """The git process groups a job has running, so a lost lock can kill them all.
+
+    ``kill_all`` may be called from the heartbeat thread while the job thread spawns:
+    the set is guarded by a lock, and a process spawned after ``kill_all`` is killed on
+    registration (``closed``), so no git process outlives an aborted job.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pgids: set[int] = set()
+        self.closed = False
+
+    def add(self, pgid: int) -> None:
+        with self._lock:
+            if self.closed:
+                _killpg(pgid)
+                return
+            self._pgids.add(pgid)
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.discard(pgid)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self.closed = True
+            pgids = list(self._pgids)
+            self._pgids.clear()
+        for pgid in pgids:
+            _killpg(pgid)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Runner:
+    """Starts git processes for one job; compatible with ``workers.history``'s runner."""
+
+    def __init__(self, *, git_dir: Path | None = None, groups: ProcessGroups | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.git_dir = git_dir
+        self.groups = groups or ProcessGroups()
+        self.extra_env = dict(extra_env or {})
+
+    def __call__(
+        self,
+        args: list[str],
+        *,
+        cwd: str | Path | None = None,
+        stdin: int | None = None,
+    ) -> subprocess.Popen[bytes]:
+        env = hardened_env(self.extra_env)
+        if self.git_dir is not None:
+            env["GIT_DIR"] = str(self.git_dir)
+        proc = subprocess.Popen(
+            command(args),
+            cwd=str(cwd) if cwd is not None else None,
+            env=env,
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: killpg reaches git's children
+        )
+        self.groups.add(proc.pid)
+        return proc
+
+    def run(
+        self,
+        args: list[str],
+        *,
+        cwd: str | Path | None = None,
+        timeout: float = 600.0,
+        max_output: int = 16 * 1024 * 1024,
+    ) -> str:
+        """Run to completion; return stdout (text). Raise GitError/GitTimeout."""
+        proc = self(args, cwd=cwd)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            proc.communicate()
+            raise GitTimeout(
+                f"git {args[0]} timed out after {timeout:.0f}s", returncode=None
+            ) from None
+        finally:
+            self.groups.discard(proc.pid)
+            # A finished git may have left children (e.g. ssh) in its group.
+            _killpg(proc.pid)
+        if len(out) > max_output:
+            raise GitError(f"git {args[0]} produced more than {max_output} bytes of output")
+        stderr = err.decode("utf-8", "replace")[-2000:]
+        if proc.returncode != 0:
+            raise GitError(
+                first_error_line(stderr) or f"git {args[0]} exited with {proc.returncode}",
+                returncode=proc.returncode,
+                stderr=stderr,
+            )
+        return out.decode("utf-8", "replace")
+
+
+def first_error_line(stderr: str) -> str:
+    """The most telling line of git's stderr (``fatal:``/``error:``), without prefix noise."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for prefix in ("fatal:", "error:"):
+        for line in lines:
+            if line.startswith(prefix):
+                return line
+    return lines[-1] if lines else ""

@@ -1,0 +1,518 @@
+"""Streaming commit-history extraction from a (bare) git repository.
+
+One ``git log`` process per :func:`stream_commits` call; its output is parsed incrementally
+(64 KiB blocks), so memory is bounded by the largest single commit record, never by the
+length of the history.  Semantics are DESIGN.md §3: per-file ``--numstat`` against the
+*first parent* (root commits against the empty tree), no rename detection by default,
+binary files reported with ``binary=True`` and 0/0 lines.
+
+Notes / decisions:
+
+* ``git log --no-walk=unsorted --stdin`` prints the given commits in the given order and
+  still honours ``--diff-merges=first-parent`` (checked against ``git diff --numstat
+  <first-parent> <merge>`` in the tests).  Git prints each commit only once, so duplicate
+  shas in the input are yielded once (first occurrence).
+* Text (names, e-mails, subject, paths) is decoded as UTF-8 with ``errors="replace"``:
+  surrogate escapes cannot be stored in PostgreSQL, so undecodable bytes become U+FFFD.
+  Git itself re-encodes commit messages to UTF-8 (``i18n.logOutputEncoding``).
+* ``exclude_paths`` are ``fnmatch`` globs matched case-sensitively against the whole path
+  (``*`` also matches ``/``); excluded files are dropped from ``files`` and the totals.
+* With ``detect_renames=True`` a renamed file is a single :class:`FileStat` whose ``path``
+  is the *new* path.
+* Commit timestamps keep the commit's own UTC offset; an offset git recorded that Python
+  cannot represent (|offset| >= 24h) falls back to UTC.
+* Mailmap: ``%aN``/``%aE`` honour ``.mailmap`` in the work tree, or ``HEAD:.mailmap`` for a
+  bare repository (git's ``mailmap.blob`` default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import IO, Protocol
+
+from workers.languages import language_for
+
+__all__ = [
+    "CommitRecord",
+    "FileStat",
+    "GitRunner",
+    "HistoryError",
+    "default_git_runner",
+    "list_commits",
+    "stream_commits",
+]
+
+READ_BLOCK = 64 * 1024
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+STDERR_LIMIT = 2048
+
+_HEADER_FIELDS = 11  # sha, parents, an, ae, aN, aE, ad, cn, ce, cd, subject
+_FORMAT = "%x1e" + "%x1f".join(
+    ["%H", "%P", "%an", "%ae", "%aN", "%aE", "%ad", "%cn", "%ce", "%cd", "%s"]
+)
+
+
+class HistoryError(RuntimeError):
+    """git failed, or produced output this module cannot parse."""
+
+
+class GitRunner(Protocol):
+    """Starts ``git <args>`` for the repository ``cwd`` with stdout (and stderr) piped."""
+
+    def __call__(
+        self, args: list[str], *, cwd: str | Path, stdin: int | None
+    ) -> subprocess.Popen[bytes]: ...
+
+
+_HARDENED_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_ALLOW_PROTOCOL": "file:git:http:https:ssh",
+    "LC_ALL": "C",
+}
+
+
+def default_git_runner(
+    args: list[str], *, cwd: str | Path, stdin: int | None
+) -> subprocess.Popen[bytes]:
+    """Run ``git`` (args exclude the executable) with ``GIT_DIR=cwd`` and a hardened env.
+
+    The process gets its own session/process group so it can be killed as a whole.
+    """
+    env = dict(os.environ)
+    for key in ("GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE"):
+        env.pop(key, None)
+    env.update(_HARDENED_ENV)
+    env["GIT_DIR"] = os.fspath(cwd)
+    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args]
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    path: str  # UTF-8 decoded with errors="replace" (see module docstring)
+    added: int  # 0 for binary
+    deleted: int  # 0 for binary
+    binary: bool
+    language: str  # workers.languages.language_for(path); "" if unknown
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRecord:
+    sha: str
+    parents: tuple[str, ...]
+    author_name: str  # raw %an
+    author_email: str  # raw %ae
+    author_canonical_name: str  # mailmap-aware %aN
+    author_canonical_email: str  # mailmap-aware %aE
+    authored_at: datetime  # timezone-aware, the commit's own offset
+    committer_name: str
+    committer_email: str
+    committed_at: datetime
+    subject: str  # %s, truncated to max_subject characters
+    is_merge: bool
+    files: tuple[FileStat, ...]
+
+    @property
+    def files_changed(self) -> int:
+        return len(self.files)
+
+    @property
+    def insertions(self) -> int:
+        return sum(f.added for f in self.files)
+
+    @property
+    def deletions(self) -> int:
+        return sum(f.deleted for f in self.files)
+
+
+# --------------------------------------------------------------------------- process helpers
+
+
+class _Proc:
+    """A running git process: feeds stdin from a thread, drains stderr from a thread."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdin_data: bytes | None) -> None:
+        self.proc = proc
+        self._stderr_tail = bytearray()
+        self._threads: list[threading.Thread] = []
+        if proc.stdout is None:
+            self.kill()
+            raise HistoryError("git runner did not pipe stdout")
+        self.stdout: IO[bytes] = proc.stdout
+        if proc.stdin is not None:
+            t = threading.Thread(target=self._feed, args=(proc.stdin, stdin_data or b""))
+            t.daemon = True
+            t.start()
+            self._threads.append(t)
+        if proc.stderr is not None:
+            t = threading.Thread(target=self._drain, args=(proc.stderr,))
+            t.daemon = True
+            t.start()
+            self._threads.append(t)
+
+    @staticmethod
+    def _feed(pipe: IO[bytes], data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            for i in range(0, len(view), READ_BLOCK):
+                pipe.write(view[i : i + READ_BLOCK])
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
+
+    def _drain(self, pipe: IO[bytes]) -> None:
+        try:
+            while chunk := pipe.read(READ_BLOCK):
+                self._stderr_tail += chunk
+                if len(self._stderr_tail) > STDERR_LIMIT:
+                    del self._stderr_tail[: len(self._stderr_tail) - STDERR_LIMIT]
+        except (OSError, ValueError):
+            pass
+
+    def blocks(self) -> Iterator[bytes]:
+        read = getattr(self.stdout, "read1", self.stdout.read)
+        while chunk := read(READ_BLOCK):
+            yield chunk
+
+    def stderr_text(self) -> str:
+        return bytes(self._stderr_tail).decode("utf-8", "replace").strip()
+
+    def finish(self) -> None:
+        """Wait for a normal exit; raise HistoryError on a non-zero status."""
+        rc = self.proc.wait()
+        self._join()
+        self._close_pipes()
+        if rc != 0:
+            raise HistoryError(f"git exited with status {rc}: {self.stderr_text()}")
+
+    def kill(self) -> None:
+        """Kill git (its whole process group if it leads one) and reap it."""
+        proc = self.proc
+        if proc.poll() is None:
+            try:
+                if os.getpgid(proc.pid) == proc.pid:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    proc.kill()
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._close_pipes()
+        proc.wait()
+        self._join()
+
+    def _join(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdout, self.proc.stdin):
+            if pipe is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()
+
+
+def _check_rev(rev: str) -> bytes:
+    if not rev or rev.startswith(("-", "^")) or any(c in rev for c in "\n\r\0"):
+        raise ValueError(f"invalid revision: {rev!r}")
+    return rev.encode("utf-8")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _decode(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+_TZ_CACHE: dict[bytes, timezone] = {}
+
+
+def _parse_date(raw: bytes) -> datetime:
+    """Parse git's ``--date=raw`` form: ``<unix seconds> <+|-hhmm>``."""
+    ts_b, _, off_b = raw.partition(b" ")
+    ts = int(ts_b)
+    tz = _TZ_CACHE.get(off_b)
+    if tz is None:
+        if len(off_b) != 5 or off_b[:1] not in (b"+", b"-") or not off_b[1:].isdigit():
+            raise ValueError(f"bad timezone {off_b!r}")
+        minutes = int(off_b[1:3]) * 60 + int(off_b[3:5])
+        delta = timedelta(minutes=-minutes if off_b[:1] == b"-" else minutes)
+        tz = timezone(delta) if abs(delta) < timedelta(hours=24) else UTC
+        _TZ_CACHE[off_b] = tz
+    return datetime.fromtimestamp(ts, tz)
+
+
+class _Builder:
+    __slots__ = ("files", "header", "size")
+
+    def __init__(self, header: list[bytes], size: int) -> None:
+        self.header = header
+        self.files: list[FileStat] = []
+        self.size = size
+
+
+def _build(b: _Builder, max_subject: int) -> CommitRecord:
+    h = b.header
+    try:
+        authored = _parse_date(h[6])
+        committed = _parse_date(h[9])
+    except ValueError as exc:
+        raise HistoryError(f"malformed commit header for {_decode(h[0])}: {exc}") from None
+    parents = tuple(_decode(h[1]).split()) if h[1] else ()
+    subject = _decode(h[10])
+    if len(subject) > max_subject:
+        subject = subject[:max_subject]
+    return CommitRecord(
+        sha=_decode(h[0]),
+        parents=parents,
+        author_name=_decode(h[2]),
+        author_email=_decode(h[3]),
+        author_canonical_name=_decode(h[4]),
+        author_canonical_email=_decode(h[5]),
+        authored_at=authored,
+        committer_name=_decode(h[7]),
+        committer_email=_decode(h[8]),
+        committed_at=committed,
+        subject=subject,
+        is_merge=len(parents) > 1,
+        files=tuple(b.files),
+    )
+
+
+def _parse_log(
+    blocks: Iterable[bytes], *, max_subject: int, exclude: re.Pattern[str] | None
+) -> Iterator[CommitRecord]:
+    """Parse ``git log -z --numstat --format=<_FORMAT>`` output, block by block.
+
+    Tokens are NUL-terminated.  A token starting with \\x1e is a commit header (the
+    subject is the last field and cannot contain NUL).  Other tokens are numstat entries
+    ``added\\tdeleted\\tpath`` (the first one after a header is prefixed by \\n); with
+    rename detection an entry ``added\\tdeleted\\t`` is followed by two raw path tokens
+    (old, new), which may contain any byte but NUL, so they are consumed by position.
+    """
+    cur: _Builder | None = None
+    pending = b""
+    # rename state: the numbers of a rename entry waiting for its paths; 2 = old, 1 = new
+    want_paths = 0
+    ren_added = ren_deleted = 0
+    ren_binary = False
+
+    def add_file(path_b: bytes, added: int, deleted: int, binary: bool) -> None:
+        assert cur is not None
+        path = _decode(path_b)
+        if exclude is not None and exclude.match(path):
+            return
+        cur.files.append(FileStat(path, added, deleted, binary, language_for(path)))
+
+    for block in blocks:
+        if pending:
+            block = pending + block
+        tokens = block.split(b"\0")
+        pending = tokens.pop()
+        if len(pending) > MAX_RECORD_BYTES:
+            raise HistoryError("commit record too large")
+        for tok in tokens:
+            if want_paths:
+                if cur is None:  # pragma: no cover - cannot happen (want_paths set by entry)
+                    raise HistoryError("unexpected git output")
+                cur.size += len(tok)
+                want_paths -= 1
+                if want_paths == 0:
+                    add_file(tok, ren_added, ren_deleted, ren_binary)
+                continue
+            if tok[:1] == b"\n":
+                tok = tok[1:]
+            if not tok:
+                continue
+            if tok[:1] == b"\x1e":
+                if cur is not None:
+                    yield _build(cur, max_subject)
+                header = tok[1:].split(b"\x1f", _HEADER_FIELDS - 1)
+                if len(header) != _HEADER_FIELDS:
+                    raise HistoryError(f"malformed commit header: {tok[:200]!r}")
+                cur = _Builder(header, len(tok))
+                continue
+            if cur is None:
+                raise HistoryError(f"unexpected git output: {tok[:200]!r}")
+            cur.size += len(tok)
+            if cur.size > MAX_RECORD_BYTES:
+                raise HistoryError("commit record too large")
+            parts = tok.split(b"\t", 2)
+            if len(parts) != 3:
+                raise HistoryError(f"malformed numstat entry: {tok[:200]!r}")
+            a, d, path_b = parts
+            if a == b"-" and d == b"-":
+                added = deleted = 0
+                binary = True
+            else:
+                try:
+                    added, deleted = int(a), int(d)
+                except ValueError:
+                    raise HistoryError(f"malformed numstat entry: {tok[:200]!r}") from None
+                binary = False
+            if path_b:
+                add_file(path_b, added, deleted, binary)
+            else:  # rename/copy: old and new path follow as separate tokens
+                want_paths = 2
+                ren_added, ren_deleted, ren_binary = added, deleted, binary
+    if pending.strip(b"\n"):  # -w with an all-whitespace diff leaves a bare "\n"
+        raise HistoryError(f"truncated git output: {pending[:200]!r}")
+    if want_paths:
+        raise HistoryError("truncated git output (rename paths missing)")
+    if cur is not None:
+        yield _build(cur, max_subject)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def stream_commits(
+    git_dir: str | Path,
+    shas: Iterable[str],
+    *,
+    git: GitRunner | None = None,
+    detect_renames: bool = False,
+    ignore_whitespace: bool = False,
+    exclude_paths: Sequence[str] = (),
+    max_subject: int = 65536,
+) -> Generator[CommitRecord, None, None]:
+    """Yield a :class:`CommitRecord` per sha, in the given order, from one git process.
+
+    Raises :class:`HistoryError` (while iterating) if git fails, e.g. on an unknown sha.
+    Returns a generator: ``close()`` it (or let it be garbage-collected) to stop early;
+    that kills and reaps the git process.  Arguments are validated eagerly (ValueError);
+    git is only started on the first ``next()``.
+    """
+    seen: set[str] = set()
+    lines: list[bytes] = []
+    for sha in shas:
+        if sha not in seen:
+            seen.add(sha)
+            lines.append(_check_rev(sha))
+    if max_subject < 0:
+        raise ValueError("max_subject must be >= 0")
+    exclude = (
+        re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude_paths))
+        if exclude_paths
+        else None
+    )
+    args = [
+        "-c",
+        "core.quotepath=off",
+        "-c",
+        "log.showSignature=false",
+        "-c",
+        "i18n.logOutputEncoding=UTF-8",
+        "log",
+        "--no-walk=unsorted",
+        "--stdin",
+        "-z",
+        "--numstat",
+        "-M" if detect_renames else "--no-renames",
+        "--diff-merges=first-parent",
+        "--root",
+        "--no-relative",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-mailmap",  # %aN/%aE still apply .mailmap; this only keeps %an/%ae raw
+        "--date=raw",
+        f"--format={_FORMAT}",
+    ]
+    if ignore_whitespace:
+        args.append("-w")
+    data = b"\n".join(lines) + b"\n" if lines else b""
+    return _stream(git_dir, args, data, git or default_git_runner, max_subject, exclude, lines)
+
+
+def _stream(
+    git_dir: str | Path,
+    args: list[str],
+    data: bytes,
+    runner: GitRunner,
+    max_subject: int,
+    exclude: re.Pattern[str] | None,
+    lines: list[bytes],
+) -> Generator[CommitRecord, None, None]:
+    if not lines:
+        return
+    proc = _Proc(runner(args, cwd=git_dir, stdin=subprocess.PIPE), data)
+    finished = False
+    try:
+        yield from _parse_log(proc.blocks(), max_subject=max_subject, exclude=exclude)
+        proc.finish()
+        finished = True
+    except HistoryError as exc:
+        # prefer git's own error over a parse error caused by its early exit
+        if proc.proc.poll() is not None and proc.proc.returncode not in (0, None):
+            proc.kill()
+            finished = True
+            raise HistoryError(
+                f"git exited with status {proc.proc.returncode}: {proc.stderr_text()}"
+            ) from exc
+        raise
+    finally:
+        if not finished:
+            proc.kill()
+
+
+def list_commits(
+    git_dir: str | Path,
+    ref: str,
+    *,
+    exclude: Iterable[str] = (),
+    git: GitRunner | None = None,
+) -> list[str]:
+    """All commit shas reachable from ``ref`` but not from ``exclude``, oldest first.
+
+    ``git rev-list --reverse --topo-order --stdin``; the exclusions are passed as ``^rev``
+    lines on stdin (equivalent to ``--not``, and also supported by git < 2.42).
+    """
+    lines = [_check_rev(ref)] + [b"^" + _check_rev(x) for x in exclude]
+    runner = git or default_git_runner
+    proc = _Proc(
+        runner(
+            ["rev-list", "--reverse", "--topo-order", "--stdin"], cwd=git_dir, stdin=subprocess.PIPE
+        ),
+        b"\n".join(lines) + b"\n",
+    )
+    out: list[str] = []
+    finished = False
+    try:
+        pending = b""
+        for block in proc.blocks():
+            if pending:
+                block = pending + block
+            parts = block.split(b"\n")
+            pending = parts.pop()
+            out.extend(p.decode("ascii") for p in parts if p)
+        if pending:
+            out.append(pending.decode("ascii"))
+        proc.finish()
+        finished = True
+    finally:
+        if not finished:
+            proc.kill()
+    return out

