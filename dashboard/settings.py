@@ -161,7 +161,8 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# Only the Docker image collects static files; otherwise WhiteNoise serves them from the finders.
+STATIC_ROOT = env_str("GITWARD_STATIC_ROOT", "") or None
 STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
 WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_HTTPONLY = True

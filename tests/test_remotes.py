@@ -143,7 +143,11 @@ def refused(raw: str, policy: RemotePolicy) -> str:
             "https://example.com/a/~user/r-x",
             "https://example.com/a/~user/r-x",
         ),
-        ("https://example.com/a/b%20c", "https://example.com/a/b%20c", "https://example.com/a/b%20c"),
+        (
+            "https://example.com/a/b%20c",
+            "https://example.com/a/b%20c",
+            "https://example.com/a/b%20c",
+        ),
         ("https://140.82.112.3/o/r", "https://140.82.112.3/o/r", "https://140.82.112.3/o/r"),
         ("https://0x8c.82.112.3/o/r", "https://140.82.112.3/o/r", "https://140.82.112.3/o/r"),
         ("https://2354212867/o/r", "https://140.82.112.3/o/r", "https://140.82.112.3/o/r"),
@@ -152,11 +156,17 @@ def refused(raw: str, policy: RemotePolicy) -> str:
             "https://[2606:4700:90:0:f22e:fbec:5bed:a9b9]/o/r",
             "https://[2606:4700:90:0:f22e:fbec:5bed:a9b9]/o/r",
         ),
-        ("https://xn--mnchen-3ya.de/r", "https://xn--mnchen-3ya.de/r", "https://xn--mnchen-3ya.de/r"),
+        (
+            "https://xn--mnchen-3ya.de/r",
+            "https://xn--mnchen-3ya.de/r",
+            "https://xn--mnchen-3ya.de/r",
+        ),
         ("https://github.com/o/.git", "https://github.com/o/.git", "https://github.com/o/.git"),
     ],
 )
-def test_accepted_remote_is_normalised(raw: str, url: str, git_url: str, policy: RemotePolicy) -> None:
+def test_accepted_remote_is_normalised(
+    raw: str, url: str, git_url: str, policy: RemotePolicy
+) -> None:
     remote = parse_remote(raw, policy)
     assert remote.url == url
     assert remote.git_url() == git_url
@@ -237,7 +247,9 @@ def test_resolve_hosts_false_skips_dns(resolver: FakeResolver) -> None:
         "https://github.com/a::b",
     ],
 )
-def test_g1_transport_helper_syntax_refused(raw: str, policy: RemotePolicy, resolver: FakeResolver) -> None:
+def test_g1_transport_helper_syntax_refused(
+    raw: str, policy: RemotePolicy, resolver: FakeResolver
+) -> None:
     message = refused(raw, policy)
     assert "transport" in message or "whitespace" in message
     assert resolver.calls == []
@@ -738,7 +750,10 @@ def test_g9_credentials_in_url_refused(raw: str, policy: RemotePolicy) -> None:
         ("https://a@b:TOKEN@h.example/r", "https://<redacted>@h.example/r"),
         ("ssh://git@github.com/o/r", "ssh://git@github.com/o/r"),
         ("ssh://git:TOKEN@github.com/o/r", "ssh://git:<redacted>@github.com/o/r"),
-        ("http.extraHeader=Authorization: Bearer TOKEN", "http.extraHeader=Authorization: <redacted>"),
+        (
+            "http.extraHeader=Authorization: Bearer TOKEN",
+            "http.extraHeader=Authorization: <redacted>",
+        ),
         ("authorization=basic TOKEN rest", "authorization=<redacted> rest"),
         ("nothing to see https://github.com/o/r", "nothing to see https://github.com/o/r"),
         (
@@ -803,7 +818,7 @@ def test_g10_env_var_syntax_refused_not_expanded(raw: str, policy: RemotePolicy)
         "https://github.com/o/%2e%2e/r",
         "https://github.com/o%2fr",
         "https://github.com/o/r%5c",
-        "https://github.com/o/r\"",
+        'https://github.com/o/r"',
         "https://github.com/o/<r>",
         "https://github.com/ö/r",
         "https://example.com\\@evil.example.com/r",
@@ -932,25 +947,90 @@ _FUZZ_DNS = {
 
 _fragments = st.sampled_from(
     [
-        "https://", "http://", "ssh://", "git://", "file://", "ext::", "git@", "@", ":", "::",
-        "/", "//", "..", ".", "-", "--upload-pack=", "%0a", "%00", "%2f", "%", "?", "#", "[",
-        "]", "[::1]", "[::ffff:127.0.0.1]", "127.1", "0x7f000001", "2130706433", "0177.1",
-        "github.com", "GitHub.com", "a.example.com", "b.example.com", "c.example.com",
-        "d.example.com", "localhost", ":22", ":443", ":0", ":99999", "o/r.git", ".git", "\n",
-        "\x00", " ", "\\", "$HOME", "ß", "ⅼ", "\u202e", "user:pass@", "TOKEN@", "~", "/tmp",
+        "https://",
+        "http://",
+        "ssh://",
+        "git://",
+        "file://",
+        "ext::",
+        "git@",
+        "@",
+        ":",
+        "::",
+        "/",
+        "//",
+        "..",
+        ".",
+        "-",
+        "--upload-pack=",
+        "%0a",
+        "%00",
+        "%2f",
+        "%",
+        "?",
+        "#",
+        "[",
+        "]",
+        "[::1]",
+        "[::ffff:127.0.0.1]",
+        "127.1",
+        "0x7f000001",
+        "2130706433",
+        "0177.1",
+        "github.com",
+        "GitHub.com",
+        "a.example.com",
+        "b.example.com",
+        "c.example.com",
+        "d.example.com",
+        "localhost",
+        ":22",
+        ":443",
+        ":0",
+        ":99999",
+        "o/r.git",
+        ".git",
+        "\n",
+        "\x00",
+        " ",
+        "\\",
+        "$HOME",
+        "ß",
+        "ⅼ",
+        "\u202e",
+        "user:pass@",
+        "TOKEN@",
+        "~",
+        "/tmp",
     ]
 )
 _segment = st.lists(
-    st.sampled_from(list("abcXYZ019-._~%2e0aF$:@!+ ß") + ["..", ".git", "-x"]),
+    st.sampled_from([*"abcXYZ019-._~%2e0aF$:@!+ ß", "..", ".git", "-x"]),
     max_size=6,
 ).map("".join)
 _host = st.one_of(
     st.sampled_from(
         [
-            "github.com", "GitHub.com.", "a.example.com", "b.example.com", "c.example.com",
-            "d.example.com", "unknown.example.org", "localhost", "[::1]", "[::ffff:7f00:1]",
-            "[2606:4700:90::f22e:fbec:5bed:a9b9]", "127.1", "0x7f.1", "140.82.112.3",
-            "2354212867", "0x8c.0x52.0x70.3", "10.0.0.1", "[fd00:ec2::254]", "-oX", "",
+            "github.com",
+            "GitHub.com.",
+            "a.example.com",
+            "b.example.com",
+            "c.example.com",
+            "d.example.com",
+            "unknown.example.org",
+            "localhost",
+            "[::1]",
+            "[::ffff:7f00:1]",
+            "[2606:4700:90::f22e:fbec:5bed:a9b9]",
+            "127.1",
+            "0x7f.1",
+            "140.82.112.3",
+            "2354212867",
+            "0x8c.0x52.0x70.3",
+            "10.0.0.1",
+            "[fd00:ec2::254]",
+            "-oX",
+            "",
         ]
     ),
     st.from_regex(r"\A[0-9a-fx.]{1,20}\Z"),
@@ -972,7 +1052,11 @@ _remote_like = st.one_of(
 )
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(raw=_remote_like)
 def test_fuzz_parse_remote_only_raises_invalid_remote(raw: str) -> None:
     pol = RemotePolicy(resolve=FakeResolver(_FUZZ_DNS), local_roots=(Path("/tmp"),))
@@ -997,7 +1081,9 @@ def test_fuzz_parse_remote_only_raises_invalid_remote(raw: str) -> None:
         assert parse_remote(remote.url, pol).url == remote.url
 
 
-@settings(max_examples=300, deadline=None)
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(raw=st.one_of(st.text(max_size=40), st.lists(_fragments, max_size=6).map("".join)))
 def test_fuzz_normalise_branch_only_raises_invalid_remote(raw: str) -> None:
     try:

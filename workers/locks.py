@@ -27,6 +27,7 @@ import os
 import queue
 import random
 import secrets
+import select
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ from typing import Any, NamedTuple, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 __all__ = [
@@ -376,6 +378,14 @@ class _Stats:
     acquire_latency_max: float = 0.0
 
 
+class _Pending(NamedTuple):
+    conn: Any  # a redis-py Connection (its I/O methods are untyped)
+    script: Script
+    sent: float
+    node_deadline: float
+    fd: int
+
+
 class _Round(NamedTuple):
     votes: dict[int, _Vote]
     futures: list[Future[_Vote]]
@@ -439,20 +449,19 @@ class Redlock:
         start = time.monotonic()
         try:
             vote = judge(fn(node))
-            failed = timed_out = False
         except Exception as exc:
             vote = _Vote(False, _describe(exc), exc)
-            failed = True
-            timed_out = vote.reason == "timeout"
-        took = time.monotonic() - start
+        self._record_call(node, vote, time.monotonic() - start)
+        return vote
+
+    def _record_call(self, node: _Node, vote: _Vote, took: float) -> None:
         with self._stats_lock:
             s = node.stats
             s.calls += 1
-            s.errors += failed
-            s.timeouts += timed_out
+            s.errors += isinstance(vote.result, Exception) or vote.reason == "timeout"
+            s.timeouts += vote.reason == "timeout"
             s.latency_total += took
             s.latency_max = max(s.latency_max, took)
-        return vote
 
     def _broadcast(
         self,
@@ -490,6 +499,174 @@ class Redlock:
             votes[i] = vote
             yes += vote.ok
         return _Round(votes, futures, yes)
+
+    def _broadcast_script(
+        self,
+        name: str,
+        keys: tuple[str, ...],
+        args: Sequence[str | int],
+        judge: Callable[[object], _Vote],
+        *,
+        deadline: float,
+        need: int,
+        wait_all: bool = False,
+    ) -> _Round:
+        """Run one Lua script on every master at once, without thread hand-offs when possible.
+
+        1. For each master with an idle pooled connection, send EVALSHA on it from the calling
+           thread (a small write, no waiting). A master without one (cold start, after an
+           error) goes through the thread pool instead, so a slow *connect* never delays the
+           others.
+        2. poll() all sent sockets until the outcome is decided (as in ``_broadcast``), each
+           master bounded by ``node_timeout`` from its send and all by ``deadline``.
+        3. A NOSCRIPT reply (restarted master) is answered by EVAL on the same connection.
+        4. A master past its node_timeout gets a "timeout" vote and its connection is closed
+           (a late reply can never be read as the answer to a later command). Replies still
+           outstanding once the outcome is decided are drained by a pool thread before their
+           connection goes back to the pool; ``_Round.futures`` completes when they do.
+        """
+        if self._closed:
+            raise LockError("Redlock is closed")
+        n = len(self.nodes)
+        futures: list[Future[_Vote] | None] = [None] * n
+        votes: dict[int, _Vote] = {}
+        yes = 0
+        answers: queue.SimpleQueue[tuple[int, _Vote]] = queue.SimpleQueue()
+        threaded = 0
+        pending: dict[int, _Pending] = {}
+        by_fd: dict[int, int] = {}
+        poller = select.poll()
+
+        def vote_now(i: int, vote: _Vote, took: float) -> None:
+            nonlocal yes
+            votes[i] = vote
+            yes += vote.ok
+            futures[i] = _done(vote)
+            self._record_call(self.nodes[i], vote, took)
+
+        for i, node in enumerate(self.nodes):
+            script: Script = getattr(node, name)
+            conn: Any = None
+            start = time.monotonic()
+            # Racy peek (another thread may take the idle connection first): then
+            # get_connection() connects here, bounded by the connect timeout. Still correct.
+            if getattr(node.pool, "_available_connections", None):
+                try:
+                    conn = node.pool.get_connection()
+                except Exception as exc:
+                    vote_now(i, _Vote(False, _describe(exc), exc), time.monotonic() - start)
+                    continue
+            if conn is None:
+                fut = self._pool.submit(self._call, node, _script_call(name, keys, args), judge)
+                fut.add_done_callback(functools.partial(_forward, answers, i))
+                futures[i] = fut
+                threaded += 1
+                continue
+            try:
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                fd = int(conn._sock.fileno())
+            except Exception as exc:
+                conn.disconnect()
+                node.pool.release(conn)
+                vote_now(i, _Vote(False, _describe(exc), exc), time.monotonic() - start)
+                continue
+            pending[i] = _Pending(conn, script, start, start + self.node_timeout, fd)
+            by_fd[fd] = i
+            poller.register(fd, select.POLLIN)
+
+        def decided() -> bool:
+            if len(votes) == n:
+                return True
+            return not wait_all and (yes >= need or (len(votes) - yes) > n - need)
+
+        while not decided():
+            while threaded:  # answers from the thread-pool path
+                try:
+                    i, vote = answers.get_nowait()
+                except queue.Empty:
+                    break
+                threaded -= 1
+                votes[i] = vote
+                yes += vote.ok
+            now = time.monotonic()
+            if decided() or now >= deadline:
+                break
+            for i, p in list(pending.items()):
+                if now >= p.node_deadline:
+                    self._forget(pending, by_fd, poller, i)
+                    p.conn.disconnect()
+                    self.nodes[i].pool.release(p.conn)
+                    vote_now(i, _Vote(False, "timeout", None), now - p.sent)
+            if decided():
+                break
+            if not pending:
+                if not threaded:
+                    break
+                try:
+                    i, vote = answers.get(timeout=max(0.0, deadline - now))
+                except queue.Empty:
+                    break
+                threaded -= 1
+                votes[i] = vote
+                yes += vote.ok
+                continue
+            wait = min(deadline, *(p.node_deadline for p in pending.values())) - now
+            if threaded:
+                wait = min(wait, 0.001)  # poll the thread-pool answers too
+            for fd, _event in poller.poll(max(0.0, wait) * 1000):
+                i = by_fd[fd]
+                p = pending[i]
+                node = self.nodes[i]
+                try:
+                    result = p.conn.read_response()
+                except NoScriptError:
+                    # The master restarted and lost its script cache: send the source.
+                    p.conn.send_command("EVAL", p.script.script, len(keys), *keys, *args)
+                    continue
+                except Exception as exc:
+                    self._forget(pending, by_fd, poller, i)
+                    node.pool.release(p.conn)  # read_response already disconnected it
+                    vote_now(i, _Vote(False, _describe(exc), exc), time.monotonic() - p.sent)
+                    continue
+                self._forget(pending, by_fd, poller, i)
+                node.pool.release(p.conn)
+                vote_now(i, judge(result), time.monotonic() - p.sent)
+        for i, p in pending.items():
+            futures[i] = self._pool.submit(self._drain, self.nodes[i], p, keys, args, judge)
+        done = [f for f in futures if f is not None]
+        return _Round(votes, done, yes)
+
+    @staticmethod
+    def _forget(
+        pending: dict[int, _Pending], by_fd: dict[int, int], poller: select.poll, i: int
+    ) -> None:
+        p = pending.pop(i)
+        by_fd.pop(p.fd, None)
+        poller.unregister(p.fd)
+
+    def _drain(
+        self,
+        node: _Node,
+        p: _Pending,
+        keys: tuple[str, ...],
+        args: Sequence[str | int],
+        judge: Callable[[object], _Vote],
+    ) -> _Vote:
+        """Read a reply nobody waited for (socket timeout = node_timeout), then give the
+        connection back to the pool."""
+        try:
+            try:
+                result = p.conn.read_response()
+            except NoScriptError:
+                p.conn.send_command("EVAL", p.script.script, len(keys), *keys, *args)
+                result = p.conn.read_response()
+            vote = judge(result)
+        except Exception as exc:
+            vote = _Vote(False, _describe(exc), exc)
+        finally:
+            node.pool.release(p.conn)
+        self._record_call(node, vote, time.monotonic() - p.sent)
+        return vote
 
     def _reasons(self, rnd: _Round, *, settle: bool = False) -> dict[str, str]:
         """Each master's answer. Masters we stopped waiting for once the outcome was decided
@@ -584,10 +761,12 @@ class Redlock:
                     return _Vote(False, "refused: held", result)
                 return _Vote(False, f"error: unexpected reply {result!r}", result)
 
-            rnd = self._broadcast(
-                # Arguments bound now, not read from the loop: a call still queued when the
-                # next attempt starts must send *this* attempt's value.
-                _script_call("acquire", key_list, [value, ttl_ms, prefix]),
+            rnd = self._broadcast_script(
+                # Arguments passed by value, not read from the loop: a call still queued when
+                # the next attempt starts must send *this* attempt's value.
+                "acquire",
+                key_list,
+                [value, ttl_ms, prefix],
                 judge_acquire,
                 deadline=t0 + ttl - drift,
                 need=self.quorum,
@@ -681,8 +860,10 @@ class Redlock:
             value, _ = _encode(lock.nonce, {**info, "token": lock.tokens.get(key)})
             values.append(value)
         args = [lock._prefix, *values]
-        self._broadcast(
-            lambda node: node.retag(keys=lock.keys, args=args),
+        self._broadcast_script(
+            "retag",
+            lock.keys,
+            args,
             _judge_any,
             deadline=deadline,
             need=self.quorum,
@@ -702,8 +883,10 @@ class Redlock:
 
         # Deadline = the current validity: a quorum reached later would extend a lease that
         # another client may already have taken over.
-        rnd = self._broadcast(
-            lambda node: node.extend(keys=lock.keys, args=[lock._prefix, ttl_ms]),
+        rnd = self._broadcast_script(
+            "extend",
+            lock.keys,
+            [lock._prefix, ttl_ms],
             judge,
             deadline=lock._valid_until,
             need=self.quorum,
@@ -738,8 +921,10 @@ class Redlock:
         # Sent to every master and waited for (each call is bounded by the node timeout), so
         # once release() returns no reachable master still shows us as the holder. Releasing
         # a master we never locked is a no-op, so this is always safe.
-        rnd = self._broadcast(
-            lambda node: node.release(keys=lock.keys, args=[lock._prefix]),
+        rnd = self._broadcast_script(
+            "release",
+            lock.keys,
+            [lock._prefix],
             judge,
             deadline=time.monotonic() + self._call_budget,
             need=self.quorum,
@@ -921,6 +1106,12 @@ class Redlock:
 _CANCELLED = _Vote(False, "cancelled", None)
 
 
+def _done(vote: _Vote) -> Future[_Vote]:
+    fut: Future[_Vote] = Future()
+    fut.set_result(vote)
+    return fut
+
+
 def _forward(answers: queue.SimpleQueue[tuple[int, _Vote]], i: int, fut: Future[_Vote]) -> None:
     answers.put((i, _CANCELLED if fut.cancelled() else fut.result()))
 
@@ -934,7 +1125,7 @@ def _releaser(keys: tuple[str, ...], prefix: str) -> Callable[[_Node], object]:
 
 
 def _script_call(
-    name: str, keys: tuple[str, ...], args: list[str | int]
+    name: str, keys: tuple[str, ...], args: Sequence[str | int]
 ) -> Callable[[_Node], object]:
     def call(node: _Node) -> object:
         script: Script = getattr(node, name)

@@ -437,7 +437,8 @@ def _check_url_path(path: str, *, scp: bool) -> str:
 
 def _strip_dot_git(path: str) -> str:
     last = path.rsplit("/", 1)[-1]
-    if last.endswith(".git") and len(last) > len(".git"):
+    # Keep "x.git" when stripping would leave "", "." or ".." (not a name).
+    if last.endswith(".git") and last[: -len(".git")] not in ("", ".", ".."):
         return path[: -len(".git")]
     return path
 

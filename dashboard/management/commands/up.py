@@ -8,6 +8,7 @@ stops the server, lets workers finish or hand back their job, then stops the nod
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ class Command(BaseCommand):
                 "dashboard.asgi:application", host=host, port=port, lifespan="off",
                 log_level="warning", ws_max_size=1 << 20,
             )  # fmt: skip
+            # Uvicorn traps SIGINT/SIGTERM while serving and re-raises them once it has
+            # stopped; our own handlers make that re-raise a no-op so the clean-up below
+            # (workers, Redis nodes) always runs.
+            signal.signal(signal.SIGTERM, _note_signal)
+            signal.signal(signal.SIGINT, _note_signal)
             uvicorn.Server(config).run()
         finally:
             stop_reconciler.set()
@@ -81,6 +87,10 @@ class Command(BaseCommand):
                 embedded.stop_nodes(nodes)
                 embedded.clear_state()
             self.stdout.write("gitward stopped")
+
+
+def _note_signal(signum: int, frame: Any) -> None:
+    """Stop requested: uvicorn has already begun its graceful shutdown."""
 
 
 def _reconcile_periodically(stop: threading.Event) -> None:

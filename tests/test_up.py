@@ -1,0 +1,116 @@
+"""``manage.py up`` end to end, as a user runs it: a subprocess with embedded Redis
+nodes, a worker pool and the web server on a free port; other ``manage.py`` commands run
+beside it with no settings; stopping and starting again loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.gitrepo import GitRepo
+from workers.redisnode import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))}
+    env.update(
+        GITWARD_VAR_DIR=str(tmp_path / "var"),
+        DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'db.sqlite3'}",
+        GITWARD_LOCAL_ROOTS=str(tmp_path),
+        GITWARD_ADMIN_PASSWORD="admin-pass-123",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def _manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"up exited early: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as res:  # noqa: S310 - loopback
+                if res.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never answered")
+
+
+def _start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port), "--workers", str(workers)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    _wait_http(f"http://127.0.0.1:{port}/login/", proc)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
+    origin = GitRepo.create(tmp_path / "origin")
+    for i in range(25):
+        origin.commit(f"commit {i}", {f"d/f{i % 4}.py": f"x = {i}\n" * (i % 5 + 1)})
+    port = free_port()
+    env = _env(tmp_path, GITWARD_CHUNK_SIZE="4")
+    state_file = tmp_path / "var" / "state.json"
+
+    # 1. Up with no workers: the submission waits in the (persistent) embedded Redis.
+    proc = _start(env, port, workers=0)
+    state = json.loads(state_file.read_text())
+    assert len(state["redis_urls"]) == 3
+    sub = _manage(env, "submit", str(origin.path), "--json")  # beside `up`, no settings
+    assert sub.returncode == 0, sub.stderr
+    repo_id = json.loads(sub.stdout)["id"]
+    out = _stop(proc)
+    assert "gitward stopped" in out
+    assert not state_file.exists()
+    for url in state["redis_urls"]:  # the nodes it started are gone
+        port_n = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(OSError):
+            import socket
+
+            socket.create_connection(("127.0.0.1", port_n), timeout=1).close()
+
+    # 2. Up again with workers: the queued repository is analysed; nothing was lost.
+    proc = _start(env, port, workers=2)
+    try:
+        waited = _manage(env, "submit", str(origin.path), "--wait", "--timeout", "120", "--json")
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        token = _manage(env, "api_token", "admin").stdout.strip()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/repos/{repo_id}",
+                                     headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as res:  # noqa: S310 - loopback
+            body = json.loads(res.read())
+        assert body["status"] == "ready", body
+        assert body["commits_analyzed"] == body["commits_total"] == 25
+        assert body["head"] == origin.head()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as res:  # noqa: S310
+            assert b"Log in" in res.read()
+    finally:
+        _stop(proc)
