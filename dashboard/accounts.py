@@ -15,7 +15,7 @@ def ensure_admin() -> str | None:
     Race: two ``up`` processes on one database both see no user; the second create
     fails on the unique username and is ignored.
     """
-    User = get_user_model()  # noqa: N806
+    User = get_user_model()
     if User.objects.exists():
         return None
     password = settings.ADMIN_PASSWORD or secrets.token_urlsafe(12)

@@ -43,14 +43,18 @@ def _bearer_user(request: HttpRequest) -> Any:
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         return False
-    token = ApiToken.objects.select_related("user").filter(digest=ApiToken.hash(raw.strip())).first()
+    token = (
+        ApiToken.objects.select_related("user").filter(digest=ApiToken.hash(raw.strip())).first()
+    )
     if token is None or not token.user.is_active:
         return False
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
     return token.user
 
 
-def api_view(methods: tuple[str, ...]) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+def api_view(
+    methods: tuple[str, ...],
+) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     """Authenticate (bearer token, else session + CSRF for unsafe methods), check the
     method, and turn every expected failure into a JSON 4xx."""
 
@@ -173,5 +177,3 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Exception())
-
-

@@ -37,5 +37,11 @@ def weekly_bars(weekly: list[dict[str, Any]], *, max_weeks: int = 156) -> dict[s
                 "commits": n,
             }
         )
-    return {"bars": bars, "width": WIDTH, "height": HEIGHT, "max": peak,
-            "first": weeks[0].isoformat(), "last": weeks[-1].isoformat()}  # fmt: skip
+    return {
+        "bars": bars,
+        "width": WIDTH,
+        "height": HEIGHT,
+        "max": peak,
+        "first": weeks[0].isoformat(),
+        "last": weeks[-1].isoformat(),
+    }

@@ -48,8 +48,9 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
     with transaction.atomic():
         check_token(chunk.lock_key(), token)
         existing = set(
-            Commit.objects.filter(repository_id=repo_id, fingerprint=fp, sha__in=planned)
-            .values_list("sha", flat=True)
+            Commit.objects.filter(
+                repository_id=repo_id, fingerprint=fp, sha__in=planned
+            ).values_list("sha", flat=True)
         )
         fresh = [r for r in records if r.sha not in existing]
         rows = [
@@ -177,7 +178,7 @@ def commit_page(
         for f in FileChange.objects.filter(commit__in=[r.pk for r in rows]).order_by("id"):
             by_commit.setdefault(f.commit_id, []).append(f)
         for r in rows:
-            r.file_rows = by_commit.get(r.pk, [])  # type: ignore[attr-defined]
+            r.file_rows = by_commit.get(r.pk, [])
     return rows, nxt
 
 
@@ -186,8 +187,9 @@ def iter_commits(repo: Repository, *, fingerprint: str) -> Iterable[dict[str, An
     last_id = 0
     while True:
         batch = list(
-            Commit.objects.filter(repository=repo, fingerprint=fingerprint, pk__gt=last_id)
-            .order_by("id")[:1000]
+            Commit.objects.filter(
+                repository=repo, fingerprint=fingerprint, pk__gt=last_id
+            ).order_by("id")[:1000]
         )
         if not batch:
             return

@@ -79,7 +79,9 @@ def start_nodes(count: int) -> list[RedisNode]:
     try:
         for i in range(count):
             port = next(p for p in candidates if _port_free(p))
-            node = RedisNode(Path(settings.VAR_DIR) / "redis" / f"node{i}", port=port, persistent=True)
+            node = RedisNode(
+                Path(settings.VAR_DIR) / "redis" / f"node{i}", port=port, persistent=True
+            )
             nodes.append(node.start())
     except Exception:
         stop_nodes(nodes)

@@ -30,7 +30,9 @@ def next_token(resource: str) -> int:
         with transaction.atomic():
             updated = FenceToken.objects.filter(resource=resource).update(token=F("token") + 1)
             if updated:
-                return int(FenceToken.objects.values_list("token", flat=True).get(resource=resource))
+                return int(
+                    FenceToken.objects.values_list("token", flat=True).get(resource=resource)
+                )
             try:
                 with transaction.atomic():
                     FenceToken.objects.create(resource=resource, token=1)
@@ -57,6 +59,4 @@ def check_token(resource: str, token: int | None) -> None:
         .first()
     )
     if token is None or current is None or int(current) != int(token):
-        raise StaleToken(
-            f"fencing token {token} for {resource} is stale (newest is {current})"
-        )
+        raise StaleToken(f"fencing token {token} for {resource} is stale (newest is {current})")

@@ -15,9 +15,11 @@ class SubmitRepositoryForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "https://github.com/owner/repo.git"}),
     )
     branch = forms.CharField(
-        label="Branch", max_length=255, required=False,
+        label="Branch",
+        max_length=255,
+        required=False,
         widget=forms.TextInput(attrs={"placeholder": "default branch"}),
-    )  # fmt: skip
+    )
 
     def clean_url(self) -> str:
         raw = self.cleaned_data["url"]

@@ -20,6 +20,8 @@ class Repository(models.Model):
 
     #: Normalised URL (``workers.remotes``); with ``branch`` it identifies the repository.
     url = models.CharField(max_length=2048)
+    #: The URL handed to git (the submitted form, validated); ``url`` is only the dedup key.
+    fetch_url = models.CharField(max_length=2048, blank=True, default="")
     #: Branch to analyse; "" means the remote's default branch (its HEAD).
     branch = models.CharField(max_length=255, blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)

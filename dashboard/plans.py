@@ -85,10 +85,16 @@ def plan_repository(
         repo.analyzed_at = now
     repo.save(
         update_fields=[
-            "head", "commits_total", "fingerprint", "synced_at", "error", "status",
-            "analyzed_at", "updated_at",
+            "head",
+            "commits_total",
+            "fingerprint",
+            "synced_at",
+            "error",
+            "status",
+            "analyzed_at",
+            "updated_at",
         ]
-    )  # fmt: skip
+    )
     return open_ids
 
 

@@ -52,7 +52,7 @@ def connection() -> redis.Redis:
 def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
     from dashboard.fencing import next_token
 
-    ttl_unused, count, delay, jitter, drift, node_timeout = settings_key
+    count, delay, jitter, drift, node_timeout = settings_key
     return Redlock(
         list(urls),
         retry_count=int(count),
@@ -69,7 +69,6 @@ def redlock() -> Redlock:
     return _redlock(
         tuple(redis_urls()),
         (
-            settings.LOCK_TTL,
             settings.LOCK_RETRY_COUNT,
             settings.LOCK_RETRY_DELAY,
             settings.LOCK_RETRY_JITTER,
@@ -121,8 +120,15 @@ def enqueue_unique(q: Queue, func: str, *args: object, job_id: str) -> bool:
     if status is not None:
         existing.delete()
     try:
-        q.enqueue(func, *args, job_id=job_id, unique=True, retry=RETRY, result_ttl=3600,
-                  failure_ttl=7 * 24 * 3600)  # fmt: skip
+        q.enqueue(
+            func,
+            *args,
+            job_id=job_id,
+            unique=True,
+            retry=RETRY,
+            result_ttl=3600,
+            failure_ttl=7 * 24 * 3600,
+        )
     except DuplicateJobError:
         return False
     return True

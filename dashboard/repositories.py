@@ -35,7 +35,9 @@ def validate_remote(url: str) -> Remote:
     return parse_remote(url, remote_policy())
 
 
-def submit_repository(*, url: str, branch: str | None = None, user: Any = None) -> tuple[Repository, bool]:
+def submit_repository(
+    *, url: str, branch: str | None = None, user: Any = None
+) -> tuple[Repository, bool]:
     """Validate, get-or-create the repository, and enqueue its sync after commit.
 
     Returns ``(repository, created)``. Re-submitting a ready or failed repository starts
@@ -54,7 +56,10 @@ def submit_repository(*, url: str, branch: str | None = None, user: Any = None) 
         repo, created = Repository.objects.get_or_create(
             url=remote.url,
             branch=norm_branch,
-            defaults={"submitted_by": user if getattr(user, "pk", None) else None},
+            defaults={
+                "fetch_url": remote.git_url(),
+                "submitted_by": user if getattr(user, "pk", None) else None,
+            },
         )
         if not created:
             updated = Repository.objects.filter(
@@ -137,4 +142,3 @@ def repository_status(repo: Repository) -> dict[str, Any]:
         "created_at": repo.created_at.isoformat(),
         "analyzed_at": repo.analyzed_at.isoformat() if repo.analyzed_at else None,
     }
-

@@ -23,8 +23,13 @@ def redis_nodes() -> list[dict[str, Any]]:
         start = time.perf_counter()
         try:
             client.ping()
-            nodes.append({"url": _safe_url(url), "up": True,
-                          "latency_ms": round((time.perf_counter() - start) * 1000, 2)})  # fmt: skip
+            nodes.append(
+                {
+                    "url": _safe_url(url),
+                    "up": True,
+                    "latency_ms": round((time.perf_counter() - start) * 1000, 2),
+                }
+            )
         except redis.RedisError as exc:
             nodes.append({"url": _safe_url(url), "up": False, "error": type(exc).__name__})
         finally:
@@ -48,7 +53,11 @@ def queue_stats(name: str) -> dict[str, Any]:
     if first:
         job = q.fetch_job(first[0])
         if job is not None and job.enqueued_at is not None:
-            enq = job.enqueued_at.replace(tzinfo=UTC) if job.enqueued_at.tzinfo is None else job.enqueued_at
+            enq = (
+                job.enqueued_at.replace(tzinfo=UTC)
+                if job.enqueued_at.tzinfo is None
+                else job.enqueued_at
+            )
             oldest_age = round((datetime.now(UTC) - enq).total_seconds(), 1)
     return {
         "name": name,

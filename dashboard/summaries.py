@@ -78,8 +78,7 @@ def compute_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
             for x in languages
         ],
         "hotspots": [
-            {"path": h["path"], "changes": h["changes"], "lines": h["lines"] or 0}
-            for h in hotspots
+            {"path": h["path"], "changes": h["changes"], "lines": h["lines"] or 0} for h in hotspots
         ],
         "weekly": weekly,
     }

@@ -53,9 +53,15 @@ class GitRepo:
         else:
             target.write_text(content)
 
-    def commit(self, message: str, files: dict[str, str | bytes | None] | None = None, *,
-               author: tuple[str, str] | None = None, tz: str | None = None,
-               allow_empty: bool = False) -> str:  # fmt: skip
+    def commit(
+        self,
+        message: str,
+        files: dict[str, str | bytes | None] | None = None,
+        *,
+        author: tuple[str, str] | None = None,
+        tz: str | None = None,
+        allow_empty: bool = False,
+    ) -> str:
         for name, content in (files or {}).items():
             if content is None:
                 self.git("rm", "--quiet", "--", name)
@@ -86,9 +92,13 @@ def reference_commits(path: Path, ref: str = "HEAD") -> dict[str, dict[str, Any]
     repo = GitRepo(path)
     out: dict[str, dict[str, Any]] = {}
     for sha in repo.git("rev-list", ref).split():
-        meta = repo.git(
-            "show", "-s", "--format=%P%x00%an%x00%ae%x00%aI%x00%cn%x00%ce%x00%cI%x00%s", sha
-        ).rstrip("\n").split("\x00")
+        meta = (
+            repo.git(
+                "show", "-s", "--format=%P%x00%an%x00%ae%x00%aI%x00%cn%x00%ce%x00%cI%x00%s", sha
+            )
+            .rstrip("\n")
+            .split("\x00")
+        )
         parents = meta[0].split()
         base = parents[0] if parents else "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
         raw = repo.git("diff-tree", "-r", "-z", "--numstat", "--no-renames", base, sha)

@@ -27,8 +27,9 @@ def token(user: User) -> str:
 
 def post(client: Client, body: object, token: str | None = None, **extra: str):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-    return client.post("/api/repos", data=json.dumps(body), content_type="application/json",
-                       **headers, **extra)  # fmt: skip
+    return client.post(
+        "/api/repos", data=json.dumps(body), content_type="application/json", **headers, **extra
+    )
 
 
 def get(client: Client, path: str, token: str):
@@ -46,7 +47,9 @@ def test_it_rejects_an_unknown_token(client: Client) -> None:
     assert res.status_code == 401 and res.json()["error"] == "invalid API token"
 
 
-def test_it_accepts_then_reports_a_repository(client: Client, token: str, git_repo: GitRepo) -> None:
+def test_it_accepts_then_reports_a_repository(
+    client: Client, token: str, git_repo: GitRepo
+) -> None:
     res = post(client, {"url": str(git_repo.path)}, token)
     assert res.status_code == 202
     body = res.json()
@@ -55,15 +58,26 @@ def test_it_accepts_then_reports_a_repository(client: Client, token: str, git_re
     assert again.status_code == 200 and again.json()["id"] == body["id"]
     run_workers()
     detail = get(client, f"/api/repos/{body['id']}", token).json()
-    assert set(detail) >= {"id", "url", "branch", "status", "head", "commits_total",
-                           "commits_analyzed", "fingerprint", "error"}  # fmt: skip
+    assert set(detail) >= {
+        "id",
+        "url",
+        "branch",
+        "status",
+        "head",
+        "commits_total",
+        "commits_analyzed",
+        "fingerprint",
+        "error",
+    }
     assert detail["status"] == "ready"
     assert detail["head"] == git_repo.head()
     assert detail["commits_total"] == detail["commits_analyzed"] == 3
     assert detail["error"] is None
 
 
-def test_commits_are_cursor_paginated_newest_first(client: Client, token: str, git_repo: GitRepo) -> None:
+def test_commits_are_cursor_paginated_newest_first(
+    client: Client, token: str, git_repo: GitRepo
+) -> None:
     for i in range(7):
         git_repo.commit(f"c{i}", {"n.txt": f"{i}\n"}, tz="+0530")
     repo_id = post(client, {"url": str(git_repo.path)}, token).json()["id"]
@@ -72,7 +86,7 @@ def test_commits_are_cursor_paginated_newest_first(client: Client, token: str, g
     cursor = None
     pages = 0
     while True:
-        qs = f"?limit=3&files=1" + (f"&cursor={cursor}" if cursor else "")
+        qs = "?limit=3&files=1" + (f"&cursor={cursor}" if cursor else "")
         body = get(client, f"/api/repos/{repo_id}/commits{qs}", token).json()
         seen += body["results"]
         pages += 1
@@ -86,7 +100,10 @@ def test_commits_are_cursor_paginated_newest_first(client: Client, token: str, g
         want = ref[c["sha"]]
         assert c["authored_at"] == want["authored_at"]  # same instant *and* same offset
         assert c["committed_at"] == want["committed_at"]
-        assert sorted((f["path"], f["added"], f["deleted"], f["binary"]) for f in c["files"]) == want["files"]
+        assert (
+            sorted((f["path"], f["added"], f["deleted"], f["binary"]) for f in c["files"])
+            == want["files"]
+        )
         assert c["parents"] == want["parents"] and c["subject"] == want["subject"]
 
 
@@ -104,7 +121,9 @@ def test_commits_are_cursor_paginated_newest_first(client: Client, token: str, g
         ([1, 2], "request body must be a JSON object"),
     ],
 )
-def test_bad_submissions_get_a_json_400(client: Client, token: str, body: object, message: str | None) -> None:
+def test_bad_submissions_get_a_json_400(
+    client: Client, token: str, body: object, message: str | None
+) -> None:
     res = post(client, body, token)
     assert res.status_code == 400
     error = res.json()["error"]
@@ -115,15 +134,23 @@ def test_bad_submissions_get_a_json_400(client: Client, token: str, body: object
 
 
 def test_malformed_json_gets_a_400(client: Client, token: str) -> None:
-    res = client.post("/api/repos", data="{nope", content_type="application/json",
-                      HTTP_AUTHORIZATION=f"Bearer {token}")  # fmt: skip
+    res = client.post(
+        "/api/repos",
+        data="{nope",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert res.status_code == 400 and res.json() == {"error": "request body is not valid JSON"}
 
 
 def test_bad_pagination_parameters_get_a_400(client: Client, token: str, git_repo: GitRepo) -> None:
     repo_id = post(client, {"url": str(git_repo.path)}, token).json()["id"]
-    for qs, msg in [("?limit=x", "limit must be an integer"), ("?limit=0", "limit must be between 1 and 1000"),
-                    ("?cursor=%%%", "invalid cursor"), ("?cursor=bm9wZQ", "invalid cursor")]:  # fmt: skip
+    for qs, msg in [
+        ("?limit=x", "limit must be an integer"),
+        ("?limit=0", "limit must be between 1 and 1000"),
+        ("?cursor=%%%", "invalid cursor"),
+        ("?cursor=bm9wZQ", "invalid cursor"),
+    ]:
         res = get(client, f"/api/repos/{repo_id}/commits{qs}", token)
         assert res.status_code == 400 and res.json() == {"error": msg}
 
@@ -152,7 +179,9 @@ def test_session_writes_need_the_csrf_token(user: User, git_repo: GitRepo) -> No
     assert res.status_code == 202
 
 
-def test_status_reports_nodes_queues_workers_and_locks(client: Client, token: str, git_repo: GitRepo) -> None:
+def test_status_reports_nodes_queues_workers_and_locks(
+    client: Client, token: str, git_repo: GitRepo
+) -> None:
     post(client, {"url": str(git_repo.path)}, token)
     body = get(client, "/api/status", token).json()
     assert set(body) >= {"locks", "queues", "workers", "dlq", "redis_nodes"}
@@ -162,7 +191,9 @@ def test_status_reports_nodes_queues_workers_and_locks(client: Client, token: st
     assert body["locks"] == []
 
 
-def test_api_and_cli_return_the_same_data(client: Client, token: str, git_repo: GitRepo, capsys) -> None:
+def test_api_and_cli_return_the_same_data(
+    client: Client, token: str, git_repo: GitRepo, capsys
+) -> None:
     from django.core.management import call_command
 
     repo_id = post(client, {"url": str(git_repo.path)}, token).json()["id"]

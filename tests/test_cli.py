@@ -39,7 +39,7 @@ def test_submit_wait_returns_when_the_analysis_finished(git_repo: GitRepo, capsy
     def submit() -> None:
         try:
             call_command("submit", str(git_repo.path), "--wait", "--timeout", "60", "--json")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()
@@ -75,7 +75,9 @@ def test_submit_wait_on_a_failing_repository_exits_2(tmp_path) -> None:
     assert info.value.returncode in {2, 3}
 
 
-@pytest.mark.parametrize("url", ["ftp://x/y", "-oProxyCommand=evil", "ext::sh -c touch% /tmp/pwn", "/etc"])
+@pytest.mark.parametrize(
+    "url", ["ftp://x/y", "-oProxyCommand=evil", "ext::sh -c touch% /tmp/pwn", "/etc"]
+)
 def test_submit_refuses_bad_urls_in_one_line(url: str) -> None:
     with pytest.raises(CommandError) as info:
         call_command("submit", "--", url)  # "--": argparse would eat an option-looking URL

@@ -28,8 +28,13 @@ BASE_ENV.update(
 )
 
 
-def git(cwd: Path, *args: str, env: dict[str, str] | None = None, input: bytes | None = None,
-        git_dir: Path | None = None) -> bytes:  # fmt: skip
+def git(
+    cwd: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    git_dir: Path | None = None,
+) -> bytes:
     e = dict(BASE_ENV)
     if git_dir is not None:
         e["GIT_DIR"] = str(git_dir)
@@ -87,15 +92,29 @@ class Repo:
             "GIT_COMMITTER_DATE": f"{self.tick + 60} {cz}",
         }
 
-    def commit(self, msg: str = "change", *, author: tuple[str, str] = ("Ann", "ann@example.com"),
-               committer: tuple[str, str] | None = None) -> str:  # fmt: skip
+    def commit(
+        self,
+        msg: str = "change",
+        *,
+        author: tuple[str, str] = ("Ann", "ann@example.com"),
+        committer: tuple[str, str] | None = None,
+    ) -> str:
         self.git("add", "-A")
-        self.git("commit", "-q", "--allow-empty", "-F", "-", "--cleanup=verbatim",
-                 input=msg.encode(), env=self._env(author, committer))  # fmt: skip
+        self.git(
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-F",
+            "-",
+            "--cleanup=verbatim",
+            input=msg.encode(),
+            env=self._env(author, committer),
+        )
         return self.head()
 
-    def merge(self, *branches: str, msg: str = "merge", author: tuple[str, str] = ("Ann", "a@x")
-              ) -> str:  # fmt: skip
+    def merge(
+        self, *branches: str, msg: str = "merge", author: tuple[str, str] = ("Ann", "a@x")
+    ) -> str:
         self.git("merge", "-q", "--no-ff", "-m", msg, *branches, env=self._env(author, None))
         return self.head()
 
@@ -135,8 +154,17 @@ def reference_files(
     bare: Path, sha: str, parents: list[str], *extra: str
 ) -> list[tuple[str, int, int, bool, str]]:
     base = parents[0] if parents else EMPTY_TREE
-    out = git(bare, "diff-tree", "-r", "-z", "--numstat", *(extra or ("--no-renames",)),
-              base, sha, git_dir=bare)  # fmt: skip
+    out = git(
+        bare,
+        "diff-tree",
+        "-r",
+        "-z",
+        "--numstat",
+        *(extra or ("--no-renames",)),
+        base,
+        sha,
+        git_dir=bare,
+    )
     toks = out.split(b"\0")
     files = []
     i = 0
@@ -444,8 +472,14 @@ def test_exclude_paths_whitespace_and_subject_truncation(repo: Repo) -> None:
     repo.write("src/a.py", "x  =  1\n")
     ws = repo.commit("whitespace only")
     bare = repo.bare()
-    c = next(stream_commits(bare, [repo.git("rev-parse", "HEAD~1").decode().strip()],
-                            exclude_paths=["vendor/*", "*.lock"], max_subject=10))  # fmt: skip
+    c = next(
+        stream_commits(
+            bare,
+            [repo.git("rev-parse", "HEAD~1").decode().strip()],
+            exclude_paths=["vendor/*", "*.lock"],
+            max_subject=10,
+        )
+    )
     assert [f.path for f in c.files] == ["src/a.py"]
     assert c.subject == "a" * 10
     (plain,) = stream_commits(bare, [ws])
@@ -569,8 +603,9 @@ _step = st.one_of(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(steps=st.lists(_step, min_size=1, max_size=10))
-def test_random_histories_match_git(tmp_path_factory: pytest.TempPathFactory,
-                                    steps: list[tuple[str, Any]]) -> None:  # fmt: skip
+def test_random_histories_match_git(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, Any]]
+) -> None:
     repo = Repo.create(tmp_path_factory.mktemp("prop") / "work")
     repo.write("m/seed.txt", "seed\n")
     repo.commit("seed")

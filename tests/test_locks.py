@@ -223,6 +223,7 @@ def test_it_reuses_one_thread_pool_instead_of_one_per_call(redlock: Redlock) -> 
 
 
 CONTENDED = "locks:contended"
+ROUNDS = 20  # per thread / process
 
 
 def _critical_section(lock: Lock, workdir: Path) -> None:
@@ -287,13 +288,15 @@ def test_it_keeps_one_holder_at_a_time_across_threads_and_processes(
     SqliteCounter(db)
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded test process
     with ctx.Pool(2) as pool:
-        procs = [pool.apply_async(_hammer, (urls, str(db), str(tmp_path), 12)) for _ in range(2)]
+        procs = [
+            pool.apply_async(_hammer, (urls, str(db), str(tmp_path), ROUNDS)) for _ in range(2)
+        ]
         results: list[int] = []
         errors: list[BaseException] = []
 
         def thread_main() -> None:
             try:
-                results.append(_hammer(urls, str(db), str(tmp_path), 12))
+                results.append(_hammer(urls, str(db), str(tmp_path), ROUNDS))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -304,11 +307,11 @@ def test_it_keeps_one_holder_at_a_time_across_threads_and_processes(
             t.join(60)
         results += [p.get(timeout=60) for p in procs]
     assert not errors
-    assert sum(results) == 6 * 12
+    assert sum(results) == 6 * ROUNDS
     violations = tmp_path / "violations.log"
     assert not violations.exists(), violations.read_text()
     tokens = [int(x) for x in (tmp_path / "order.log").read_text().split()]
-    assert len(tokens) == 6 * 12
+    assert len(tokens) == 6 * ROUNDS
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
@@ -374,6 +377,19 @@ def test_a_master_restarted_empty_lets_a_second_holder_in_with_a_larger_token(
         first.extend()
     assert first.lost.is_set()
     second.release()
+
+
+def test_it_reloads_its_scripts_after_every_master_restarted_empty(
+    redlock: Redlock, masters: list[RedisNode]
+) -> None:
+    redlock.acquire("locks:w", ttl=5.0).release()  # pooled connections, cached scripts
+    for node in masters:
+        node.restart(empty=True)  # stale sockets and an empty script cache everywhere
+    lock = redlock.acquire("locks:w", ttl=5.0)
+    lock.extend()
+    info = redlock.inspect("locks:w")
+    assert info is not None and info["agreeing"] == 3
+    lock.release()
 
 
 def test_a_slow_master_is_outvoted_without_waiting_for_it(
@@ -537,6 +553,39 @@ def test_hold_lets_the_body_exception_through_when_the_lock_was_lost(
             node.client().delete("locks:h")
         lock.lost.wait(2.0)
         raise KeyError("body failed")
+
+
+def test_hold_tolerates_a_release_inside_the_body(redlock: Redlock) -> None:
+    with redlock.hold("locks:h", ttl=0.3) as lock:
+        lock.release()
+        time.sleep(0.25)  # the heartbeat wakes up at least once after the release
+    assert not lock.lost.is_set()
+    assert redlock.stats()["losses"] == 0
+
+
+def test_extend_and_release_from_many_threads_are_serialised(redlock: Redlock) -> None:
+    lock = redlock.acquire("locks:t", ttl=5.0)
+    outcomes: list[str] = []
+
+    def extend_a_lot() -> None:
+        for _ in range(20):
+            try:
+                lock.extend()
+                outcomes.append("extended")
+            except LockLost as exc:
+                outcomes.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=extend_a_lot) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.01)
+    lock.release()
+    for t in threads:
+        t.join()
+    # Each extend either fully happened before the release or saw it; none lost the lock.
+    assert set(outcomes) <= {"extended", "LockLost"}
+    assert not lock.lost.is_set()
+    assert redlock.inspect("locks:t") is None
 
 
 def test_hold_releases_on_exit(redlock: Redlock) -> None:

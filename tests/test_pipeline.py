@@ -85,7 +85,9 @@ def test_it_splits_history_into_chunks_each_under_its_own_lock(git_repo: GitRepo
     assert sum(c.size for c in chunks) == 15
     assert all(c.state == Chunk.State.DONE for c in chunks)
     # Each chunk was written under its own lock with its own fencing token.
-    assert len({c.token for c in chunks}) == len(chunks) or len({c.lock_key() for c in chunks}) == len(chunks)
+    assert len({c.token for c in chunks}) == len(chunks) or len(
+        {c.lock_key() for c in chunks}
+    ) == len(chunks)
     assert all(c.lock_key().startswith(f"locks:git:repo:{repo.pk}:commit:") for c in chunks)
     assert_matches_git(repo, git_repo.path)
 
@@ -131,7 +133,7 @@ def test_concurrent_duplicate_submissions_store_each_commit_once(git_repo: GitRe
         try:
             barrier.wait()
             results.append(submit_repository(url=str(git_repo.path))[0].pk)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()

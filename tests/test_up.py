@@ -24,7 +24,11 @@ pytestmark = pytest.mark.slow
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))
+    }
     env.update(
         GITWARD_VAR_DIR=str(tmp_path / "var"),
         DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'db.sqlite3'}",
@@ -36,9 +40,16 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+def _manage(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:
@@ -47,7 +58,7 @@ def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> No
         if proc.poll() is not None:
             raise AssertionError(f"up exited early: {proc.stdout.read() if proc.stdout else ''}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as res:  # noqa: S310 - loopback
+            with urllib.request.urlopen(url, timeout=2) as res:
                 if res.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -58,9 +69,20 @@ def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> No
 
 def _start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port), "--workers", str(workers)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "up",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_http(f"http://127.0.0.1:{port}/login/", proc)
     return proc
 
@@ -103,14 +125,16 @@ def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
         waited = _manage(env, "submit", str(origin.path), "--wait", "--timeout", "120", "--json")
         assert waited.returncode == 0, waited.stdout + waited.stderr
         token = _manage(env, "api_token", "admin").stdout.strip()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/repos/{repo_id}",
-                                     headers={"Authorization": f"Bearer {token}"})  # fmt: skip
-        with urllib.request.urlopen(req, timeout=10) as res:  # noqa: S310 - loopback
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/repos/{repo_id}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as res:
             body = json.loads(res.read())
         assert body["status"] == "ready", body
         assert body["commits_analyzed"] == body["commits_total"] == 25
         assert body["head"] == origin.head()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as res:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as res:
             assert b"Log in" in res.read()
     finally:
         _stop(proc)

@@ -43,7 +43,9 @@ def test_the_form_shows_field_errors_and_saves_nothing(logged_in: Client) -> Non
     assert Repository.objects.count() == 0
 
 
-def test_submitting_through_the_form_and_browsing_results(logged_in: Client, git_repo: GitRepo) -> None:
+def test_submitting_through_the_form_and_browsing_results(
+    logged_in: Client, git_repo: GitRepo
+) -> None:
     res = logged_in.post("/repos/", {"url": str(git_repo.path), "branch": "main"})
     repo = Repository.objects.get()
     assert res.status_code == 302 and res["Location"] == f"/repos/{repo.pk}/"

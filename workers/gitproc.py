@@ -8,6 +8,7 @@ terminal prompts disabled, and only the allowlisted transports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -129,17 +130,20 @@ class ProcessGroups:
 
 
 def _killpg(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Runner:
     """Starts git processes for one job; compatible with ``workers.history``'s runner."""
 
-    def __init__(self, *, git_dir: Path | None = None, groups: ProcessGroups | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        git_dir: Path | None = None,
+        groups: ProcessGroups | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.git_dir = git_dir
         self.groups = groups or ProcessGroups()
         self.extra_env = dict(extra_env or {})

@@ -72,8 +72,17 @@ def _record(job_id: str, **fields: Any) -> None:
     JobRun.objects.filter(job_id=job_id).update(**fields)
 
 
-def _start_run(job_id: str, *, kind: str, queue: str, repo_id: int, chunk_id: int | None,
-               fingerprint: str, worker: str, attempts: int) -> None:  # fmt: skip
+def _start_run(
+    job_id: str,
+    *,
+    kind: str,
+    queue: str,
+    repo_id: int,
+    chunk_id: int | None,
+    fingerprint: str,
+    worker: str,
+    attempts: int,
+) -> None:
     JobRun.objects.update_or_create(
         job_id=job_id,
         defaults={
@@ -93,8 +102,9 @@ def _start_run(job_id: str, *, kind: str, queue: str, repo_id: int, chunk_id: in
     )
 
 
-def _ensure_mirror(repo: Repository, *, holder: dict[str, Any], groups: ProcessGroups,
-                   need: str | None = None) -> Path:  # fmt: skip
+def _ensure_mirror(
+    repo: Repository, *, holder: dict[str, Any], groups: ProcessGroups, need: str | None = None
+) -> Path:
     """The local mirror, fetched under the mirror lock if missing or lacking ``need``.
 
     Each worker host has its own workspace, so an analyze job may run where no sync
@@ -105,14 +115,20 @@ def _ensure_mirror(repo: Repository, *, holder: dict[str, Any], groups: ProcessG
     runner = Runner(groups=groups)
     if is_valid(path, runner) and (need is None or _has_commit(runner, path, need)):
         return path
-    remote = validate_remote(repo.url)
+    remote = validate_remote(repo.fetch_url or repo.url)
     key = mirror_lock_key(repo.pk)
     with queues.redlock().hold(
         [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
     ) as lock:
         remove_stale_temporaries(workspace, repo.pk)
-        sync_mirror(workspace=workspace, repo_id=repo.pk, git_url=remote.git_url(),
-                    branch=repo.branch, runner=runner, timeout=settings.GIT_TIMEOUT)  # fmt: skip
+        sync_mirror(
+            workspace=workspace,
+            repo_id=repo.pk,
+            git_url=remote.git_url(),
+            branch=repo.branch,
+            runner=runner,
+            timeout=settings.GIT_TIMEOUT,
+        )
         lock.check()
     return path
 
@@ -144,23 +160,36 @@ def sync_repository(repo_id: int, generation: int) -> str:
     if not claimed:
         return "nothing to do"
     repo = Repository.objects.get(pk=repo_id)
-    _start_run(job_id, kind="sync", queue=queues.SYNC_QUEUE, repo_id=repo_id, chunk_id=None,
-               fingerprint=fp, worker=worker, attempts=attempts)  # fmt: skip
+    _start_run(
+        job_id,
+        kind="sync",
+        queue=queues.SYNC_QUEUE,
+        repo_id=repo_id,
+        chunk_id=None,
+        fingerprint=fp,
+        worker=worker,
+        attempts=attempts,
+    )
     holder = _holder(job_id, worker, fp)
     groups = ProcessGroups()
     runner = Runner(groups=groups)
     workspace = Path(settings.WORKSPACE)
     key = mirror_lock_key(repo_id)
     try:
-        remote = validate_remote(repo.url)
+        remote = validate_remote(repo.fetch_url or repo.url)
         with queues.redlock().hold(
             [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
         ) as lock:
             _record(job_id, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
             remove_stale_temporaries(workspace, repo_id)
-            head = sync_mirror(workspace=workspace, repo_id=repo_id, git_url=remote.git_url(),
-                               branch=repo.branch, runner=runner,
-                               timeout=settings.GIT_TIMEOUT)  # fmt: skip
+            head = sync_mirror(
+                workspace=workspace,
+                repo_id=repo_id,
+                git_url=remote.git_url(),
+                branch=repo.branch,
+                runner=runner,
+                timeout=settings.GIT_TIMEOUT,
+            )
             _record(job_id, fetched_at=timezone.now())
             path = mirror_path(workspace, repo_id)
             shas = list_commits(path, HEAD_REF, git=Runner(git_dir=path, groups=groups))
@@ -177,14 +206,19 @@ def sync_repository(repo_id: int, generation: int) -> str:
         return f"failed: {exc}"
     except Exception as exc:
         final = _last_attempt()
-        _record(job_id, state=JobRun.State.DEAD if final else JobRun.State.FAILED,
-                error=f"{type(exc).__name__}: {exc}"[:2000], finished_at=timezone.now())  # fmt: skip
+        _record(
+            job_id,
+            state=JobRun.State.DEAD if final else JobRun.State.FAILED,
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            finished_at=timezone.now(),
+        )
         if final:
             fail_repository(repo_id=repo_id, generation=generation, reason=_reason(exc))
         raise
     transaction.on_commit(lambda: enqueue_chunks(queued))
-    _record(job_id, state=JobRun.State.SUCCEEDED, written_at=timezone.now(),
-            finished_at=timezone.now())  # fmt: skip
+    _record(
+        job_id, state=JobRun.State.SUCCEEDED, written_at=timezone.now(), finished_at=timezone.now()
+    )
     return f"planned {len(queued)} chunks over {len(shas)} commits"
 
 
@@ -224,9 +258,16 @@ def analyze_chunk(chunk_id: int) -> str:
     Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
         state=Chunk.State.RUNNING
     )
-    _start_run(job_id, kind="analyze", queue=queues.analysis_queue(chunk.fingerprint).name,
-               repo_id=repo.pk, chunk_id=chunk.pk, fingerprint=chunk.fingerprint, worker=worker,
-               attempts=attempts)  # fmt: skip
+    _start_run(
+        job_id,
+        kind="analyze",
+        queue=queues.analysis_queue(chunk.fingerprint).name,
+        repo_id=repo.pk,
+        chunk_id=chunk.pk,
+        fingerprint=chunk.fingerprint,
+        worker=worker,
+        attempts=attempts,
+    )
     holder = _holder(job_id, worker, chunk.fingerprint)
     groups = ProcessGroups()
     key = chunk.lock_key()
@@ -243,16 +284,21 @@ def analyze_chunk(chunk_id: int) -> str:
     except Exception as exc:
         final = _last_attempt()
         error = f"{type(exc).__name__}: {exc}"[:2000]
-        _record(job_id, state=JobRun.State.DEAD if final else JobRun.State.FAILED, error=error,
-                finished_at=timezone.now())  # fmt: skip
+        _record(
+            job_id,
+            state=JobRun.State.DEAD if final else JobRun.State.FAILED,
+            error=error,
+            finished_at=timezone.now(),
+        )
         Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
             state=Chunk.State.FAILED if final else Chunk.State.QUEUED, error=error
         )
         if final:
             fail_repository(repo_id=repo.pk, generation=None, reason=_reason(exc))
         raise
-    _record(job_id, state=JobRun.State.SUCCEEDED, written_at=timezone.now(),
-            finished_at=timezone.now())  # fmt: skip
+    _record(
+        job_id, state=JobRun.State.SUCCEEDED, written_at=timezone.now(), finished_at=timezone.now()
+    )
     complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint)
     return f"stored {written} commits"
 

@@ -4,15 +4,20 @@ Contract (see DESIGN.md §4):
 
 * A lock is held only while a majority (``N // 2 + 1``) of masters store our value and the
   client-side validity ``ttl - elapsed - drift`` (monotonic clock) is positive.
-* Every call to the masters runs concurrently on one long-lived thread pool per
-  :class:`Redlock`, each with a socket timeout of ``node_timeout`` (far below any TTL);
-  a call returns as soon as its outcome is decided.
+* Every call goes to all masters at once, each bounded by ``node_timeout`` (far below any
+  TTL), and returns as soon as its outcome is decided. The lock scripts (acquire, extend,
+  release, retag) are written on idle pooled connections from the calling thread and the
+  replies collected with poll(); connecting, draining late replies and the rarer calls
+  (inspect, SCAN) run on one long-lived thread pool per :class:`Redlock`.
 * The stored value is JSON naming the holder (nonce, worker, host, pid, job, version, token,
   acquired_at); release, extend and retag are compare-and-set Lua scripts that match the
   value's ``{"nonce":"…",`` prefix, so only the holder that wrote it can touch it.
 * Fencing tokens come from ``token_source`` (the database counter, DESIGN.md §4) and are
   obtained *after* the quorum is reached. Redis alone cannot make them safe; every guarded
   write must check the token in the database. Correctness rests on that check.
+
+* Multi-key locks are all or nothing on each master (one script). ``Lock.token`` is the
+  token of the first key; ``Lock.tokens`` maps every key to its own token.
 
 Not fork-safe: build one :class:`Redlock` per process (its thread pool does not survive a fork).
 """
@@ -548,9 +553,12 @@ class Redlock:
             script: Script = getattr(node, name)
             conn: Any = None
             start = time.monotonic()
-            # Racy peek (another thread may take the idle connection first): then
-            # get_connection() connects here, bounded by the connect timeout. Still correct.
-            if getattr(node.pool, "_available_connections", None):
+            # Only an idle, *connected* connection is used from this thread: connecting means a
+            # handshake that a stalled master would make us wait for, delaying the others.
+            # The peek is racy (another thread may take that connection first, and then
+            # get_connection() connects here); that only costs time, bounded by the timeouts.
+            idle = getattr(node.pool, "_available_connections", None)
+            if idle and getattr(idle[-1], "_sock", None) is not None:
                 try:
                     conn = node.pool.get_connection()
                 except Exception as exc:
@@ -591,6 +599,12 @@ class Redlock:
             now = time.monotonic()
             if decided() or now >= deadline:
                 break
+            # Read what has arrived before expiring anyone: a reply that is already waiting
+            # must not be called a timeout just because this thread was slow to look.
+            if pending:
+                self._read_ready(pending, by_fd, poller, 0.0, keys, args, judge, vote_now)
+                if decided():
+                    break
             for i, p in list(pending.items()):
                 if now >= p.node_deadline:
                     self._forget(pending, by_fd, poller, i)
@@ -613,28 +627,45 @@ class Redlock:
             wait = min(deadline, *(p.node_deadline for p in pending.values())) - now
             if threaded:
                 wait = min(wait, 0.001)  # poll the thread-pool answers too
-            for fd, _event in poller.poll(max(0.0, wait) * 1000):
-                i = by_fd[fd]
-                p = pending[i]
-                node = self.nodes[i]
-                try:
-                    result = p.conn.read_response()
-                except NoScriptError:
-                    # The master restarted and lost its script cache: send the source.
-                    p.conn.send_command("EVAL", p.script.script, len(keys), *keys, *args)
-                    continue
-                except Exception as exc:
-                    self._forget(pending, by_fd, poller, i)
-                    node.pool.release(p.conn)  # read_response already disconnected it
-                    vote_now(i, _Vote(False, _describe(exc), exc), time.monotonic() - p.sent)
-                    continue
-                self._forget(pending, by_fd, poller, i)
-                node.pool.release(p.conn)
-                vote_now(i, judge(result), time.monotonic() - p.sent)
+            self._read_ready(pending, by_fd, poller, wait, keys, args, judge, vote_now)
         for i, p in pending.items():
             futures[i] = self._pool.submit(self._drain, self.nodes[i], p, keys, args, judge)
         done = [f for f in futures if f is not None]
         return _Round(votes, done, yes)
+
+    def _read_ready(
+        self,
+        pending: dict[int, _Pending],
+        by_fd: dict[int, int],
+        poller: select.poll,
+        wait: float,
+        keys: tuple[str, ...],
+        args: Sequence[str | int],
+        judge: Callable[[object], _Vote],
+        vote_now: Callable[[int, _Vote, float], None],
+    ) -> None:
+        """Wait up to ``wait`` seconds for replies and count every one that arrived."""
+        for fd, _event in poller.poll(max(0.0, wait) * 1000):
+            i = by_fd[fd]
+            p = pending[i]
+            vote: _Vote | None = None
+            try:
+                vote = judge(p.conn.read_response())
+            except NoScriptError:
+                # The master restarted and lost its script cache: send the source on the
+                # same connection and keep waiting (same per-node deadline).
+                try:
+                    p.conn.send_command("EVAL", p.script.script, len(keys), *keys, *args)
+                except Exception as exc:
+                    p.conn.disconnect()
+                    vote = _Vote(False, _describe(exc), exc)
+            except Exception as exc:  # read_response has already disconnected it
+                vote = _Vote(False, _describe(exc), exc)
+            if vote is None:
+                continue  # EVAL sent, reply still to come
+            self._forget(pending, by_fd, poller, i)
+            self.nodes[i].pool.release(p.conn)
+            vote_now(i, vote, time.monotonic() - p.sent)
 
     @staticmethod
     def _forget(
@@ -762,8 +793,8 @@ class Redlock:
                 return _Vote(False, f"error: unexpected reply {result!r}", result)
 
             rnd = self._broadcast_script(
-                # Arguments passed by value, not read from the loop: a call still queued when
-                # the next attempt starts must send *this* attempt's value.
+                # Arguments passed by value, not closed over: a call still in flight when the
+                # next attempt starts must send *this* attempt's value.
                 "acquire",
                 key_list,
                 [value, ttl_ms, prefix],
@@ -774,7 +805,7 @@ class Redlock:
             refused = sum(1 for v in rnd.votes.values() if v.reason == "refused: held")
             self._count("refused", refused)
             validity = ttl - (time.monotonic() - t0) - drift
-            reasons = self._reasons(rnd, settle=attempt == self.retry_count)
+            reasons = self._reasons(rnd)
             if rnd.yes >= self.quorum and validity > 0:
                 tokens: dict[str, int] = {}
                 try:
@@ -784,6 +815,10 @@ class Redlock:
                     reasons = {**reasons, "token_source": f"error: {exc}"}
                     self._unlock_after(rnd, key_list, prefix)
                     continue
+                # Race: the token source may be slow. A token fetched while our lease is still
+                # valid was issued before any later holder could get a quorum, so it is
+                # smaller than theirs; a token fetched after the lease lapsed might be larger
+                # than a newer holder's, which is why such a lock is discarded here.
                 validity = ttl - (time.monotonic() - t0) - drift
                 if validity > 0:
                     lock = Lock(
@@ -804,6 +839,10 @@ class Redlock:
             else:
                 if validity <= 0:
                     reasons = {**reasons, "validity": "expired during the attempt"}
+            if attempt == self.retry_count:
+                # Final failure: wait (briefly) for masters we stopped listening to once the
+                # outcome was decided, so the error names what every master answered.
+                reasons = {**reasons, **self._reasons(rnd, settle=True)}
             self._unlock_after(rnd, key_list, prefix)
         self._count("acquire_failures")
         raise LockNotAcquired(key_list, reasons, attempts)

@@ -35,8 +35,10 @@ def is_valid(path: Path, runner: Runner | None = None) -> bool:
     if not (path / "HEAD").exists():
         return False
     try:
-        (runner or Runner()).run(["--git-dir", str(path), "rev-parse", "--verify", "--quiet",
-                                  f"{HEAD_REF}^{{commit}}"], timeout=60)  # fmt: skip
+        (runner or Runner()).run(
+            ["--git-dir", str(path), "rev-parse", "--verify", "--quiet", f"{HEAD_REF}^{{commit}}"],
+            timeout=60,
+        )
     except GitError:
         return False
     return True
@@ -49,9 +51,17 @@ def _refspec(branch: str) -> str:
 
 def _fetch(runner: Runner, git_dir: Path, git_url: str, branch: str, timeout: float) -> None:
     args = [
-        "--git-dir", str(git_dir), "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
-        "--no-recurse-submodules", "--end-of-options", git_url, _refspec(branch),
-    ]  # fmt: skip
+        "--git-dir",
+        str(git_dir),
+        "fetch",
+        "--quiet",
+        "--no-tags",
+        "--no-write-fetch-head",
+        "--no-recurse-submodules",
+        "--end-of-options",
+        git_url,
+        _refspec(branch),
+    ]
     try:
         runner.run(args, timeout=timeout)
     except GitError as exc:

@@ -30,7 +30,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
 
     from dashboard import queues
 
-    class DjangoWorker(Worker):  # type: ignore[misc]
+    class DjangoWorker(Worker):
         """Closes database connections before forking a work horse: a forked child must
         never share its parent's socket to the database (the parent opens none between
         jobs, so this is a safety net, not a reconnect per job)."""
@@ -44,17 +44,16 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     connections.close_all()
     conn = queues.connection()
     name = f"{socket.gethostname()}.{os.getpid()}"
-    worker = DjangoWorker(
-        [queues.queue(n) for n in queue_names], connection=conn, name=name
-    )
+    worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
     worker.work(burst=burst, with_scheduler=True, logging_level="WARNING")
 
 
 class Pool:
     """Supervises ``size`` child processes running ``manage.py worker --workers 1``."""
 
-    def __init__(self, size: int, *, manage_py: Path, env: dict[str, str] | None = None,
-                 grace: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self, size: int, *, manage_py: Path, env: dict[str, str] | None = None, grace: float = 60.0
+    ) -> None:
         self.size = size
         self.manage_py = manage_py
         self.env = env

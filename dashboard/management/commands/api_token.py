@@ -17,7 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("user")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        User = get_user_model()  # noqa: N806
+        User = get_user_model()
         user = User.objects.filter(username=options["user"]).first()
         if user is None:
             raise CommandError(f"no user {options['user']!r}")

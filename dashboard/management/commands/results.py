@@ -45,12 +45,18 @@ class Command(BaseCommand):
         if state["error"]:
             lines.append(f"error: {state['error']}")
         if summary["authors"]:
-            lines.append("top authors: " + ", ".join(
-                f"{a['name']} ({a['commits']})" for a in summary["authors"][:5]))  # fmt: skip
+            lines.append(
+                "top authors: "
+                + ", ".join(f"{a['name']} ({a['commits']})" for a in summary["authors"][:5])
+            )
         if summary["languages"]:
-            lines.append("languages: " + ", ".join(
-                f"{x['language']} {x['lines']}" for x in summary["languages"][:5]))  # fmt: skip
+            lines.append(
+                "languages: "
+                + ", ".join(f"{x['language']} {x['lines']}" for x in summary["languages"][:5])
+            )
         if summary["hotspots"]:
-            lines.append("hotspots: " + ", ".join(
-                f"{h['path']} ({h['changes']})" for h in summary["hotspots"][:5]))  # fmt: skip
+            lines.append(
+                "hotspots: "
+                + ", ".join(f"{h['path']} ({h['changes']})" for h in summary["hotspots"][:5])
+            )
         self.stdout.write("\n".join(lines))

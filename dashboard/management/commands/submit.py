@@ -52,7 +52,9 @@ class Command(BaseCommand):
         if repo.status == Repository.Status.FAILED:
             raise CommandError(f"analysis failed: {repo.error or 'unknown error'}", returncode=2)
 
-    def _print(self, repo: Repository, options: dict[str, Any], *, created: bool | None = None) -> None:
+    def _print(
+        self, repo: Repository, options: dict[str, Any], *, created: bool | None = None
+    ) -> None:
         state = repository_status(repo)
         if options["json"]:
             self.stdout.write(json.dumps(state))
@@ -60,5 +62,7 @@ class Command(BaseCommand):
         verb = "submitted" if created else "already known:" if created is False else ""
         self.stdout.write(
             f"{verb} repository {repo.pk} {repo.url} [{state['status']}] "
-            f"{state['commits_analyzed']}/{state['commits_total']} commits".replace("  ", " ").strip()
+            f"{state['commits_analyzed']}/{state['commits_total']} commits".replace(
+                "  ", " "
+            ).strip()
         )

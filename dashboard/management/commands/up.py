@@ -45,8 +45,12 @@ class Command(BaseCommand):
             urls = [n.url for n in nodes]
             embedded.use_redis(urls)
             embedded.write_state(
-                {"pid": os.getpid(), "redis_urls": urls, "ports": [n.port for n in nodes],
-                 "web": f"http://{host}:{port}/"}  # fmt: skip
+                {
+                    "pid": os.getpid(),
+                    "redis_urls": urls,
+                    "ports": [n.port for n in nodes],
+                    "web": f"http://{host}:{port}/",
+                }
             )
             self.stdout.write(f"embedded Redis nodes: {', '.join(urls)}")
         pool: Pool | None = None
@@ -56,22 +60,31 @@ class Command(BaseCommand):
             password = ensure_admin()
             if password:
                 self.stdout.write(
-                    self.style.WARNING(f"created user admin with password: {password}  (shown once)")
+                    self.style.WARNING(
+                        f"created user admin with password: {password}  (shown once)"
+                    )
                 )
             reconcile()
             threading.Thread(
                 target=_reconcile_periodically, args=(stop_reconciler,), daemon=True
             ).start()
             if workers > 0:
-                pool = Pool(workers, manage_py=Path(settings.BASE_DIR) / "manage.py",
-                            env=dict(os.environ))  # fmt: skip
+                pool = Pool(
+                    workers, manage_py=Path(settings.BASE_DIR) / "manage.py", env=dict(os.environ)
+                )
                 pool.start()
-                threading.Thread(target=_supervise, args=(pool, stop_reconciler), daemon=True).start()
+                threading.Thread(
+                    target=_supervise, args=(pool, stop_reconciler), daemon=True
+                ).start()
             self.stdout.write(f"gitward is up on http://{host}:{port}/ with {workers} workers")
             config = uvicorn.Config(
-                "dashboard.asgi:application", host=host, port=port, lifespan="off",
-                log_level="warning", ws_max_size=1 << 20,
-            )  # fmt: skip
+                "dashboard.asgi:application",
+                host=host,
+                port=port,
+                lifespan="off",
+                log_level="warning",
+                ws_max_size=1 << 20,
+            )
             # Uvicorn traps SIGINT/SIGTERM while serving and re-raises them once it has
             # stopped; our own handlers make that re-raise a no-op so the clean-up below
             # (workers, Redis nodes) always runs.

@@ -24,7 +24,9 @@ class Command(BaseCommand):
     help = "Run gitward workers (one process per worker)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--workers", type=int, default=None, help="processes (default $WORKERS)")
+        parser.add_argument(
+            "--workers", type=int, default=None, help="processes (default $WORKERS)"
+        )
         parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
 
     def handle(self, *args: Any, **options: Any) -> None:
