@@ -22,7 +22,7 @@ def weekly_bars(weekly: list[dict[str, Any]], *, max_weeks: int = 156) -> dict[s
         cur += timedelta(days=7)
     weeks = weeks[-max_weeks:]
     peak = max(counts.get(w, 0) for w in weeks) or 1
-    step = WIDTH / len(weeks)
+    step = min(WIDTH / len(weeks), 24.0)  # a short history keeps narrow bars
     bars = []
     for i, w in enumerate(weeks):
         n = counts.get(w, 0)

@@ -184,3 +184,75 @@ def test_a_path_outside_the_local_roots_is_refused(tmp_path: Path, settings) -> 
     with pytest.raises(InvalidRemote):
         submit_repository(url=str(tmp_path))
     assert Repository.objects.count() == 0
+
+
+def hostile_history(tmp_path: Path) -> GitRepo:
+    """Merges (two-parent and octopus), a root commit, binary files, a rename, an empty
+    commit, non-ASCII names and messages, names with spaces/tabs/newlines, a .mailmap."""
+    r = GitRepo.create(tmp_path / "hostile")
+    r.commit(
+        "root: ünïcödé 日本語",
+        {"a b.txt": "one\ntwo\n"},
+        author=("Zoë Łukasz", "zoe@example.com"),
+        tz="+0530",
+    )
+    r.commit("binary", {"img.bin": bytes(range(256)) * 4, "tab\tname.txt": "t\n"}, tz="-0800")
+    r.git("mv", "a b.txt", "renamed.txt")
+    r.commit("rename as delete+add")
+    r.commit("nothing", allow_empty=True)
+    r.commit("newline name", {"new\nline.txt": "x\ny\n"})
+    base = r.head()
+    for name in ("left", "right", "third"):
+        r.git("checkout", "-q", "-b", name, base)
+        r.commit(
+            f"on {name}",
+            {f"{name}.txt": f"{name}\n" * 3, "renamed.txt": f"one\n{name}\n"}
+            if name == "left"
+            else {f"{name}.txt": f"{name}\n"},
+        )
+    r.git("checkout", "-q", "main")
+    r.git(
+        "merge",
+        "-q",
+        "--no-ff",
+        "-m",
+        "merge left",
+        "left",
+        GIT_AUTHOR_DATE="1800000000 +0000",
+        GIT_COMMITTER_DATE="1800000000 +0000",
+    )
+    r.git(
+        "merge",
+        "-q",
+        "--no-ff",
+        "-m",
+        "octopus",
+        "right",
+        "third",
+        GIT_AUTHOR_DATE="1800003600 +0000",
+        GIT_COMMITTER_DATE="1800003600 +0000",
+    )
+    r.commit(
+        "mailmap", {".mailmap": "Zoe Canonical <zoe@example.com> Zoë Łukasz <zoe@example.com>\n"}
+    )
+    return r
+
+
+def test_hostile_but_valid_histories_match_git_exactly(tmp_path: Path, settings) -> None:
+    settings.CHUNK_SIZE = 2
+    origin = hostile_history(tmp_path)
+    repo, _ = submit_repository(url=str(origin.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    assert_matches_git(repo, origin.path)
+    merges = Commit.objects.filter(repository=repo, is_merge=True)
+    assert sorted(len(m.parent_list()) for m in merges) == [2, 3]
+    binary = FileChange.objects.get(repository=repo, path="img.bin")
+    assert binary.binary and binary.added == binary.deleted == 0
+    assert FileChange.objects.filter(path="new\nline.txt").count() == 1
+    # Aggregates are mailmap-aware: the canonical name is what the summary shows.
+    from dashboard.summaries import repository_summary
+
+    authors = repository_summary(repo, current_fingerprint())["authors"]
+    assert "Zoe Canonical" in {a["name"] for a in authors}

@@ -136,6 +136,8 @@ def sync_mirror(
         tmp = tmp_root / f"{repo_id}-{uuid.uuid4().hex}.git"
         try:
             runner.run(["init", "--quiet", "--bare", str(tmp)], timeout=60)
+            # HEAD names the analysed ref: git reads .mailmap from HEAD in a bare repo.
+            runner.run(["--git-dir", str(tmp), "symbolic-ref", "HEAD", HEAD_REF], timeout=60)
             _fetch(runner, tmp, git_url, branch, timeout)
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():  # a corrupt or foreign leftover: replace it
