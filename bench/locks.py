@@ -10,7 +10,7 @@ interleaved rounds of sequential, contention-free acquire+release pairs on one k
 
 Prints medians over the rounds and the ratios. Not a test: nothing is asserted.
 
-    .venv/bin/python bench/locks.py [--pairs 400] [--rounds 5]
+    .venv/bin/python bench/locks.py [--pairs 500] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def run_pairs(pair: Callable[[], None], pairs: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--pairs", type=int, default=400, help="pairs per round and variant")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=500, help="pairs per round and variant")
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
     from pottery import Redlock as PotteryRedlock  # type: ignore[import-untyped]

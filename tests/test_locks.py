@@ -219,6 +219,34 @@ def test_it_reuses_one_thread_pool_instead_of_one_per_call(redlock: Redlock) -> 
     assert threading.active_count() <= threads
 
 
+def _use_inherited_redlock(rl: Redlock) -> None:
+    lock = rl.acquire("locks:fork", ttl=5.0)
+    lock.extend()
+    info = rl.inspect("locks:fork")  # runs on the thread pool
+    if info is None or info["agreeing"] != 3:
+        raise SystemExit(f"inspect in the child saw {info}")
+    lock.release()
+
+
+def test_a_forked_child_can_use_the_inherited_redlock(masters: list[RedisNode]) -> None:
+    # RQ forks a work horse per job; a process-wide Redlock built before the fork must work.
+    # One pool thread, already started: a child that inherited the pool as-is would queue
+    # work that no thread ever runs.
+    rl = make(masters, max_workers=1)
+    try:
+        rl.acquire("locks:fork", ttl=5.0).release()
+        rl.inspect("locks:fork")
+        child = multiprocessing.get_context("fork").Process(
+            target=_use_inherited_redlock, args=(rl,)
+        )
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        rl.acquire("locks:fork", ttl=5.0).release()  # the parent is unaffected
+    finally:
+        rl.close()
+
+
 # Contention ---------------------------------------------------------------------------------
 
 

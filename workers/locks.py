@@ -19,7 +19,7 @@ Contract (see DESIGN.md §4):
 * Multi-key locks are all or nothing on each master (one script). ``Lock.token`` is the
   token of the first key; ``Lock.tokens`` maps every key to its own token.
 
-Not fork-safe: build one :class:`Redlock` per process (its thread pool does not survive a fork).
+Fork-safe: a forked child (an RQ work horse) gets a fresh thread pool on fork.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -238,7 +239,8 @@ class Lock:
     ``tokens`` maps every key to its own token. ``lost`` is set once the lease is known or
     suspected gone; after that, ``check()`` always raises.
     Thread-safe: ``extend``/``release`` are serialised by an internal mutex, so the heartbeat
-    and the job thread can both use the lock.
+    and the job thread can both use the lock. Used directly as a context manager (without
+    ``Redlock.hold``) it only releases on exit, ignoring release errors.
     """
 
     def __init__(
@@ -436,13 +438,25 @@ class Redlock:
         self._call_budget = max(1.0, 20 * node_timeout)
         # One persistent pool for the life of the Redlock. Sized for several caller threads
         # each fanning out to every master at once.
-        self._pool = ThreadPoolExecutor(
-            max_workers=max_workers or max(8, 8 * len(self.nodes)),
-            thread_name_prefix="redlock",
-        )
+        self._max_workers = max_workers or max(8, 8 * len(self.nodes))
+        self._pool = self._new_pool()
         self._stats_lock = threading.Lock()
         self._stats = _Stats()
         self._closed = False
+        # Fork: RQ forks a work horse per job, and a process-wide Redlock built before the
+        # fork is inherited without its pool threads (submitted work would never run) and
+        # possibly with _stats_lock held by a thread that does not exist in the child. So the
+        # child gets a fresh pool and lock. redis-py resets its connection pools by itself
+        # (ConnectionPool._checkpid) before any inherited socket could be used.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=functools.partial(_after_fork_in_child, ref))
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="redlock")
+
+    def _after_fork(self) -> None:
+        self._pool = self._new_pool()
+        self._stats_lock = threading.Lock()
 
     # Plumbing ------------------------------------------------------------------------
 
@@ -1143,6 +1157,12 @@ class Redlock:
 
 
 _CANCELLED = _Vote(False, "cancelled", None)
+
+
+def _after_fork_in_child(ref: weakref.ReferenceType[Redlock]) -> None:
+    redlock = ref()
+    if redlock is not None and not redlock._closed:
+        redlock._after_fork()
 
 
 def _done(vote: _Vote) -> Future[_Vote]:

@@ -1,0 +1,692 @@
+"""Benchmark: whole-history analysis, git log vs PyDriller vs gitward end to end.
+
+Builds (or takes) one repository and measures, in one run and side by side:
+
+  (a) git log    ``git log HEAD --numstat --no-renames --diff-merges=first-parent --root``
+                 with gitward's own ``--format`` over the whole history, to /dev/null
+                 (median of 3 runs after one warm-up run);
+  (b) PyDriller  ``for c in Repository(path, order="reverse").traverse_commits():
+                 for m in c.modified_files: m.added_lines, m.deleted_lines`` over the newest
+                 ``--pydriller-commits`` commits only (PyDriller runs at ~250 commits/s), so
+                 its figure is a rate measured on a window, not a whole-history time;
+  (c) gitward    end to end from an existing mirror: a fresh temporary var dir, SQLite
+                 database (migrated) and 3 local redis-server nodes; the mirror of
+                 repository 1 is built beforehand with ``workers.mirror.sync_mirror`` (the
+                 code the sync job runs), so the sync job only does an up-to-date fetch;
+                 ``manage.py worker --workers N`` is started and waited for (all workers
+                 registered) before the clock starts; then submit → ``status == ready`` and
+                 every commit stored. Each gitward run is a separate child process of this
+                 script (fresh Django settings), which also polls /proc of the worker tree
+                 (pool, workers, forked work horses, git) for peak memory.
+
+Worker peak memory is also measured at the ``--rss-sizes`` history sizes (a smaller one is a
+``--shared`` bare clone of the repository whose branch points at an older commit), to show
+it stays flat as the history grows. ``--chunk-sizes`` repeats (c) with other
+``GITWARD_CHUNK_SIZE`` values. Not a test: nothing is asserted.
+
+    .venv/bin/python bench/analysis.py [--commits 20000] [--repo PATH] [--workers 2]
+        [--skip-pydriller] [--pydriller-commits 3000] [--rss-sizes 5000,20000]
+        [--chunk-sizes 500,2000] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# ------------------------------------------------------------------ synthetic repository
+
+_DIRS = {
+    "src/core": ".py",
+    "src/api": ".py",
+    "src/util": ".py",
+    "web/js": ".js",
+    "web/css": ".css",
+    "lib/native": ".c",
+    "lib/native/include": ".h",
+    "cmd/tool": ".go",
+    "docs": ".md",
+    "tests": ".py",
+    "config": ".yml",
+}
+_WORDS = [
+    "alpha", "beta", "gamma", "delta", "value", "index", "count", "total", "buffer",
+    "result", "error", "token", "node", "item", "parse", "render", "update", "config",
+    "handler", "request", "response", "cache", "store", "queue", "worker", "limit",
+]  # fmt: skip
+
+
+class _Synth:
+    """Deterministic ``git fast-import`` stream of a repository with a realistic shape."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.lines = [
+            f"{w}_{i} = {self.rng.choice(_WORDS)}({self.rng.randrange(10**6)})\n"
+            for i, w in enumerate(self.rng.choice(_WORDS) for _ in range(4000))
+        ]
+        self.authors = [
+            (f"Dev {self.rng.choice(_WORDS).title()} {i}", f"dev{i}@example.org") for i in range(40)
+        ]
+        self.files: dict[str, list[str] | bytes] = {}
+        self.mark = 0
+        self.when = 1_420_070_400  # 2015-01-01
+        self.count = 0
+        self.new_files = 0
+
+    def _text(self, n: int) -> list[str]:
+        return [self.rng.choice(self.lines) for _ in range(n)]
+
+    def _initial_files(self) -> None:
+        n = 0
+        for d, ext in _DIRS.items():
+            for _ in range(24):
+                self.files[f"{d}/file_{n}{ext}"] = self._text(self.rng.randint(10, 80))
+                n += 1
+        for i in range(14):
+            self.files[f"assets/img_{i}.png"] = self.rng.randbytes(self.rng.randint(500, 3000))
+
+    def _edit(self, content: list[str]) -> list[str]:
+        out = list(content)
+        for _ in range(self.rng.randint(1, 3)):
+            pos = self.rng.randrange(len(out) + 1)
+            kind = self.rng.random()
+            if kind < 0.5 and pos < len(out):
+                out[pos] = self.rng.choice(self.lines)
+            elif kind < 0.8 or len(out) < 5:
+                out[pos:pos] = self._text(self.rng.randint(1, 4))
+            else:
+                del out[pos : pos + self.rng.randint(1, 3)]
+        return out
+
+    @staticmethod
+    def _data(payload: bytes) -> bytes:
+        return b"data %d\n%s\n" % (len(payload), payload)
+
+    def _commit(self, ref: str, parents: list[int], changes: dict[str, Any], msg: str) -> int:
+        self.mark += 1
+        self.count += 1
+        self.when += self.rng.randint(60, 9000)
+        name, email = self.authors[min(int(self.rng.expovariate(0.15)), len(self.authors) - 1)]
+        tz = self.rng.choice(["+0000", "+0100", "-0500", "+0530", "-0800"])
+        out = [b"commit %s\nmark :%d\n" % (ref.encode(), self.mark)]
+        ident = f"{name} <{email}> {self.when} {tz}".encode()
+        out.append(b"author %s\ncommitter %s\n" % (ident, ident))
+        out.append(self._data(msg.encode()))
+        if parents:
+            out.append(b"from :%d\n" % parents[0])
+        for p in parents[1:]:
+            out.append(b"merge :%d\n" % p)
+        for path, content in changes.items():
+            if content is None:
+                out.append(b"D %s\n" % path.encode())
+                continue
+            payload = content if isinstance(content, bytes) else "".join(content).encode()
+            out.append(b"M 100644 inline %s\n" % path.encode())
+            out.append(self._data(payload))
+        self.sink.write(b"".join(out))
+        return self.mark
+
+    def _changes(self, files: dict[str, Any], avoid: set[str]) -> dict[str, Any]:
+        rng = self.rng
+        k = rng.choices([1, 2, 3, 4, 5, 8], weights=[25, 25, 20, 12, 8, 10])[0]
+        paths = [p for p in rng.sample(sorted(files), min(k + 3, len(files))) if p not in avoid]
+        changes: dict[str, Any] = {}
+        for p in paths[:k]:
+            old = files[p]
+            if isinstance(old, bytes):
+                if rng.random() < 0.3:
+                    changes[p] = rng.randbytes(rng.randint(500, 3000))
+            else:
+                changes[p] = self._edit(old)
+        roll = rng.random()
+        if roll < 0.015:
+            self.new_files += 1
+            d, ext = rng.choice(list(_DIRS.items()))
+            changes[f"{d}/new_{self.new_files}{ext}"] = self._text(rng.randint(5, 40))
+        elif roll < 0.03 and len(files) > 250:
+            victim = rng.choice(sorted(files))
+            if victim not in avoid:
+                changes[victim] = None
+        elif roll < 0.035:
+            self.new_files += 1
+            changes[f"assets/gen_{self.new_files}.bin"] = rng.randbytes(rng.randint(200, 2000))
+        return changes
+
+    @staticmethod
+    def _apply(files: dict[str, Any], changes: dict[str, Any]) -> None:
+        for p, c in changes.items():
+            if c is None:
+                files.pop(p, None)
+            else:
+                files[p] = c
+
+    def write(self, sink: Any, commits: int) -> int:
+        """Write the stream for ``commits`` commits (side branches and merges included)."""
+        self.sink = sink
+        rng = self.rng
+        self._initial_files()
+        tip = self._commit("refs/heads/main", [], dict(self.files), "initial import")
+        since_merge = 0
+        while self.count < commits:
+            remaining = commits - self.count
+            if since_merge > rng.randint(15, 60) and remaining > 12:
+                since_merge = 0
+                # a topic branch of 2-6 commits on a few reserved files; main moves on
+                # beside it without touching them, then merges it (first-parent diff =
+                # the topic's net change)
+                reserved = set(
+                    rng.sample([p for p, c in self.files.items() if isinstance(c, list)], 4)
+                )
+                side = {p: self.files[p] for p in reserved}
+                side_tip = tip
+                for i in range(rng.randint(2, 6)):
+                    ch = {p: self._edit(side[p]) for p in rng.sample(sorted(reserved), 2)}
+                    self._apply(side, ch)
+                    side_tip = self._commit("refs/heads/topic", [side_tip], ch, f"topic work {i}")
+                for _ in range(rng.randint(0, 3)):
+                    ch = self._changes(self.files, reserved)
+                    self._apply(self.files, ch)
+                    tip = self._commit("refs/heads/main", [tip], ch, "work on main")
+                merged = dict(side)
+                self._apply(self.files, merged)
+                tip = self._commit("refs/heads/main", [tip, side_tip], merged, "Merge topic")
+                continue
+            ch = self._changes(self.files, set())
+            self._apply(self.files, ch)
+            tip = self._commit("refs/heads/main", [tip], ch, f"change {self.count}")
+            since_merge += 1
+        return self.count
+
+
+def build_repository(path: Path, commits: int, seed: int) -> None:
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    proc = subprocess.Popen(
+        ["git", "-C", str(path), "fast-import", "--quiet", "--done"], stdin=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    try:
+        with proc.stdin as sink:
+            _Synth(seed).write(sink, commits)
+            sink.write(b"done\n")
+    finally:
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError("git fast-import failed")
+    subprocess.run(["git", "-C", str(path), "update-ref", "-d", "refs/heads/topic"], check=True)
+
+
+def git_out(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def truncated_clone(repo: Path, dest: Path, size: int) -> int:
+    """A ``--shared`` bare clone whose default branch holds about ``size`` commits."""
+    shas = git_out(repo, "rev-list", "--topo-order", "HEAD").split()
+    target = shas[max(0, len(shas) - size)]
+    subprocess.run(["git", "clone", "-q", "--bare", "--shared", str(repo), str(dest)], check=True)
+    git_out(dest, "update-ref", "refs/heads/bench", target)
+    git_out(dest, "symbolic-ref", "HEAD", "refs/heads/bench")
+    return int(git_out(dest, "rev-list", "--count", "HEAD"))
+
+
+# ------------------------------------------------------------------------- (a) and (b)
+
+
+def bench_git_log(repo: Path, runs: int = 3) -> float:
+    from workers.history import _FORMAT
+
+    cmd = [
+        "git",
+        "-C",
+        str(repo),
+        "log",
+        "HEAD",
+        "--numstat",
+        "--no-renames",
+        "--diff-merges=first-parent",
+        "--root",
+        "--date=raw",
+        f"--format={_FORMAT}",
+    ]
+    times = []
+    for i in range(runs + 1):
+        start = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+        if i:  # the first run only warms the page cache
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_pydriller(repo: Path, limit: int) -> tuple[int, float]:
+    from pydriller import Repository
+
+    n = 0
+    start = time.perf_counter()
+    for c in Repository(str(repo), order="reverse").traverse_commits():
+        for m in c.modified_files:
+            _ = (m.added_lines, m.deleted_lines)
+        n += 1
+        if n >= limit:
+            break
+    return n, time.perf_counter() - start
+
+
+# ------------------------------------------------------------------- (c) gitward child
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    kids = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def _status(pid: int) -> tuple[str, int, int] | None:
+    """(name, VmRSS kB, VmHWM kB) of a live process."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    name, rss, hwm = "", 0, 0
+    for line in text.splitlines():
+        if line.startswith("Name:"):
+            name = line.split()[1]
+        elif line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+        elif line.startswith("VmHWM:"):
+            hwm = int(line.split()[1])
+    return name, rss, hwm
+
+
+class MemoryPoller(threading.Thread):
+    """Polls the process tree under ``root`` every ``interval`` s."""
+
+    def __init__(self, root: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.interval = interval
+        self.stop_event = threading.Event()
+        self.hwm: dict[int, tuple[str, int]] = {}
+        self.peak_py_sum = 0
+        self.pids_seen: set[int] = set()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            py_sum = 0
+            for pid in descendants(self.root):
+                st = _status(pid)
+                if st is None:
+                    continue
+                name, rss, hwm = st
+                self.pids_seen.add(pid)
+                if hwm > self.hwm.get(pid, ("", 0))[1]:
+                    self.hwm[pid] = (name, hwm)
+                if name.startswith("python"):
+                    py_sum += rss
+            self.peak_py_sum = max(self.peak_py_sum, py_sum)
+            self.stop_event.wait(self.interval)
+
+    def summary(self) -> dict[str, Any]:
+        py = [h for n, h in self.hwm.values() if n.startswith("python")]
+        git = [h for n, h in self.hwm.values() if n.startswith("git")]
+        return {
+            "max_python_hwm_mb": max(py, default=0) / 1024,
+            "max_git_hwm_mb": max(git, default=0) / 1024,
+            "peak_python_rss_sum_mb": self.peak_py_sum / 1024,
+            "processes_seen": len(self.pids_seen),
+        }
+
+
+def _stop_tree(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM the pool (it stops its workers), then SIGKILL whatever is left, by pid."""
+    tree = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    for pid in tree:
+        if pid != proc.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One gitward run in this (fresh) process; returns the measured figures."""
+    from workers.redisnode import RedisNode
+
+    base = Path(cfg["dir"])
+    var = base / "var"
+    var.mkdir(parents=True)
+    origin = Path(cfg["origin"])
+    nodes = [RedisNode(base / f"redis{i}", persistent=False).start() for i in range(3)]
+    worker_proc: subprocess.Popen[bytes] | None = None
+    try:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))
+        }
+        env.update(
+            GITWARD_VAR_DIR=str(var),
+            DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+            GITWARD_WORKSPACE=str(var / "workspace"),
+            GITWARD_LOCAL_ROOTS=str(origin.parent),
+            REDIS_URLS=",".join(n.url for n in nodes),
+            GITWARD_CHUNK_SIZE=str(cfg["chunk_size"]),
+            DJANGO_SETTINGS_MODULE="dashboard.settings",
+            PYTHONUNBUFFERED="1",
+        )
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        from django.conf import settings
+        from django.core.management import call_command
+        from django.db.models import Sum
+        from rq import Worker
+
+        from dashboard import queues
+        from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository
+        from dashboard.repositories import submit_repository, validate_remote
+        from workers.gitproc import Runner
+        from workers.mirror import sync_mirror
+
+        call_command("migrate", verbosity=0)
+        # The mirror already present: built with the sync job's own code for the id the
+        # first repository of a fresh database gets (checked after the submission).
+        remote = validate_remote(str(origin))
+        start = time.perf_counter()
+        sync_mirror(
+            workspace=Path(settings.WORKSPACE),
+            repo_id=1,
+            git_url=remote.git_url(),
+            branch="",
+            runner=Runner(),
+            timeout=900,
+        )
+        mirror_s = time.perf_counter() - start
+
+        log = (var / "worker.log").open("wb")
+        worker_proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", str(cfg["workers"])],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        poller = MemoryPoller(worker_proc.pid)
+        poller.start()
+        conn = queues.connection()
+        deadline = time.monotonic() + 60
+        while len(Worker.all(connection=conn)) < cfg["workers"]:
+            if worker_proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("workers did not start: " + (var / "worker.log").read_text())
+            time.sleep(0.05)
+        idle = poller.summary()["max_python_hwm_mb"]
+        time.sleep(0.2)
+        idle = max(idle, poller.summary()["max_python_hwm_mb"])
+
+        start = time.perf_counter()
+        repo, _ = submit_repository(url=str(origin))
+        if repo.pk != 1:
+            raise RuntimeError(f"expected repository id 1, got {repo.pk}")
+        deadline = time.monotonic() + cfg["timeout"]
+        while True:
+            status = Repository.objects.filter(pk=repo.pk).values_list("status", flat=True)[0]
+            if status == Repository.Status.READY:
+                repo.refresh_from_db()
+                stored = Commit.objects.filter(repository=repo).count()
+                if stored >= repo.commits_total:
+                    break
+            if status == Repository.Status.FAILED:
+                raise RuntimeError(f"analysis failed: {Repository.objects.get(pk=1).error}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out in status {status}")
+            time.sleep(0.05)
+        wall = time.perf_counter() - start
+        time.sleep(0.1)
+        poller.stop_event.set()
+        poller.join()
+
+        def secs(a: Any, b: Any) -> float:
+            return (b - a).total_seconds() if a and b else 0.0
+
+        sync = JobRun.objects.get(kind=JobRun.Kind.SYNC)
+        runs = list(JobRun.objects.filter(kind=JobRun.Kind.ANALYZE))
+        t_submit = repo.created_at
+        first_analyze = min((r.started_at for r in runs), default=None)
+        return {
+            "commits": repo.commits_total,
+            "stored": stored,
+            "file_rows": FileChange.objects.count(),
+            "chunks": Chunk.objects.count(),
+            "planned_commits": Chunk.objects.aggregate(s=Sum("size"))["s"],
+            "wall_s": wall,
+            "mirror_build_s": mirror_s,
+            "submit_to_sync_start_s": secs(t_submit, sync.started_at),
+            "sync_s": secs(sync.started_at, sync.finished_at),
+            "sync_to_first_analyze_s": secs(sync.finished_at, first_analyze),
+            "analyze_git_parse_s": sum(secs(r.lock_acquired_at, r.analysed_at) for r in runs),
+            "analyze_db_write_s": sum(secs(r.analysed_at, r.written_at) for r in runs),
+            "analyze_job_s": sum(secs(r.started_at, r.finished_at) for r in runs),
+            "analyze_attempts": sum(r.attempts for r in runs),
+            "idle_worker_hwm_mb": idle,
+            **poller.summary(),
+        }
+    finally:
+        if worker_proc is not None:
+            _stop_tree(worker_proc)
+        for n in nodes:
+            n.kill()
+
+
+def run_gitward(
+    origin: Path, work: Path, *, workers: int, chunk_size: int, timeout: float = 900
+) -> dict[str, Any]:
+    cfg = {
+        "origin": str(origin),
+        "dir": str(work),
+        "workers": workers,
+        "chunk_size": chunk_size,
+        "timeout": timeout,
+    }
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL", "DJANGO_"))
+    }
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", json.dumps(cfg)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout + 120)
+    except BaseException:
+        # SIGTERM lets the child stop its workers and Redis nodes (its finally block)
+        proc.terminate()
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"gitward run failed:\n{out}\n{err}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--commits", type=int, default=20000, help="synthetic history size")
+    parser.add_argument("--repo", type=Path, default=None, help="use this repository instead")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--skip-pydriller", action="store_true")
+    parser.add_argument("--pydriller-commits", type=int, default=3000)
+    parser.add_argument("--rss-sizes", default="5000,20000", help="history sizes for peak RSS")
+    parser.add_argument("--chunk-sizes", default="500,2000", help="extra GITWARD_CHUNK_SIZE values")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+        print(json.dumps(gitward_child(json.loads(args.child))))
+        return
+
+    os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+    default_chunk = int(os.environ.get("GITWARD_CHUNK_SIZE") or 1000)
+    with tempfile.TemporaryDirectory(prefix="gitward-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "origins").mkdir()
+        if args.repo:
+            src = args.repo.resolve()
+            origin = tmp / "origins" / "repo.git"  # a --shared clone: inside the local root
+            subprocess.run(
+                ["git", "clone", "-q", "--bare", "--shared", str(src), str(origin)], check=True
+            )
+            build_s = 0.0
+        else:
+            origin = tmp / "origins" / "synthetic"
+            start = time.perf_counter()
+            build_repository(origin, args.commits, args.seed)
+            build_s = time.perf_counter() - start
+        total = int(git_out(origin, "rev-list", "--count", "HEAD"))
+        merges = int(git_out(origin, "rev-list", "--count", "--merges", "HEAD"))
+        files = len(git_out(origin, "ls-tree", "-r", "--name-only", "HEAD").split())
+        print(
+            f"# gitward analysis benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}  "
+            f"{platform.platform()}  cpus={os.cpu_count()}  python {platform.python_version()}"
+        )
+        what = (
+            str(args.repo)
+            if args.repo
+            else f"synthetic seed={args.seed} (built in {build_s:.1f} s)"
+        )
+        print(f"repository: {what}: {total} commits ({merges} merges), {files} files at HEAD")
+
+        a_s = bench_git_log(origin)
+        a_rate = total / a_s
+        print(
+            f"(a) git log --numstat --no-renames --diff-merges=first-parent: "
+            f"{a_s:.2f} s  {a_rate:,.0f} commits/s (median of 3, warm cache)"
+        )
+
+        b_rate = None
+        if not args.skip_pydriller:
+            n, b_s = bench_pydriller(origin, args.pydriller_commits)
+            b_rate = n / b_s
+            print(
+                f"(b) PyDriller modified_files added/deleted_lines: {n} newest commits in "
+                f"{b_s:.2f} s  {b_rate:,.0f} commits/s (window of {n}, not whole history; "
+                f"whole history extrapolated {total / b_rate:.0f} s)"
+            )
+
+        c = run_gitward(origin, tmp / "run-main", workers=args.workers, chunk_size=default_chunk)
+        c_rate = c["stored"] / c["wall_s"]
+        print(
+            f"(c) gitward end to end, {args.workers} workers, chunk {default_chunk}: "
+            f"{c['wall_s']:.2f} s  {c_rate:,.0f} commits/s  "
+            f"({c['stored']} commits, {c['file_rows']} file rows, {c['chunks']} chunks)"
+        )
+        print(
+            f"    breakdown: submit→sync start {c['submit_to_sync_start_s']:.2f} s, "
+            f"sync (fetch+rev-list+plan) {c['sync_s']:.2f} s, "
+            f"sync end→first analyze {c['sync_to_first_analyze_s']:.2f} s; "
+            f"analyze jobs total {c['analyze_job_s']:.2f} s = git+parse "
+            f"{c['analyze_git_parse_s']:.2f} s + db write {c['analyze_db_write_s']:.2f} s "
+            f"+ other; attempts {c['analyze_attempts']}"
+        )
+        print(f"c/a wall time: {c['wall_s'] / a_s:.2f}x (goal <= 1.0x)")
+        if b_rate:
+            print(f"c/b throughput: {c_rate / b_rate:.1f}x PyDriller (goal >= 25x)")
+
+        rows = []
+        for size in [int(s) for s in args.rss_sizes.split(",") if s.strip()]:
+            if size >= total:
+                rows.append((total, c))
+                continue
+            small = tmp / "origins" / f"size-{size}.git"
+            truncated_clone(origin, small, size)
+            rows.append(
+                (
+                    size,
+                    run_gitward(
+                        small, tmp / f"run-{size}", workers=args.workers, chunk_size=default_chunk
+                    ),
+                )
+            )
+        print(
+            f"worker memory ({args.workers} workers, chunk {default_chunk}; VmHWM/VmRSS polled "
+            f"every 50 ms over the pool, workers, forked work horses and git):"
+        )
+        for _size, r in sorted(rows, key=lambda x: x[1]["commits"]):
+            print(
+                f"  {r['commits']:>6} commits: max python process {r['max_python_hwm_mb']:.0f} "
+                f"MB (idle worker {r['idle_worker_hwm_mb']:.0f} MB), max git "
+                f"{r['max_git_hwm_mb']:.0f} MB, peak sum python RSS "
+                f"{r['peak_python_rss_sum_mb']:.0f} MB; {r['stored'] / r['wall_s']:,.0f} "
+                f"commits/s"
+            )
+
+        extra = [int(s) for s in args.chunk_sizes.split(",") if s.strip()]
+        for size in extra:
+            r = run_gitward(
+                origin, tmp / f"run-chunk-{size}", workers=args.workers, chunk_size=size
+            )
+            print(
+                f"chunk size {size}: {r['wall_s']:.2f} s  {r['stored'] / r['wall_s']:,.0f} "
+                f"commits/s  c/a {r['wall_s'] / a_s:.2f}x  ({r['chunks']} chunks; git+parse "
+                f"{r['analyze_git_parse_s']:.1f} s, db write {r['analyze_db_write_s']:.1f} s, "
+                f"max python {r['max_python_hwm_mb']:.0f} MB)"
+            )
+
+
+if __name__ == "__main__":
+    main()
