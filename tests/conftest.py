@@ -63,7 +63,7 @@ def run_workers() -> int:
 
     conn = queues.connection()
     worker = SimpleWorker([queues.queue(n) for n in worker_queues()], connection=conn)
-    worker.work(burst=True, logging_level="WARNING")
+    worker.work(burst=True, with_scheduler=True, logging_level="WARNING")
     return worker.successful_job_count + worker.failed_job_count
 
 

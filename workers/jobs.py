@@ -7,9 +7,11 @@ committed) and does exactly what is still missing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ from dashboard.fencing import check_token
 from dashboard.models import Chunk, Commit, JobRun, Repository
 from dashboard.plans import complete_repository, fail_repository, plan_repository
 from dashboard.repositories import current_fingerprint, validate_remote
+from workers.failpoints import failpoint
 from workers.gitproc import GitError, ProcessGroups, Runner
 from workers.history import list_commits, stream_commits
+from workers.locks import Lock, LockLost
 from workers.mirror import (
     HEAD_REF,
     RepositoryUnavailable,
@@ -102,6 +106,20 @@ def _start_run(
     )
 
 
+@contextlib.contextmanager
+def _abort_on_loss(lock: Lock) -> Iterator[None]:
+    """Report a failure inside a lost lease as what it is: the heartbeat lost the lock
+    and killed git (so the git error is a symptom), and the job must write nothing."""
+    try:
+        yield
+    except LockLost:
+        raise
+    except Exception as exc:
+        if lock.lost.is_set():
+            raise LockLost(f"lock lost while working ({type(exc).__name__}); job aborted") from exc
+        raise
+
+
 def _ensure_mirror(
     repo: Repository, *, holder: dict[str, Any], groups: ProcessGroups, need: str | None = None
 ) -> Path:
@@ -117,9 +135,12 @@ def _ensure_mirror(
         return path
     remote = validate_remote(repo.fetch_url or repo.url)
     key = mirror_lock_key(repo.pk)
-    with queues.redlock().hold(
-        [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
-    ) as lock:
+    with (
+        queues.redlock().hold(
+            [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
+        ) as lock,
+        _abort_on_loss(lock),
+    ):
         remove_stale_temporaries(workspace, repo.pk)
         sync_mirror(
             workspace=workspace,
@@ -177,10 +198,14 @@ def sync_repository(repo_id: int, generation: int) -> str:
     key = mirror_lock_key(repo_id)
     try:
         remote = validate_remote(repo.fetch_url or repo.url)
-        with queues.redlock().hold(
-            [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
-        ) as lock:
+        with (
+            queues.redlock().hold(
+                [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
+            ) as lock,
+            _abort_on_loss(lock),
+        ):
             _record(job_id, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
+            failpoint("sync.locked")
             remove_stale_temporaries(workspace, repo_id)
             head = sync_mirror(
                 workspace=workspace,
@@ -191,6 +216,7 @@ def sync_repository(repo_id: int, generation: int) -> str:
                 timeout=settings.GIT_TIMEOUT,
             )
             _record(job_id, fetched_at=timezone.now())
+            failpoint("sync.fetched")
             path = mirror_path(workspace, repo_id)
             shas = list_commits(path, HEAD_REF, git=Runner(git_dir=path, groups=groups))
             lock.check()
@@ -272,14 +298,24 @@ def analyze_chunk(chunk_id: int) -> str:
     groups = ProcessGroups()
     key = chunk.lock_key()
     try:
+        failpoint("analyze.before_lock")
         path = _ensure_mirror(repo, holder=holder, groups=groups, need=shas[-1])
-        with queues.redlock().hold(
-            [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
-        ) as lock:
+        with (
+            queues.redlock().hold(
+                [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
+            ) as lock,
+            _abort_on_loss(lock),
+        ):
             _record(job_id, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
-            records = list(stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)))
+            failpoint("analyze.locked")
+            records = []
+            for record in stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)):
+                records.append(record)
+                if len(records) == 1:
+                    failpoint("analyze.parsing")
             _record(job_id, analysed_at=timezone.now())
             lock.check()
+            failpoint("analyze.before_write")
             written = write_chunk(chunk=chunk, records=records, token=lock.token)
     except Exception as exc:
         final = _last_attempt()

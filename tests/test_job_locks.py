@@ -1,0 +1,199 @@
+"""Jobs under the lock, with real faults: a master restarted empty, a lost lease detected
+by the heartbeat, and a worker process frozen (SIGSTOP) past its TTL. In every case the
+stale holder writes nothing and the chunk is still stored exactly once in the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from dashboard import queues
+from dashboard.commits import write_chunk
+from dashboard.fencing import StaleToken
+from dashboard.models import Chunk, Commit, JobRun, Repository
+from dashboard.repositories import submit_repository
+from tests.conftest import run_workers
+from tests.gitrepo import GitRepo
+from workers.history import stream_commits
+from workers.locks import LockLost
+from workers.mirror import mirror_path
+from workers.redisnode import RedisNode
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def synced_chunk(git_repo: GitRepo) -> Chunk:
+    """Submit and run only the sync job: one chunk planned and queued, nothing analysed."""
+    from rq import SimpleWorker
+
+    repo, _ = submit_repository(url=str(git_repo.path))
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+        burst=True, logging_level="WARNING"
+    )
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.ANALYZING
+    return Chunk.objects.get(repository=repo)
+
+
+def test_a_master_restarted_empty_lets_a_second_holder_in_and_fencing_stops_the_first(
+    redis_nodes: list[RedisNode], git_repo: GitRepo, settings
+) -> None:
+    chunk = synced_chunk(git_repo)
+    rl = queues.redlock()
+    key = chunk.lock_key()
+    first = rl.acquire([key], ttl=30.0, holder={"worker": "A"})
+    # Two of three masters crash and come back empty (no persistence): the known hole.
+    redis_nodes[1].restart(empty=True)
+    redis_nodes[2].restart(empty=True)
+    second = rl.acquire([key], ttl=30.0, holder={"worker": "B"})
+    assert second.token is not None and first.token is not None
+    assert second.token > first.token
+    path = mirror_path(Path(settings.WORKSPACE), chunk.repository_id)
+    records = list(stream_commits(path, chunk.sha_list()))
+    with pytest.raises(StaleToken):
+        write_chunk(chunk=chunk, records=records, token=first.token)
+    assert Commit.objects.count() == 0
+    with pytest.raises(LockLost):
+        first.extend(ttl=30.0)
+    assert write_chunk(chunk=chunk, records=records, token=second.token) == 3
+    second.release()
+
+
+def test_a_lease_lost_mid_job_aborts_it_and_a_retry_finishes_the_chunk(
+    redis_nodes: list[RedisNode], git_repo: GitRepo, settings, monkeypatch
+) -> None:
+    chunk = synced_chunk(git_repo)
+    key = chunk.lock_key()
+    settings.LOCK_TTL = 0.6  # heartbeat every ~0.2 s
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.locked=sleep:1.2")
+    seen: dict[str, object] = {}
+
+    def steal() -> None:
+        # As soon as the job holds the lock, its key vanishes from every master (e.g.
+        # all masters restarted). The job's heartbeat must notice and abort the job.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            info = queues.redlock().inspect(key)
+            if info:
+                seen["holder"] = info["holder"]
+                for node in redis_nodes:
+                    node.client().delete(key)
+                return
+            time.sleep(0.01)
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    run_workers()
+    thief.join()
+    assert seen, "the job never held the lock"
+    assert Commit.objects.count() == 0  # nothing written by the aborted attempt
+    run = JobRun.objects.get(kind="analyze")
+    assert run.state == JobRun.State.FAILED and "LockLost" in run.error
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.QUEUED  # retried, not dead
+    # The retry (RQ schedules it 2 s later) runs without the fault and stores the chunk once.
+    monkeypatch.delenv("GITWARD_FAILPOINTS")
+    time.sleep(2.2)
+    run_workers()
+    assert Commit.objects.count() == 3
+    assert Repository.objects.get().status == Repository.Status.READY
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _worker_env(settings, tmp_path: Path, **extra: str) -> dict[str, str]:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        db_url = f"sqlite:///{db['NAME']}"
+    else:
+        db_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "REDIS_URL"))}
+    env.update(
+        DATABASE_URL=db_url,
+        REDIS_URLS=",".join(settings.REDIS_URLS),
+        GITWARD_WORKSPACE=str(settings.WORKSPACE),
+        GITWARD_LOCAL_ROOTS=str(tmp_path),
+        GITWARD_VAR_DIR=str(tmp_path / "worker-var"),
+        **extra,
+    )
+    return env
+
+
+@pytest.mark.slow
+def test_a_worker_frozen_past_its_ttl_has_its_write_rejected(
+    git_repo: GitRepo, settings, tmp_path: Path
+) -> None:
+    chunk = synced_chunk(git_repo)
+    key = chunk.lock_key()
+    env = _worker_env(settings, tmp_path, GITWARD_LOCK_TTL="1.0",
+                      GITWARD_FAILPOINTS="analyze.before_write=stop",
+                      GITWARD_FAILPOINTS_ONCE=str(tmp_path))  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "1"], env=env
+    )
+    try:
+        # 1. The work horse (a forked child of the worker) freezes itself right before its
+        #    write, holding the lock: SIGSTOP freezes its heartbeat thread too.
+        deadline = time.monotonic() + 60
+        horse = None
+        while horse is None and time.monotonic() < deadline:
+            horse = next((p for p in _children(worker.pid) if _state(p) == "T"), None)
+            time.sleep(0.05)
+        assert horse, "the work horse never reached the failpoint"
+        # 2. Its lease runs out; another holder takes the lock (newer fencing token).
+        rl = queues.redlock()
+        while rl.inspect(key) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        usurper = rl.acquire([key], ttl=30.0, holder={"worker": "usurper"})
+        # 3. The horse wakes up and tries to write with its old token: rejected.
+        os.kill(horse, signal.SIGCONT)
+        while time.monotonic() < deadline:
+            run = JobRun.objects.filter(kind="analyze").first()
+            if run and "StaleToken" in run.error:
+                break
+            time.sleep(0.05)
+        assert run and "StaleToken" in run.error
+        assert Commit.objects.count() == 0
+        usurper.release()
+        # 4. The retry stores the chunk, once, with a token newer than the usurper's.
+        while time.monotonic() < deadline:
+            if Repository.objects.get().status == Repository.Status.READY:
+                break
+            time.sleep(0.1)
+        tokens = set(Commit.objects.values_list("token", flat=True))
+        assert Commit.objects.count() == 3 and len(tokens) == 1
+        assert tokens.pop() > usurper.token
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()

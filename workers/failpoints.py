@@ -1,0 +1,62 @@
+"""Named fault-injection points for the fault tests and the chaos script.
+
+``GITWARD_FAILPOINTS="analyze.before_write=stop,sync.fetched=kill"`` makes the process
+that reaches a named point act on itself, for real:
+
+- ``stop``   SIGSTOP (a long GC pause / a stalled VM: the whole process freezes);
+- ``kill``   SIGKILL (a crash: no clean-up, no exception handlers);
+- ``sleep:S`` sleep S seconds;
+- ``raise``  raise ``FailpointError`` (an ordinary exception in the job).
+
+With ``GITWARD_FAILPOINTS_ONCE=<dir>`` each point fires once across all processes: the
+first process to reach it creates ``<dir>/<name>`` (O_EXCL, so exactly one wins) and
+later ones pass, e.g. so that the retry of a crashed job can succeed.
+
+Unset (the default) every point is a dictionary lookup and nothing else. The variables
+are read from the environment at call time so a test can set them for one worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+class FailpointError(RuntimeError):
+    """Raised by a ``raise`` failpoint."""
+
+
+def _actions() -> dict[str, str]:
+    raw = os.environ.get("GITWARD_FAILPOINTS", "")
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        name, _, action = item.strip().partition("=")
+        if name:
+            out[name] = action or "raise"
+    return out
+
+
+def failpoint(name: str) -> None:
+    """Act on ``name`` if it is armed in ``GITWARD_FAILPOINTS``."""
+    if "GITWARD_FAILPOINTS" not in os.environ:
+        return
+    action = _actions().get(name)
+    if action is None:
+        return
+    once_dir = os.environ.get("GITWARD_FAILPOINTS_ONCE")
+    if once_dir:
+        try:
+            os.close(os.open(os.path.join(once_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+    elif action == "raise":
+        raise FailpointError(f"failpoint {name}")
+    else:
+        raise ValueError(f"unknown failpoint action {action!r} for {name}")
