@@ -9,7 +9,9 @@ terminal prompts disabled, and only the allowlisted transports.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -44,6 +46,14 @@ HARDENED_CONFIG: tuple[tuple[str, str], ...] = (
     ("maintenance.auto", "false"),
     ("advice.detachedHead", "false"),
     ("safe.bareRepository", "all"),
+    # Repo-local config must never name a command git would run (G18): no pager, no
+    # external diff/textconv (history also passes --no-ext-diff/--no-textconv), no
+    # credential prompts, no symlinks in any work tree, no credentials in URLs (G9).
+    ("core.pager", "cat"),
+    ("core.symlinks", "false"),
+    ("transfer.credentialsInUrl", "die"),
+    ("http.sslVerify", "true"),
+    ("http.emptyAuth", "false"),
 )
 
 
@@ -134,8 +144,37 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def subcommand(args: Sequence[str]) -> str:
+    """The git subcommand in ``args`` (skipping ``-c k=v``, ``--git-dir X``, ...)."""
+    takes_value = {"-c", "--git-dir", "-C", "--work-tree", "--namespace", "--config-env"}
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in takes_value:
+            skip = True
+            continue
+        if not arg.startswith("-"):
+            return arg
+    return args[0] if args else "git"
+
+
 class Runner:
-    """Starts git processes for one job; compatible with ``workers.history``'s runner."""
+    """Starts git processes for one job; compatible with ``workers.history``'s runner.
+
+    ``max_file_bytes`` sets ``RLIMIT_FSIZE`` for git and its children (index-pack,
+    remote helpers): a file git writes past the limit kills the writer with SIGXFSZ,
+    so a hostile remote cannot fill the disk with one huge pack (G20).  The limit is
+    set by ``/bin/sh -c 'ulimit -f'`` before ``exec git`` (no ``preexec_fn``: the
+    worker has threads), so the process (group) id is still git's.
+
+    ``max_memory_bytes`` sets ``RLIMIT_AS`` the same way (``ulimit -v``). git builds a
+    commit's whole diff queue before printing it (~400 bytes per path), so a git bomb's
+    root commit would otherwise take memory proportional to its 10^9 paths (G19); over
+    the limit git stops with "out of memory".  Not set by default: fetches of very large
+    repositories legitimately need several GiB.
+    """
 
     def __init__(
         self,
@@ -143,10 +182,27 @@ class Runner:
         git_dir: Path | None = None,
         groups: ProcessGroups | None = None,
         extra_env: dict[str, str] | None = None,
+        max_file_bytes: int | None = None,
+        max_memory_bytes: int | None = None,
     ) -> None:
         self.git_dir = git_dir
         self.groups = groups or ProcessGroups()
         self.extra_env = dict(extra_env or {})
+        if max_file_bytes is not None and max_file_bytes <= 0:
+            raise ValueError("max_file_bytes must be positive")
+        self.max_file_bytes = max_file_bytes
+        if max_memory_bytes is not None and max_memory_bytes <= 0:
+            raise ValueError("max_memory_bytes must be positive")
+        self.max_memory_bytes = max_memory_bytes
+
+    def limited(self, max_file_bytes: int | None) -> Runner:
+        """A runner sharing this one's process groups, with a (tighter) file-size limit."""
+        limit = self.max_file_bytes
+        if max_file_bytes is not None:
+            limit = max_file_bytes if limit is None else min(limit, max_file_bytes)
+        clone = copy.copy(self)  # keeps a subclass's behaviour (tests wrap the runner)
+        clone.max_file_bytes = limit
+        return clone
 
     def __call__(
         self,
@@ -158,8 +214,17 @@ class Runner:
         env = hardened_env(self.extra_env)
         if self.git_dir is not None:
             env["GIT_DIR"] = str(self.git_dir)
+        cmd = command(args)
+        limits = []
+        if self.max_file_bytes is not None:
+            # dash/POSIX ``ulimit -f`` counts 512-byte blocks, ``ulimit -v`` KiB.
+            limits.append(f"ulimit -f {max(1, self.max_file_bytes // 512)}")
+        if self.max_memory_bytes is not None:
+            limits.append(f"ulimit -v {max(1, self.max_memory_bytes // 1024)}")
+        if limits:
+            cmd = ["/bin/sh", "-c", f"{' && '.join(limits)} && exec {shlex.join(cmd)}"]
         proc = subprocess.Popen(
-            command(args),
+            cmd,
             cwd=str(cwd) if cwd is not None else None,
             env=env,
             stdin=stdin if stdin is not None else subprocess.DEVNULL,
@@ -180,24 +245,46 @@ class Runner:
     ) -> str:
         """Run to completion; return stdout (text). Raise GitError/GitTimeout."""
         proc = self(args, cwd=cwd)
+        name = subcommand(args)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             _killpg(proc.pid)
             proc.communicate()
             raise GitTimeout(
-                f"git {args[0]} timed out after {timeout:.0f}s", returncode=None
+                f"git {name} timed out after {timeout:g}s and was stopped", returncode=None
             ) from None
         finally:
             self.groups.discard(proc.pid)
             # A finished git may have left children (e.g. ssh) in its group.
             _killpg(proc.pid)
         if len(out) > max_output:
-            raise GitError(f"git {args[0]} produced more than {max_output} bytes of output")
+            raise GitError(f"git {name} produced more than {max_output} bytes of output")
         stderr = err.decode("utf-8", "replace")[-2000:]
+        if proc.returncode == -signal.SIGXFSZ or "died of signal 25" in stderr:
+            raise GitError(
+                f"git {name} stopped: a file it wrote exceeded the limit of "
+                f"{self.max_file_bytes} bytes",
+                returncode=proc.returncode,
+                stderr=stderr,
+            )
+        if (
+            proc.returncode != 0
+            and self.max_memory_bytes
+            and (
+                "out of memory" in stderr.lower()
+                or proc.returncode in (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS)
+            )
+        ):
+            raise GitError(
+                f"git {name} stopped: it exceeded the memory limit of "
+                f"{self.max_memory_bytes} bytes",
+                returncode=proc.returncode,
+                stderr=stderr,
+            )
         if proc.returncode != 0:
             raise GitError(
-                first_error_line(stderr) or f"git {args[0]} exited with {proc.returncode}",
+                first_error_line(stderr) or f"git {name} exited with {proc.returncode}",
                 returncode=proc.returncode,
                 stderr=stderr,
             )

@@ -40,10 +40,12 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, Protocol
 
+from workers.gitproc import command, hardened_env
 from workers.languages import language_for
 
 __all__ = [
     "CommitRecord",
+    "CommitTooLarge",
     "FileStat",
     "GitRunner",
     "HistoryError",
@@ -54,6 +56,8 @@ __all__ = [
 
 READ_BLOCK = 64 * 1024
 MAX_RECORD_BYTES = 64 * 1024 * 1024
+#: Default bound on the files of one commit (a git bomb's root commit has ~10^9), G19.
+MAX_FILES = 250_000
 STDERR_LIMIT = 2048
 
 _HEADER_FIELDS = 11  # sha, parents, an, ae, aN, aE, ad, cn, ce, cd, subject
@@ -66,6 +70,10 @@ class HistoryError(RuntimeError):
     """git failed, or produced output this module cannot parse."""
 
 
+class CommitTooLarge(HistoryError):
+    """One commit's record exceeds a bound (bytes or files): a permanent failure."""
+
+
 class GitRunner(Protocol):
     """Starts ``git <args>`` for the repository ``cwd`` with stdout (and stderr) piped."""
 
@@ -74,30 +82,19 @@ class GitRunner(Protocol):
     ) -> subprocess.Popen[bytes]: ...
 
 
-_HARDENED_ENV = {
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_ALLOW_PROTOCOL": "file:git:http:https:ssh",
-    "LC_ALL": "C",
-}
-
-
 def default_git_runner(
     args: list[str], *, cwd: str | Path, stdin: int | None
 ) -> subprocess.Popen[bytes]:
-    """Run ``git`` (args exclude the executable) with ``GIT_DIR=cwd`` and a hardened env.
+    """Run ``git`` (args exclude the executable) with ``GIT_DIR=cwd`` and the same fixed
+    environment and ``-c`` overrides as :mod:`workers.gitproc` (nothing inherited from the
+    caller's environment: no ``GIT_EXTERNAL_DIFF``, ``GIT_PAGER``, ``GIT_CONFIG_*``).
 
     The process gets its own session/process group so it can be killed as a whole.
     """
-    env = dict(os.environ)
-    for key in ("GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE"):
-        env.pop(key, None)
-    env.update(_HARDENED_ENV)
+    env = hardened_env({"LC_ALL": "C"})
     env["GIT_DIR"] = os.fspath(cwd)
-    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args]
     return subprocess.Popen(
-        cmd,
+        command(args),
         cwd=cwd,
         env=env,
         stdin=stdin,
@@ -302,7 +299,12 @@ def _build(b: _Builder, max_subject: int) -> CommitRecord:
 
 
 def _parse_log(
-    blocks: Iterable[bytes], *, max_subject: int, exclude: re.Pattern[str] | None
+    blocks: Iterable[bytes],
+    *,
+    max_subject: int,
+    exclude: re.Pattern[str] | None,
+    max_record_bytes: int | None = None,
+    max_files: int = MAX_FILES,
 ) -> Iterator[CommitRecord]:
     """Parse ``git log -z --numstat --format=<_FORMAT>`` output, block by block.
 
@@ -318,6 +320,8 @@ def _parse_log(
     want_paths = 0
     ren_added = ren_deleted = 0
     ren_binary = False
+    limit = MAX_RECORD_BYTES if max_record_bytes is None else max_record_bytes
+    entries = 0  # numstat entries of the current commit (excluded ones included)
 
     def add_file(path_b: bytes, added: int, deleted: int, binary: bool) -> None:
         assert cur is not None
@@ -331,8 +335,8 @@ def _parse_log(
             block = pending + block
         tokens = block.split(b"\0")
         pending = tokens.pop()
-        if len(pending) > MAX_RECORD_BYTES:
-            raise HistoryError("commit record too large")
+        if len(pending) > limit:
+            raise CommitTooLarge(f"commit record too large (more than {limit} bytes)")
         for tok in tokens:
             if want_paths:
                 if cur is None:  # pragma: no cover - cannot happen (want_paths set by entry)
@@ -353,12 +357,22 @@ def _parse_log(
                 if len(header) != _HEADER_FIELDS:
                     raise HistoryError(f"malformed commit header: {tok[:200]!r}")
                 cur = _Builder(header, len(tok))
+                entries = 0
                 continue
             if cur is None:
                 raise HistoryError(f"unexpected git output: {tok[:200]!r}")
             cur.size += len(tok)
-            if cur.size > MAX_RECORD_BYTES:
-                raise HistoryError("commit record too large")
+            if cur.size > limit:
+                raise CommitTooLarge(
+                    f"commit {_decode(cur.header[0])} is too large "
+                    f"(record of more than {limit} bytes)"
+                )
+            entries += 1
+            if entries > max_files:
+                raise CommitTooLarge(
+                    f"commit {_decode(cur.header[0])} is too large "
+                    f"(changes more than {max_files} files)"
+                )
             parts = tok.split(b"\t", 2)
             if len(parts) != 3:
                 raise HistoryError(f"malformed numstat entry: {tok[:200]!r}")
@@ -397,10 +411,16 @@ def stream_commits(
     ignore_whitespace: bool = False,
     exclude_paths: Sequence[str] = (),
     max_subject: int = 65536,
+    max_files: int = MAX_FILES,
+    max_record_bytes: int | None = None,
 ) -> Generator[CommitRecord, None, None]:
     """Yield a :class:`CommitRecord` per sha, in the given order, from one git process.
 
-    Raises :class:`HistoryError` (while iterating) if git fails, e.g. on an unknown sha.
+    Raises :class:`HistoryError` (while iterating) if git fails, e.g. on an unknown sha,
+    and :class:`CommitTooLarge` if one commit changes more than ``max_files`` files or
+    its record exceeds ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`); git is
+    killed at that point, so a git bomb costs bounded time and memory (G19).  Subjects
+    are cut to ``max_subject`` characters (G21).
     Returns a generator: ``close()`` it (or let it be garbage-collected) to stop early;
     that kills and reaps the git process.  Arguments are validated eagerly (ValueError);
     git is only started on the first ``next()``.
@@ -413,6 +433,9 @@ def stream_commits(
             lines.append(_check_rev(sha))
     if max_subject < 0:
         raise ValueError("max_subject must be >= 0")
+    if max_files < 0 or (max_record_bytes is not None and max_record_bytes <= 0):
+        raise ValueError("max_files must be >= 0 and max_record_bytes > 0")
+    record_limit = MAX_RECORD_BYTES if max_record_bytes is None else max_record_bytes
     exclude = (
         re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude_paths))
         if exclude_paths
@@ -444,7 +467,16 @@ def stream_commits(
     if ignore_whitespace:
         args.append("-w")
     data = b"\n".join(lines) + b"\n" if lines else b""
-    return _stream(git_dir, args, data, git or default_git_runner, max_subject, exclude, lines)
+    return _stream(
+        git_dir,
+        args,
+        data,
+        git or default_git_runner,
+        max_subject,
+        exclude,
+        lines,
+        (record_limit, max_files),
+    )
 
 
 def _stream(
@@ -455,15 +487,24 @@ def _stream(
     max_subject: int,
     exclude: re.Pattern[str] | None,
     lines: list[bytes],
+    limits: tuple[int, int],
 ) -> Generator[CommitRecord, None, None]:
     if not lines:
         return
     proc = _Proc(runner(args, cwd=git_dir, stdin=subprocess.PIPE), data)
     finished = False
     try:
-        yield from _parse_log(proc.blocks(), max_subject=max_subject, exclude=exclude)
+        yield from _parse_log(
+            proc.blocks(),
+            max_subject=max_subject,
+            exclude=exclude,
+            max_record_bytes=limits[0],
+            max_files=limits[1],
+        )
         proc.finish()
         finished = True
+    except CommitTooLarge:
+        raise
     except HistoryError as exc:
         # prefer git's own error over a parse error caused by its early exit
         if proc.proc.poll() is not None and proc.proc.returncode not in (0, None):

@@ -35,6 +35,7 @@ from workers.mirror import (
     RepositoryUnavailable,
     is_valid,
     mirror_path,
+    pins_for,
     remove_stale_temporaries,
     sync_mirror,
 )
@@ -149,6 +150,7 @@ def _ensure_mirror(
             branch=repo.branch,
             runner=runner,
             timeout=settings.GIT_TIMEOUT,
+            pinned=pins_for(remote),
         )
         lock.check()
     return path
@@ -214,6 +216,7 @@ def sync_repository(repo_id: int, generation: int) -> str:
                 branch=repo.branch,
                 runner=runner,
                 timeout=settings.GIT_TIMEOUT,
+                pinned=pins_for(remote),
             )
             _record(job_id, fetched_at=timezone.now())
             failpoint("sync.fetched")

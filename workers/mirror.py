@@ -7,19 +7,76 @@ and objects atomically).
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import shutil
+import signal
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from workers.gitproc import GitError, Runner
+from workers.gitproc import GitError, Runner, _killpg, first_error_line
+
+if TYPE_CHECKING:
+    from workers.remotes import Remote
 
 #: The ref every sync writes: the analysed branch head, whatever its remote name.
 HEAD_REF = "refs/gitward/head"
 
+#: Default bound on a mirror's size on disk (packed + loose objects), and on any one
+#: file git writes while fetching (RLIMIT_FSIZE), G20.
+DEFAULT_MAX_REPO_BYTES = 2 * 1024**3
+#: Default bound on the (uncompressed) size of any one object: a 100 MB blob of zeros
+#: packs to ~100 KB, so the pack size alone does not bound what analysis reads, G20.
+DEFAULT_MAX_OBJECT_BYTES = 256 * 1024**2
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_BRANCH_OK = re.compile(r"[A-Za-z0-9._/+@=,-]+")
+
 
 class RepositoryUnavailable(GitError):
     """The remote cannot be read (missing, unreachable, no such branch): not retried."""
+
+
+class RepositoryTooLarge(RepositoryUnavailable):
+    """The repository exceeds a size limit (whole mirror or one object): not retried."""
+
+
+def pins_for(remote: Remote) -> dict[str, list[str]]:
+    """``{"host:port": [addresses]}`` for ``sync_mirror(pinned=…)``, from the addresses
+    the URL policy validated (``Remote.pinned_addresses``).  Empty for non-http(s)
+    remotes (curl's resolve pinning only applies to http/https) and for IP literals."""
+    if remote.scheme not in _DEFAULT_PORTS or not remote.host or not remote.pinned_addresses:
+        return {}
+    host = remote.host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return {}  # a literal: nothing to resolve, nothing to rebind
+    except ValueError:
+        pass
+    port = remote.port or _DEFAULT_PORTS[remote.scheme]
+    return {f"{host}:{port}": list(remote.pinned_addresses)}
+
+
+def _resolve_config(pinned: Mapping[str, Sequence[str]] | None) -> list[str]:
+    """``-c http.curloptResolve=host:port:addr[,addr]`` arguments (git >= 2.37): curl
+    connects to the validated addresses only, so DNS rebinding between validation and
+    connect cannot reach another address (G7)."""
+    args: list[str] = []
+    for host_port, addresses in (pinned or {}).items():
+        host, sep, port = host_port.rpartition(":")
+        if not sep or not host or not port.isdigit() or not addresses:
+            raise ValueError(f"invalid pin {host_port!r}: expected 'host:port' and addresses")
+        if any(c in host for c in ":,[] \t\r\n\0"):
+            raise ValueError(f"invalid pinned host {host!r}")
+        shown = []
+        for addr in addresses:
+            ip = ipaddress.ip_address(addr)  # ValueError for anything but an address
+            shown.append(f"[{ip}]" if ip.version == 6 else str(ip))
+        args += ["-c", f"http.curloptResolve={host}:{port}:{','.join(shown)}"]
+    return args
 
 
 def mirror_path(workspace: Path, repo_id: int) -> Path:
@@ -44,13 +101,39 @@ def is_valid(path: Path, runner: Runner | None = None) -> bool:
     return True
 
 
+def _check_branch(branch: str) -> None:
+    """Defence in depth behind ``remotes.normalise_branch`` (G3): the branch only ever
+    appears inside a refspec after ``--end-of-options``, and must look like a branch."""
+    if not branch:
+        return
+    if (
+        branch.startswith(("-", "/", "."))
+        or not _BRANCH_OK.fullmatch(branch)
+        or ".." in branch
+        or "@{" in branch
+        or "//" in branch
+        or branch.endswith(("/", ".", ".lock"))
+        or len(branch) > 255
+    ):
+        raise RepositoryUnavailable(f"invalid branch name {branch[:80]!r}")
+
+
 def _refspec(branch: str) -> str:
+    _check_branch(branch)
     source = f"refs/heads/{branch}" if branch else "HEAD"
     return f"+{source}:{HEAD_REF}"
 
 
-def _fetch(runner: Runner, git_dir: Path, git_url: str, branch: str, timeout: float) -> None:
+def _fetch(
+    runner: Runner,
+    git_dir: Path,
+    git_url: str,
+    branch: str,
+    timeout: float,
+    pin_args: Sequence[str] = (),
+) -> None:
     args = [
+        *pin_args,
         "--git-dir",
         str(git_dir),
         "fetch",
@@ -83,17 +166,31 @@ def _is_permanent(stderr: str) -> bool:
             "not found",
             "could not read from remote repository",
             "authentication failed",
+            "could not read username",
+            "could not read password",
             "could not resolve host",
             "unable to access",
             "connection refused",
             "transport '",
             "not allowed",
+            "fsck error",
+            "returned error: 30",
+            "redirect",
         )
     )
 
 
+_FSCK_DETAIL = re.compile(r"error: object [0-9a-f]+: (\w+: [^\n]*)")
+
+
 def _readable(stderr: str, branch: str) -> str:
     text = stderr.lower()
+    if "fsck error" in text:
+        m = _FSCK_DETAIL.search(stderr)
+        detail = f" ({m.group(1).strip()[:200]})" if m else ""
+        return f"repository contains malformed objects, refused by git fsck{detail}"
+    if "returned error: 30" in text or "redirect" in text:
+        return "the repository host answered with a redirect, which is not followed"
     if "couldn't find remote ref" in text:
         return f"branch {branch!r} does not exist in the repository"
     if "does not appear to be a git repository" in text or "not found" in text:
@@ -102,11 +199,82 @@ def _readable(stderr: str, branch: str) -> str:
         return "host name could not be resolved"
     if "connection refused" in text:
         return "connection refused by the repository host"
-    if "authentication" in text or "could not read from remote" in text:
+    if (
+        "authentication" in text
+        or "could not read from remote" in text
+        or "could not read username" in text
+        or "could not read password" in text
+    ):
         return "repository requires authentication or is not readable"
-    from workers.gitproc import first_error_line
-
     return first_error_line(stderr) or "git fetch failed"
+
+
+def _size_kib(line: str) -> int:
+    return int(line.split(":", 1)[1].strip() or 0)
+
+
+def check_limits(
+    runner: Runner,
+    git_dir: Path,
+    *,
+    max_repo_bytes: int | None,
+    max_object_bytes: int | None,
+    timeout: float = 600.0,
+) -> None:
+    """Raise :class:`RepositoryTooLarge` if the repository on disk (packed + loose) is
+    larger than ``max_repo_bytes`` or holds an object larger than ``max_object_bytes``.
+
+    The object scan streams ``git cat-file --batch-all-objects --batch-check`` (memory
+    bounded) and stops at the first offender."""
+    if max_repo_bytes is not None:
+        out = runner.run(["--git-dir", str(git_dir), "count-objects", "-v"], timeout=timeout)
+        fields = dict((ln.split(":", 1)[0], ln) for ln in out.splitlines() if ":" in ln)
+        size = 1024 * sum(_size_kib(fields[k]) for k in ("size", "size-pack") if k in fields)
+        if size > max_repo_bytes:
+            raise RepositoryTooLarge(
+                f"repository is larger than the limit of {_human(max_repo_bytes)} "
+                f"({_human(size)} on disk)"
+            )
+    if max_object_bytes is None:
+        return
+    proc = runner(
+        [
+            "--git-dir",
+            str(git_dir),
+            "cat-file",
+            "--batch-all-objects",
+            "--unordered",
+            "--batch-check=%(objectsize) %(objecttype) %(objectname)",
+        ]
+    )
+    assert proc.stdout is not None
+    offender: tuple[int, str, str] | None = None
+    try:
+        for raw in proc.stdout:
+            size_b, kind, name = raw.decode("ascii", "replace").split()
+            if int(size_b) > max_object_bytes:
+                offender = (int(size_b), kind, name)
+                break
+    finally:
+        runner.groups.discard(proc.pid)
+        _killpg(proc.pid)  # stop early at an offender; reap any child of the group
+        proc.communicate()
+    if offender is not None:
+        size, kind, name = offender
+        raise RepositoryTooLarge(
+            f"repository contains a {kind} of {_human(size)} ({name[:12]}), more than "
+            f"the limit of {_human(max_object_bytes)} per object"
+        )
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise GitError(f"git cat-file exited with {proc.returncode}", returncode=proc.returncode)
+
+
+def _human(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"  # pragma: no cover
 
 
 def sync_mirror(
@@ -117,8 +285,18 @@ def sync_mirror(
     branch: str,
     runner: Runner,
     timeout: float,
+    pinned: Mapping[str, Sequence[str]] | None = None,
+    max_repo_bytes: int | None = DEFAULT_MAX_REPO_BYTES,
+    max_object_bytes: int | None = DEFAULT_MAX_OBJECT_BYTES,
 ) -> str:
     """Bring the mirror up to date and return the analysed head sha.
+
+    ``pinned`` (``{"host:port": [addresses]}``, see :func:`pins_for`) makes curl connect
+    only to those addresses.  ``max_repo_bytes`` bounds every file git writes while
+    fetching (RLIMIT_FSIZE) and the mirror's size afterwards; ``max_object_bytes`` bounds
+    any one object.  Over a limit: :class:`RepositoryTooLarge`, and nothing is kept.
+    ``branch`` must be a plain branch name ("" = the remote's HEAD): anything else, in
+    particular a leading ``-``, raises :class:`RepositoryUnavailable` before git runs.
 
     1. If a valid mirror exists, ``git fetch`` into it (objects first, then the ref
        update, which git does atomically: readers never see a half-updated ref).
@@ -127,18 +305,49 @@ def sync_mirror(
        temporary directory (removed by ``remove_stale_temporaries``), never a
        half-written mirror at the real path.
     """
+    _check_branch(branch)
+    if not git_url or git_url.startswith("-") or any(c in git_url for c in "\r\n\0"):
+        raise RepositoryUnavailable(f"invalid repository URL {git_url[:80]!r}")
+    pin_args = _resolve_config(pinned)
+    fetcher = runner.limited(max_repo_bytes)
+
+    def fetch_checked(git_dir: Path) -> None:
+        try:
+            _fetch(fetcher, git_dir, git_url, branch, timeout, pin_args)
+        except GitError as exc:
+            if "exceeded the limit" in str(exc) and not isinstance(exc, RepositoryUnavailable):
+                raise RepositoryTooLarge(
+                    f"repository is larger than the limit of {_human(max_repo_bytes or 0)} "
+                    "(fetch stopped)",
+                    returncode=exc.returncode,
+                    stderr=exc.stderr,
+                ) from None
+            raise
+        check_limits(
+            runner,
+            git_dir,
+            max_repo_bytes=max_repo_bytes,
+            max_object_bytes=max_object_bytes,
+            timeout=timeout,
+        )
+
     path = mirror_path(workspace, repo_id)
     if path.exists() and is_valid(path, runner):
-        _fetch(runner, path, git_url, branch, timeout)
+        try:
+            fetch_checked(path)
+        except RepositoryTooLarge:
+            # The objects are in; a too-large mirror is not kept (we hold its lock).
+            shutil.rmtree(path, ignore_errors=True)
+            raise
     else:
         tmp_root = _tmp_dir(workspace)
         tmp_root.mkdir(parents=True, exist_ok=True)
         tmp = tmp_root / f"{repo_id}-{uuid.uuid4().hex}.git"
         try:
-            runner.run(["init", "--quiet", "--bare", str(tmp)], timeout=60)
+            runner.run(["init", "--quiet", "--bare", "--template=", str(tmp)], timeout=60)
             # HEAD names the analysed ref: git reads .mailmap from HEAD in a bare repo.
             runner.run(["--git-dir", str(tmp), "symbolic-ref", "HEAD", HEAD_REF], timeout=60)
-            _fetch(runner, tmp, git_url, branch, timeout)
+            fetch_checked(tmp)
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():  # a corrupt or foreign leftover: replace it
                 shutil.rmtree(path)
