@@ -195,7 +195,12 @@ class FenceToken(models.Model):
 
 
 class JobRun(models.Model):
-    """One job (RQ is the transport; this row is the truth)."""
+    """One logical job (a sync generation, or one chunk for one fingerprint).
+
+    The database is the source of truth; RQ is only the transport. Every execution is
+    a ``JobAttempt``; the RQ id of attempt n is ``{job_id}-a{n}``, so a redelivery of
+    the same attempt is recognised and a retry never collides with its predecessor.
+    """
 
     class Kind(models.TextChoices):
         SYNC = "sync"
@@ -205,23 +210,31 @@ class JobRun(models.Model):
         QUEUED = "queued"
         RUNNING = "running"
         SUCCEEDED = "succeeded"
-        FAILED = "failed"
-        DEAD = "dead"
+        FAILED = "failed"  # an attempt failed; the next one is scheduled
+        DEAD = "dead"  # in the dead-letter queue
+        DISCARDED = "discarded"  # dead, and an operator decided not to retry
 
     job_id = models.CharField(max_length=200, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     queue = models.CharField(max_length=100)
     repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="runs")
     chunk = models.ForeignKey(Chunk, null=True, blank=True, on_delete=models.CASCADE)
+    generation = models.IntegerField(default=0)
     fingerprint = models.CharField(max_length=64, blank=True, default="")
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    #: Attempts started in total; ``attempts - budget_base`` counts against the budget.
     attempts = models.IntegerField(default=0)
+    budget_base = models.IntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True, default="")
     host = models.CharField(max_length=200, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)
+    version = models.CharField(max_length=64, blank=True, default="")
     lock_key = models.CharField(max_length=255, blank=True, default="")
     token = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    #: Root cause of the last failure: type + normalised message + top frame.
+    cause_key = models.CharField(max_length=32, blank=True, default="", db_index=True)
+    cause = models.CharField(max_length=500, blank=True, default="")
     enqueued_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     lock_acquired_at = models.DateTimeField(null=True, blank=True)
@@ -231,7 +244,101 @@ class JobRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["state", "kind"])]
+        indexes = [
+            models.Index(fields=["state", "kind"]),
+            models.Index(fields=["state", "cause_key"], name="jobrun_dead_cause_idx"),
+        ]
+        permissions = [
+            ("retry_jobrun", "Can retry dead jobs"),
+            ("discard_jobrun", "Can discard dead jobs"),
+        ]
+
+    def rq_id(self, attempt: int | None = None) -> str:
+        return f"{self.job_id}-a{attempt if attempt is not None else self.attempts + 1}"
+
+    @property
+    def budget_used(self) -> int:
+        return self.attempts - self.budget_base
+
+
+class JobAttempt(models.Model):
+    """One execution of a ``JobRun``: who ran it, how it ended, why."""
+
+    class Outcome(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CRASHED = "crashed"  # the worker died (SIGKILL, OOM, host loss)
+
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.IntegerField()
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.RUNNING)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    host = models.CharField(max_length=200, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    version = models.CharField(max_length=64, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_run_number_unique")
+        ]
+        ordering = ["run", "number"]
+
+
+class WorkerBeat(models.Model):
+    """A worker process's heartbeat, in the database so it survives a Redis flush."""
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    version = models.CharField(max_length=64, blank=True, default="")
+    queues = models.CharField(max_length=500, blank=True, default="")
+    current_run = models.ForeignKey(JobRun, null=True, blank=True, on_delete=models.SET_NULL)
+    started_at = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+
+class BulkAction(models.Model):
+    """A tracked background operation over many dead letters (retry or discard)."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=16)  # retry | discard
+    selector = models.JSONField()  # {"group": key} | {"all": true} | {"runs": [...]}
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    total = models.IntegerField(default=0)
+    done = models.IntegerField(default=0)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+
+class AuditEntry(models.Model):
+    """Who did what to what, when, and how it ended."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=64, db_index=True)
+    target = models.CharField(max_length=500)
+    outcome = models.CharField(max_length=500)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
 
 
 class ApiToken(models.Model):

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import F, Max
 from django.utils import timezone
 
-from dashboard.models import Chunk, Commit, Repository
+from dashboard.models import Chunk, Commit, JobRun, Repository
+from dashboard.runs import enqueue_after_commit, ensure_run
+from workers.analyzer import queue_name
 from workers.chunks import chunk_key, plan_chunks
 
 OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
@@ -19,8 +21,8 @@ def plan_repository(
     *, repo_id: int, generation: int, fingerprint: str, head: str, shas: Sequence[str]
 ) -> list[int]:
     """Record the new head and plan chunks for commits not yet analysed; return the ids
-    of the chunks to enqueue. Runs inside the caller's transaction (which has checked
-    the mirror lock's fencing token).
+    of the analyze runs enqueued after commit. Runs inside the caller's transaction
+    (which has checked the mirror lock's fencing token).
 
     1. Lock the repository row (serialises with ``complete_repository``).
     2. Pending = reachable commits − stored for this fingerprint − already in an open
@@ -67,11 +69,11 @@ def plan_repository(
     Chunk.objects.filter(
         repository_id=repo_id, fingerprint=fingerprint, key__in=keys, state=Chunk.State.FAILED
     ).update(state=Chunk.State.QUEUED, error="")
-    open_ids = list(
-        Chunk.objects.filter(
-            repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
-        ).values_list("pk", flat=True)
+    open_chunks = list(
+        Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES)
     )
+    open_ids = [c.pk for c in open_chunks]
+    run_ids = _runs_for(open_chunks, fingerprint)
     now = timezone.now()
     repo.head = head
     repo.commits_total = len(shas)
@@ -95,7 +97,30 @@ def plan_repository(
             "updated_at",
         ]
     )
-    return open_ids
+    enqueue_after_commit(run_ids)
+    return run_ids
+
+
+def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
+    """The analyze run of every open chunk, created if missing. A dead run of a chunk
+    that is planned again (the user re-submitted) gets a fresh attempt budget."""
+    queue = queue_name(fingerprint)
+    ids = []
+    for chunk in chunks:
+        run = ensure_run(
+            kind=JobRun.Kind.ANALYZE,
+            job_id=chunk.job_id(),
+            queue=queue,
+            repository_id=chunk.repository_id,
+            chunk_id=chunk.pk,
+            fingerprint=fingerprint,
+        )
+        if run.state in {JobRun.State.DEAD, JobRun.State.DISCARDED}:
+            JobRun.objects.filter(pk=run.pk, state=run.state).update(
+                state=JobRun.State.QUEUED, budget_base=F("attempts"), error=""
+            )
+        ids.append(run.pk)
+    return ids
 
 
 def complete_repository(*, repo_id: int, fingerprint: str) -> bool:
@@ -112,14 +137,17 @@ def complete_repository(*, repo_id: int, fingerprint: str) -> bool:
             return False
         if repo.fingerprint != fingerprint:
             return False
-        unfinished = Chunk.objects.filter(
-            repository_id=repo_id,
-            fingerprint=fingerprint,
-            state__in=[*OPEN_STATES, Chunk.State.FAILED],
-        ).exists()
-        if unfinished:
+        chunks = Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+        if chunks.filter(state__in=OPEN_STATES).exists():
             return False
         now = timezone.now()
+        failed = chunks.filter(state=Chunk.State.FAILED).first()
+        if failed is not None:
+            # Every chunk has ended and one is dead: the repository shows why.
+            Repository.objects.filter(pk=repo_id).update(
+                status=Repository.Status.FAILED, error=failed.error, updated_at=now
+            )
+            return False
         Repository.objects.filter(pk=repo_id).update(
             status=Repository.Status.READY, analyzed_at=now, updated_at=now, error=""
         )

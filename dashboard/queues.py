@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from datetime import timedelta
 
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from rq import Queue, Retry
+from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 
@@ -18,8 +19,6 @@ from workers.locks import Redlock
 log = logging.getLogger(__name__)
 
 SYNC_QUEUE = "sync"
-#: Every attempt after the first waits a little longer (seconds).
-RETRY = Retry(max=2, interval=[2, 10])
 
 
 class RedisUnavailable(ImproperlyConfigured):
@@ -86,7 +85,20 @@ def analysis_queue(fingerprint: str) -> Queue:
     return queue(queue_name(fingerprint))
 
 
-def enqueue_unique(q: Queue, func: str, *args: object, job_id: str) -> bool:
+def _put(q: Queue, func: str, args: tuple[object, ...], job_id: str, delay: float) -> None:
+    options: dict[str, object] = {
+        "job_id": job_id,
+        "unique": True,
+        "result_ttl": 3600,
+        "failure_ttl": 7 * 24 * 3600,
+    }
+    if delay > 0:
+        q.enqueue_in(timedelta(seconds=delay), func, *args, **options)
+    else:
+        q.enqueue(func, *args, **options)
+
+
+def enqueue_unique(q: Queue, func: str, *args: object, job_id: str, delay: float = 0.0) -> bool:
     """Enqueue under a deterministic id; False if that job already exists in Redis.
 
     Two processes enqueuing the same id concurrently: RQ's ``unique`` enqueue is one Lua
@@ -94,15 +106,7 @@ def enqueue_unique(q: Queue, func: str, *args: object, job_id: str) -> bool:
     DuplicateJobError. The job itself is idempotent too, so a redelivery is harmless.
     """
     try:
-        q.enqueue(
-            func,
-            *args,
-            job_id=job_id,
-            unique=True,
-            retry=RETRY,
-            result_ttl=3600,
-            failure_ttl=7 * 24 * 3600,
-        )
+        _put(q, func, args, job_id, delay)
     except DuplicateJobError:
         pass
     else:
@@ -120,15 +124,7 @@ def enqueue_unique(q: Queue, func: str, *args: object, job_id: str) -> bool:
     if status is not None:
         existing.delete()
     try:
-        q.enqueue(
-            func,
-            *args,
-            job_id=job_id,
-            unique=True,
-            retry=RETRY,
-            result_ttl=3600,
-            failure_ttl=7 * 24 * 3600,
-        )
+        _put(q, func, args, job_id, delay)
     except DuplicateJobError:
         return False
     return True

@@ -11,7 +11,8 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from dashboard import queues
-from dashboard.models import Chunk, Commit, Repository
+from dashboard.models import Chunk, Commit, JobRun, Repository
+from dashboard.runs import enqueue_after_commit, ensure_run
 from workers.analyzer import DEFAULT
 from workers.remotes import InvalidRemote, Remote, RemotePolicy, normalise_branch, parse_remote
 
@@ -73,17 +74,19 @@ def submit_repository(
             repo.refresh_from_db()
             if not updated:
                 return repo, False
-        transaction.on_commit(lambda: enqueue_sync(repo.pk, repo.generation))
+        run = ensure_sync_run(repo)
+        enqueue_after_commit([run.pk])
     return repo, created
 
 
-def enqueue_sync(repo_id: int, generation: int) -> bool:
-    return queues.enqueue_unique(
-        queues.queue(queues.SYNC_QUEUE),
-        "workers.jobs.sync_repository",
-        repo_id,
-        generation,
-        job_id=f"sync-{repo_id}-g{generation}",
+def ensure_sync_run(repo: Repository) -> JobRun:
+    return ensure_run(
+        kind=JobRun.Kind.SYNC,
+        job_id=repo.sync_job_id(),
+        queue=queues.SYNC_QUEUE,
+        repository_id=repo.pk,
+        generation=repo.generation,
+        fingerprint=current_fingerprint(),
     )
 
 

@@ -45,6 +45,7 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     settings.WORKSPACE = tmp_path / "workspace"  # type: ignore[attr-defined]
     settings.LOCAL_ROOTS = [tmp_path.resolve()]  # type: ignore[attr-defined]
     settings.RESOLVE_HOSTS = False  # type: ignore[attr-defined]
+    settings.RETRY_BACKOFF = [0.0, 0.0]  # type: ignore[attr-defined]  # retries run in the same burst
 
 
 @pytest.fixture

@@ -147,17 +147,25 @@ def test_concurrent_duplicate_submissions_store_each_commit_once(git_repo: GitRe
     assert len(set(results)) == 1
     assert Repository.objects.count() == 1
     run_workers()
-    # Redeliver every analyze job again: still one row per commit.
-    from workers.jobs import enqueue_chunks
+    # Redeliver every analyze attempt (same run, same attempt number): each is refused
+    # by the database claim, nothing runs twice.
+    q = queues.analysis_queue(current_fingerprint())
+    analyze_runs = list(JobRun.objects.filter(kind="analyze"))
+    for run in analyze_runs:
+        q.enqueue("workers.jobs.analyze_chunk", run.pk, run.attempts, job_id=f"again-{run.pk}")
+    run_workers()
+    for run in analyze_runs:
+        assert q.fetch_job(f"again-{run.pk}").return_value().startswith("superseded")
+    # A forced new attempt of finished work finds it stored and touches nothing.
+    JobRun.objects.filter(kind="analyze").update(state=JobRun.State.DEAD)
+    from dashboard.deadletters import retry_runs
 
-    Chunk.objects.update(state=Chunk.State.QUEUED)
-    for job_id in queues.analysis_queue(current_fingerprint()).finished_job_registry.get_job_ids():
-        queues.connection().delete(f"rq:job:{job_id}")
-    enqueue_chunks(list(Chunk.objects.values_list("pk", flat=True)))
+    assert retry_runs([r.pk for r in analyze_runs]) == len(analyze_runs)
     run_workers()
     repo = Repository.objects.get()
     assert Commit.objects.filter(repository=repo).count() == 3
     assert Commit.objects.values("sha").distinct().count() == 3
+    assert set(JobRun.objects.values_list("state", flat=True)) == {"succeeded"}
 
 
 def test_an_unreachable_repository_fails_with_a_readable_reason(tmp_path: Path) -> None:

@@ -371,3 +371,68 @@ def remove_stale_temporaries(workspace: Path, repo_id: int) -> int:
         shutil.rmtree(entry, ignore_errors=True)
         removed += 1
     return removed
+
+
+#: Lock files git leaves behind when a writer dies mid-update (index, refs, config, …).
+_LOCK_SUFFIX = ".lock"
+
+
+def remove_stale_locks(path: Path) -> list[str]:
+    """Delete every ``*.lock`` file in a mirror; return their relative paths.
+
+    Safe only under the repository's mirror lock: every git process that writes this
+    mirror on this host holds that lock, and readers take no lock files
+    (``GIT_OPTIONAL_LOCKS=0``), so any lock file found now belongs to a dead process.
+    """
+    removed: list[str] = []
+    if not path.is_dir():
+        return removed
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            if name.endswith(_LOCK_SUFFIX):
+                target = Path(dirpath) / name
+                target.unlink(missing_ok=True)
+                removed.append(str(target.relative_to(path)))
+    return removed
+
+
+def packs_intact(path: Path) -> bool:
+    """Cheap integrity check of every packfile: its trailing SHA-1 must equal the pack
+    checksum recorded in its ``.idx`` (O(1) per pack; a truncated or overwritten pack
+    fails it). Loose objects and refs are verified by ``is_valid``."""
+    pack_dir = path / "objects" / "pack"
+    if not pack_dir.is_dir():
+        return True
+    for pack in pack_dir.glob("*.pack"):
+        idx = pack.with_suffix(".idx")
+        try:
+            with pack.open("rb") as p, idx.open("rb") as i:
+                p.seek(-20, os.SEEK_END)
+                i.seek(-40, os.SEEK_END)
+                if p.read(20) != i.read(20):
+                    return False
+        except OSError:
+            return False
+    return True
+
+
+def sanitize_mirror(*, workspace: Path, repo_id: int, runner: Runner) -> dict[str, object]:
+    """Repair a repository's workspace before writing to it (DESIGN §6). Call under the
+    mirror lock.
+
+    1. Delete half-finished clones left in ``workspace/tmp`` by a dead worker.
+    2. Delete stale ``*.lock`` files of dead git processes.
+    3. Verify the mirror opens and its packs are intact; a corrupt mirror is removed
+       so that the sync re-clones it (the clone is built aside and renamed in).
+    Mirrors are bare, so there is no work tree to clean or reset.
+    """
+    path = mirror_path(workspace, repo_id)
+    report: dict[str, object] = {
+        "temporaries": remove_stale_temporaries(workspace, repo_id),
+        "locks": remove_stale_locks(path),
+        "recloned": False,
+    }
+    if path.exists() and not (packs_intact(path) and is_valid(path, runner)):
+        shutil.rmtree(path, ignore_errors=True)
+        report["recloned"] = True
+    return report

@@ -22,30 +22,73 @@ log = logging.getLogger(__name__)
 
 
 def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
-    """Run one RQ worker in this process until stopped (Django must be set up)."""
-    import socket
+    """Run one RQ worker in this process until stopped (Django must be set up).
 
-    from django.db import connections
+    Besides RQ's loop, the worker keeps a heartbeat row in the database (so a dead
+    worker is noticed even if Redis was flushed) and records a crashed attempt the
+    moment one of its work horses is killed (SIGKILL, OOM).
+    """
+    import socket
+    import threading
+
+    from django.conf import settings
+    from django.db import close_old_connections, connections
     from rq import Worker
 
-    from dashboard import queues
+    import workers.jobs  # noqa: F401  (imported once here, not in every forked horse)
+    from dashboard import queues, runs
 
     class DjangoWorker(Worker):
-        """Closes database connections before forking a work horse: a forked child must
-        never share its parent's socket to the database (the parent opens none between
-        jobs, so this is a safety net, not a reconnect per job)."""
-
         def fork_work_horse(self, *args: Any, **kwargs: Any) -> Any:
+            # A forked child must never share its parent's database socket; the parent
+            # only uses the database between jobs, so close it before each fork.
             connections.close_all()
             return super().fork_work_horse(*args, **kwargs)
 
-    import workers.jobs  # noqa: F401  (imported once here, not in every forked horse)
+        def handle_work_horse_killed(
+            self, job: Any, retpid: int, ret_val: int, rusage: Any
+        ) -> None:
+            super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+            if job.func_name in _JOB_FUNCS and len(job.args) == 2:
+                signo = os.WTERMSIG(ret_val) if os.WIFSIGNALED(ret_val) else None
+                reason = f"work horse killed by signal {signo}" if signo else (
+                    f"work horse exited with status {ret_val}")  # fmt: skip
+                try:
+                    runs.crash_attempt(run_id=int(job.args[0]), number=int(job.args[1]),
+                                       reason=reason)  # fmt: skip
+                finally:
+                    connections.close_all()
 
     connections.close_all()
     conn = queues.connection()
     name = f"{socket.gethostname()}.{os.getpid()}"
+    stop = threading.Event()
+    interval = max(0.5, float(settings.WORKER_DEAD_AFTER) / 6)
+
+    def heartbeat() -> None:
+        while not stop.is_set():
+            try:
+                close_old_connections()
+                runs.beat(name=name, queues_=list(queue_names))
+            except Exception:  # the next beat retries; a long gap marks us dead
+                log.exception("worker heartbeat failed")
+            stop.wait(interval)
+        connections.close_all()
+
+    runs.beat(name=name, queues_=list(queue_names))
+    beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
+    beat_thread.start()
     worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
-    worker.work(burst=burst, with_scheduler=True, logging_level="WARNING")
+    try:
+        worker.work(burst=burst, with_scheduler=True, logging_level="WARNING")
+    finally:
+        stop.set()
+        beat_thread.join(timeout=5)
+        runs.stop_beat(name)
+        connections.close_all()
+
+
+_JOB_FUNCS = {"workers.jobs.sync_repository", "workers.jobs.analyze_chunk"}
 
 
 class Pool:

@@ -109,7 +109,7 @@ def _note_signal(signum: int, frame: Any) -> None:
 def _reconcile_periodically(stop: threading.Event) -> None:
     from django.db import close_old_connections
 
-    while not stop.wait(60):
+    while not stop.wait(settings.RECONCILE_INTERVAL):
         try:
             close_old_connections()
             reconcile()

@@ -17,7 +17,9 @@ from workers.pool import Pool, run_one_worker
 
 
 def worker_queues() -> list[str]:
-    return [SYNC_QUEUE, queue_name(current_fingerprint())]
+    from dashboard.deadletters import MAINTENANCE_QUEUE
+
+    return [SYNC_QUEUE, queue_name(current_fingerprint()), MAINTENANCE_QUEUE]
 
 
 class Command(BaseCommand):

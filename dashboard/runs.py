@@ -1,0 +1,293 @@
+"""Job runs and their attempts: the lifecycle of DESIGN §5, driven by the database.
+
+States of a run: ``queued → running → succeeded | failed → (retry) queued … → dead``.
+Every transition is a conditional UPDATE on (state, attempts): when two processes race
+to move the same run (a worker finishing late, the reconciler declaring it dead, an
+operator retrying it), exactly one UPDATE matches and the others do nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import socket
+import traceback as tb
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard import queues
+from dashboard.models import Chunk, JobAttempt, JobRun, WorkerBeat
+from workers.analyzer import DEFAULT
+from workers.remotes import redact
+
+log = logging.getLogger(__name__)
+
+FUNCS = {
+    JobRun.Kind.SYNC: "workers.jobs.sync_repository",
+    JobRun.Kind.ANALYZE: "workers.jobs.analyze_chunk",
+}
+
+
+# ---------------------------------------------------------------------------- creating
+
+
+def ensure_run(*, kind: str, job_id: str, queue: str, repository_id: int,
+               chunk_id: int | None = None, generation: int = 0,
+               fingerprint: str = "") -> JobRun:  # fmt: skip
+    """Get or create the run for a deterministic job id (idempotent: a duplicate
+    submission or a re-plan finds the same row)."""
+    run, _ = JobRun.objects.get_or_create(
+        job_id=job_id,
+        defaults={
+            "kind": kind,
+            "queue": queue,
+            "repository_id": repository_id,
+            "chunk_id": chunk_id,
+            "generation": generation,
+            "fingerprint": fingerprint,
+        },
+    )
+    return run
+
+
+def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
+    """Put the run's next attempt on its queue (after ``delay`` seconds). Idempotent:
+    the RQ id names the attempt, and RQ refuses a second live job with that id."""
+    return queues.enqueue_unique(
+        queues.queue(run.queue),
+        FUNCS[JobRun.Kind(run.kind)],
+        run.pk,
+        run.attempts + 1,
+        job_id=run.rq_id(),
+        delay=delay,
+    )
+
+
+def enqueue_after_commit(run_ids: list[int]) -> None:
+    def go() -> None:
+        for run in JobRun.objects.filter(pk__in=run_ids, state__in=[JobRun.State.QUEUED]):
+            enqueue_run(run)
+
+    transaction.on_commit(go)
+
+
+# ---------------------------------------------------------------------------- attempts
+
+
+@dataclass
+class Attempt:
+    run: JobRun
+    number: int
+    worker: str
+
+
+def begin_attempt(*, run_id: int, number: int, worker: str) -> Attempt | None:
+    """Claim attempt ``number`` of the run; None if it was already claimed or the run
+    moved on (a redelivered or superseded job), in which case the caller does nothing.
+
+    Race: the same RQ job delivered twice. Both UPDATEs filter on
+    ``attempts = number - 1``; the first sets ``attempts = number``, so the second
+    matches no row.
+    """
+    now = timezone.now()
+    claimed = JobRun.objects.filter(
+        pk=run_id,
+        attempts=number - 1,
+        state__in=[JobRun.State.QUEUED, JobRun.State.FAILED],
+    ).update(
+        state=JobRun.State.RUNNING,
+        attempts=number,
+        worker=worker,
+        host=socket.gethostname(),
+        pid=_pid(),
+        version=DEFAULT.fingerprint(),
+        started_at=now,
+        finished_at=None,
+        lock_acquired_at=None,
+        fetched_at=None,
+        analysed_at=None,
+        written_at=None,
+        error="",
+    )
+    if not claimed:
+        return None
+    run = JobRun.objects.get(pk=run_id)
+    JobAttempt.objects.create(
+        run=run, number=number, worker=worker, host=run.host, pid=run.pid, version=run.version
+    )
+    WorkerBeat.objects.filter(name=worker).update(current_run=run, last_seen=now)
+    return Attempt(run=run, number=number, worker=worker)
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def record_phase(attempt: Attempt, **fields: Any) -> None:
+    JobRun.objects.filter(pk=attempt.run.pk, attempts=attempt.number).update(**fields)
+
+
+def succeed_attempt(attempt: Attempt) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        done = JobRun.objects.filter(
+            pk=attempt.run.pk, attempts=attempt.number, state=JobRun.State.RUNNING
+        ).update(state=JobRun.State.SUCCEEDED, finished_at=now, error="")
+        if done:
+            JobAttempt.objects.filter(run=attempt.run, number=attempt.number).update(
+                outcome=JobAttempt.Outcome.SUCCEEDED, finished_at=now
+            )
+    WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
+
+
+def fail_attempt(attempt: Attempt, exc: BaseException, *, permanent: bool = False,
+                 reason: str | None = None) -> str:  # fmt: skip
+    """Record a failed attempt; schedule the next one or dead-letter the run.
+
+    Returns the run's new state. ``permanent`` errors (the remote does not exist, the
+    repository is too large) are not retried: the run goes to the DLQ at once.
+    ``reason`` is what the repository shows users (default: "Type: message").
+    """
+    text = redact(f"{type(exc).__name__}: {exc}")[:2000]
+    trace = redact("".join(tb.format_exception(exc)))[-20000:]
+    key, title = cause_of(exc)
+    state = _finish_failed(attempt.run.pk, attempt.number, text, trace, key, title,
+                           outcome=JobAttempt.Outcome.FAILED, permanent=permanent,
+                           reason=redact(reason) if reason else None)  # fmt: skip
+    WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
+    return state
+
+
+def crash_attempt(*, run_id: int, number: int, reason: str) -> str | None:
+    """The worker running attempt ``number`` died (its work horse was killed, or its
+    heartbeat stopped). Counts as a failed attempt. None if the attempt had already
+    ended (the worker finished just before it died, or someone else handled it)."""
+    key = hashlib.sha1(b"WorkerDied").hexdigest()[:16]  # noqa: S324 - a grouping key
+    return _finish_failed(run_id, number, f"WorkerDied: {reason}", "", key,
+                          "WorkerDied: worker died while running the job",
+                          outcome=JobAttempt.Outcome.CRASHED, permanent=False)  # fmt: skip
+
+
+def _finish_failed(run_id: int, number: int, text: str, trace: str, key: str, title: str, *,
+                   outcome: str, permanent: bool, reason: str | None = None) -> str:  # fmt: skip
+    now = timezone.now()
+    with transaction.atomic():
+        run = (
+            JobRun.objects.select_for_update()
+            .filter(pk=run_id, attempts=number, state=JobRun.State.RUNNING)
+            .first()
+        )
+        if run is None:
+            return ""
+        JobAttempt.objects.filter(run=run, number=number).update(
+            outcome=outcome, error=text, traceback=trace, finished_at=now
+        )
+        dead = permanent or run.budget_used >= settings.MAX_ATTEMPTS
+        run.state = JobRun.State.DEAD if dead else JobRun.State.FAILED
+        run.error = text
+        run.cause_key = key
+        run.cause = title[:500]
+        run.finished_at = now
+        run.save(update_fields=["state", "error", "cause_key", "cause", "finished_at"])
+        if dead:
+            _dead_letter(run, reason or text)
+        else:
+            delays = settings.RETRY_BACKOFF
+            delay = delays[min(run.budget_used, len(delays)) - 1] if delays else 0.0
+            transaction.on_commit(lambda: enqueue_run(run, delay=delay))
+    return str(run.state)
+
+
+def _dead_letter(run: JobRun, text: str) -> None:
+    """A run is dead: its chunk is failed and its repository shows the reason."""
+    from dashboard.plans import fail_repository  # plans creates runs: import late
+
+    reason = text.strip().split("\n", 1)[0][:500]
+    if run.chunk_id:
+        Chunk.objects.filter(pk=run.chunk_id).exclude(state=Chunk.State.DONE).update(
+            state=Chunk.State.FAILED, error=reason
+        )
+    fail_repository(
+        repo_id=run.repository_id,
+        generation=run.generation if run.kind == JobRun.Kind.SYNC else None,
+        reason=reason,
+    )
+
+
+# ---------------------------------------------------------------------------- causes
+
+_PATTERNS = [
+    (re.compile(r"(/[\w.\-]+)+"), "<path>"),
+    (re.compile(r"\b[0-9a-f]{7,40}\b"), "<sha>"),
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "'…'"),
+    (re.compile(r"\d+(\.\d+)?"), "N"),
+]
+
+
+def normalise_message(message: str) -> str:
+    text = message.strip().split("\n", 1)[0]
+    for pattern, repl in _PATTERNS:
+        text = pattern.sub(repl, text)
+    return text[:200]
+
+
+def cause_of(exc: BaseException) -> tuple[str, str]:
+    """(key, title) of the root cause: exception type + normalised message + top frame
+    of our own code (where it surfaced in gitward)."""
+    root: BaseException = exc
+    frame = ""
+    for entry in reversed(tb.extract_tb(exc.__traceback__)):
+        if "/workers/" in entry.filename or "/dashboard/" in entry.filename:
+            module = entry.filename.rsplit("/", 2)[-2:]
+            frame = f"{'/'.join(module)}:{entry.name}"
+            break
+    title = f"{type(root).__name__}: {normalise_message(str(root))}"
+    key = hashlib.sha1(f"{title}|{frame}".encode()).hexdigest()[:16]  # noqa: S324 - grouping
+    return key, f"{title} @ {frame}" if frame else title
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def beat(*, name: str, queues_: list[str]) -> None:
+    """Refresh a worker's heartbeat row (called every few seconds by the worker)."""
+    now = timezone.now()
+    updated = WorkerBeat.objects.filter(name=name).update(last_seen=now, stopped_at=None)
+    if not updated:
+        WorkerBeat.objects.get_or_create(
+            name=name,
+            defaults={
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "version": DEFAULT.fingerprint(),
+                "queues": ",".join(queues_),
+                "last_seen": now,
+            },
+        )
+
+
+def stop_beat(name: str) -> None:
+    WorkerBeat.objects.filter(name=name).update(stopped_at=timezone.now(), current_run=None)
+
+
+def orphaned_runs() -> list[JobRun]:
+    """Runs marked running whose worker's heartbeat is gone: stopped, stale, or never
+    seen (a run started more than WORKER_DEAD_AFTER ago by an unknown worker)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.WORKER_DEAD_AFTER)
+    live = set(
+        WorkerBeat.objects.filter(stopped_at__isnull=True, last_seen__gte=cutoff).values_list(
+            "name", flat=True
+        )
+    )
+    return [
+        run
+        for run in JobRun.objects.filter(state=JobRun.State.RUNNING)
+        if run.worker not in live and (run.started_at is None or run.started_at < cutoff)
+    ]
