@@ -2,7 +2,16 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from dashboard.models import ApiToken, Chunk, JobRun, Repository
+from dashboard.models import (
+    ApiToken,
+    AuditEntry,
+    BulkAction,
+    Chunk,
+    JobAttempt,
+    JobRun,
+    Repository,
+    WorkerBeat,
+)
 
 
 @admin.register(Repository)
@@ -18,11 +27,46 @@ class ChunkAdmin(admin.ModelAdmin):
     list_filter = ("state",)
 
 
+class AttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    readonly_fields = ("number", "outcome", "worker", "host", "pid", "version", "error",
+                       "traceback", "started_at", "finished_at")  # fmt: skip
+
+
 @admin.register(JobRun)
 class JobRunAdmin(admin.ModelAdmin):
-    list_display = ("job_id", "kind", "state", "attempts", "worker", "token", "finished_at")
-    list_filter = ("state", "kind")
-    search_fields = ("job_id",)
+    """Job runs; filter ``state = dead`` for the dead-letter queue, grouped by cause."""
+
+    list_display = ("job_id", "kind", "state", "attempts", "cause", "worker", "token",
+                    "finished_at")  # fmt: skip
+    list_filter = ("state", "kind", "cause_key")
+    search_fields = ("job_id", "cause", "error")
+    inlines = [AttemptInline]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "actor", "action", "target", "outcome")
+    list_filter = ("action", "actor")
+    search_fields = ("target", "outcome")
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False  # the audit log is append-only
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(WorkerBeat)
+class WorkerBeatAdmin(admin.ModelAdmin):
+    list_display = ("name", "host", "pid", "version", "current_run", "last_seen", "stopped_at")
+
+
+@admin.register(BulkAction)
+class BulkActionAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "state", "done", "total", "actor", "created_at")
 
 
 @admin.register(ApiToken)

@@ -177,3 +177,103 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Exception())
+
+
+# ---------------------------------------------------------------------------- DLQ
+
+
+def _permitted(request: HttpRequest, perm: str) -> bool:
+    """Operator actions need staff status *and* the explicit permission."""
+    user = request.user
+    return bool(user.is_active and user.is_staff and user.has_perm(perm))
+
+
+@api_view(("GET",))
+def dlq(request: HttpRequest) -> HttpResponse:
+    from dashboard.deadletters import list_groups
+
+    groups = list_groups()
+    return JsonResponse({"groups": groups, "dead": sum(g["count"] for g in groups)})
+
+
+@api_view(("GET",))
+def dlq_group(request: HttpRequest, group: str) -> HttpResponse:
+    from dashboard.deadletters import group_runs
+
+    runs = group_runs(group, limit=_int_param(request, "limit", 50, 1, 500))
+    if not runs:
+        return error("no dead letters in that group", 404)
+    return JsonResponse({"group": group, "runs": runs})
+
+
+def _int_param(request: HttpRequest, name: str, default: int, lo: int, hi: int) -> int:
+    try:
+        value = int(request.GET.get(name, default))
+    except ValueError:
+        return default
+    return max(lo, min(hi, value))
+
+
+def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
+    from dashboard.audit import record_audit
+    from dashboard.deadletters import discard_now, retry_now, start_bulk
+
+    if not _permitted(request, f"dashboard.{kind}_jobrun"):
+        record_audit(user=request.user, action=f"dlq.{kind}", target=request.path,
+                     outcome="refused: permission denied")  # fmt: skip
+        return error(f"you do not have permission to {kind} dead letters", 403)
+    try:
+        data = _json_body(request)
+    except ValueError as exc:
+        return error(str(exc), 400)
+    runs, group, every = data.get("runs"), data.get("group"), data.get("all") is True
+    if sum([runs is not None, group is not None, every]) != 1:
+        return error('give exactly one of "runs": [ids], "group": key, "all": true', 400)
+    if runs is not None:
+        if (
+            not isinstance(runs, list)
+            or not runs
+            or not all(isinstance(r, int) and not isinstance(r, bool) for r in runs)
+        ):
+            return error('"runs" must be a non-empty list of run ids', 400)
+        if len(runs) > 100:
+            return error('more than 100 runs: use "group" or "all" (a tracked bulk action)', 400)
+        act = retry_now if kind == "retry" else discard_now
+        return JsonResponse({"moved": act(run_ids=runs, user=request.user)})
+    if group is not None and (not isinstance(group, str) or not group.isalnum()):
+        return error('"group" must be a group key from GET /api/dlq', 400)
+    selector = {"group": group} if group is not None else {"all": True}
+    action = start_bulk(kind=kind, selector=selector, user=request.user)
+    return JsonResponse(_action_dict(action), status=202)
+
+
+@api_view(("POST",))
+def dlq_retry(request: HttpRequest) -> HttpResponse:
+    return _dlq_action(request, "retry")
+
+
+@api_view(("POST",))
+def dlq_discard(request: HttpRequest) -> HttpResponse:
+    return _dlq_action(request, "discard")
+
+
+def _action_dict(action: Any) -> dict[str, Any]:
+    return {
+        "id": action.pk,
+        "kind": action.kind,
+        "selector": action.selector,
+        "state": action.state,
+        "total": action.total,
+        "done": action.done,
+        "error": action.error or None,
+    }
+
+
+@api_view(("GET",))
+def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
+    from dashboard.models import BulkAction
+
+    action = BulkAction.objects.filter(pk=action_id).first()
+    if action is None:
+        return error("action not found", 404)
+    return JsonResponse(_action_dict(action))

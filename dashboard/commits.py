@@ -115,7 +115,7 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
         )
         fresh = [r for r in records if r.sha not in existing]
         _insert_many(Commit, COMMIT_COLUMNS, [commit_rows[r.sha] for r in fresh])
-        failpoint("analyze.writing")
+        failpoint("analyze.writing", chunk.repository.name)
         ids = dict(
             Commit.objects.filter(
                 repository_id=repo_id, fingerprint=fp, sha__in=[r.sha for r in fresh]

@@ -175,7 +175,7 @@ def start_bulk(*, kind: str, selector: dict[str, Any], user: Any) -> BulkAction:
         kind=kind,
         selector=selector,
         total=_selected(selector).count(),
-        actor=getattr(user, "username", "") or "system",
+        actor=user if isinstance(user, str) else getattr(user, "username", "") or "system",
     )
     transaction.on_commit(
         lambda: queues.queue(MAINTENANCE_QUEUE).enqueue(

@@ -269,6 +269,7 @@ class JobAttempt(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         CRASHED = "crashed"  # the worker died (SIGKILL, OOM, host loss)
+        DEFERRED = "deferred"  # the lock was held by another job: waited, not counted
 
     run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="attempt_rows")
     number = models.IntegerField()

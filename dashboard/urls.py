@@ -17,6 +17,11 @@ urlpatterns = [
     path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),
     path("api/status", api.status, name="api-status"),
+    path("api/dlq", api.dlq, name="api-dlq"),
+    path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
+    path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),
+    path("api/dlq/<str:group>", api.dlq_group, name="api-dlq-group"),
+    path("api/actions/<int:action_id>", api.bulk_action, name="api-action"),
     path("admin/", admin.site.urls),
 ]
 

@@ -8,6 +8,9 @@ that reaches a named point act on itself, for real:
 - ``sleep:S`` sleep S seconds;
 - ``raise``  raise ``FailpointError`` (an ordinary exception in the job).
 
+``name#tag=action`` arms a point for one tag only (jobs pass the repository name), so
+one "poison" repository can crash its worker every time while the others run.
+
 With ``GITWARD_FAILPOINTS_ONCE=<dir>`` each point fires once across all processes: the
 first process to reach it creates ``<dir>/<name>`` (O_EXCL, so exactly one wins) and
 later ones pass, e.g. so that the retry of a crashed job can succeed.
@@ -37,17 +40,20 @@ def _actions() -> dict[str, str]:
     return out
 
 
-def failpoint(name: str) -> None:
-    """Act on ``name`` if it is armed in ``GITWARD_FAILPOINTS``."""
+def failpoint(name: str, tag: str = "") -> None:
+    """Act on ``name`` (or ``name#tag``) if it is armed in ``GITWARD_FAILPOINTS``."""
     if "GITWARD_FAILPOINTS" not in os.environ:
         return
-    action = _actions().get(name)
+    actions = _actions()
+    key = f"{name}#{tag}" if tag and f"{name}#{tag}" in actions else name
+    action = actions.get(key)
     if action is None:
         return
     once_dir = os.environ.get("GITWARD_FAILPOINTS_ONCE")
     if once_dir:
         try:
-            os.close(os.open(os.path.join(once_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            marker = os.path.join(once_dir, key.replace("/", "_"))
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return
     if action == "stop":

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -68,6 +70,17 @@ class GitError(RuntimeError):
 
 class GitTimeout(GitError):
     """A git command ran past its deadline and was killed with its process group."""
+
+
+@functools.cache
+def death_prefix() -> tuple[str, ...]:
+    """``setpriv --pdeathsig KILL --`` when available: git is killed by the kernel if the
+    process that started it dies (a SIGKILLed work horse must not leave a fetch running
+    in its orphaned process group). An exec wrapper, not ``preexec_fn``: workers have
+    threads. The signal follows the thread that spawned git, so jobs spawn from their
+    own thread."""
+    found = shutil.which("setpriv")
+    return (found, "--pdeathsig", "KILL", "--") if found else ()
 
 
 def hardened_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -224,7 +237,7 @@ class Runner:
         if limits:
             cmd = ["/bin/sh", "-c", f"{' && '.join(limits)} && exec {shlex.join(cmd)}"]
         proc = subprocess.Popen(
-            cmd,
+            [*death_prefix(), *cmd],
             cwd=str(cwd) if cwd is not None else None,
             env=env,
             stdin=stdin if stdin is not None else subprocess.DEVNULL,

@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, Protocol
 
-from workers.gitproc import command, hardened_env
+from workers.gitproc import command, death_prefix, hardened_env
 from workers.languages import language_for
 
 __all__ = [
@@ -94,7 +94,7 @@ def default_git_runner(
     env = hardened_env({"LC_ALL": "C"})
     env["GIT_DIR"] = os.fspath(cwd)
     return subprocess.Popen(
-        command(args),
+        [*death_prefix(), *command(args)],
         cwd=cwd,
         env=env,
         stdin=stdin,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from dashboard.repositories import current_fingerprint, validate_remote
 from workers.failpoints import failpoint
 from workers.gitproc import GitError, ProcessGroups, Runner
 from workers.history import CommitTooLarge, list_commits, stream_commits
-from workers.locks import Lock, LockLost
+from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.mirror import (
     HEAD_REF,
     RepositoryUnavailable,
@@ -51,6 +52,17 @@ PERMANENT: tuple[type[BaseException], ...] = (
     InvalidRemote,
     CommitTooLarge,
 )
+
+
+def _lock_wait(exc: LockNotAcquired) -> float:
+    """Seconds until the contended lease ends (its remaining TTL), plus jitter."""
+    remaining = [
+        info["ttl_ms"] / 1000.0
+        for key in exc.keys
+        if (info := queues.redlock().inspect(key)) is not None
+    ]
+    base = max(remaining) if remaining else settings.LOCK_TTL / 3
+    return round(min(float(settings.LOCK_TTL), base + 0.05 + random.uniform(0, 0.25)), 3)
 
 
 def mirror_lock_key(repo_id: int) -> str:
@@ -78,6 +90,10 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         return "superseded: this attempt was already claimed or the run moved on"
     try:
         result = body(attempt)
+    except LockNotAcquired as exc:
+        delay = _lock_wait(exc)
+        runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
+        return f"deferred {delay:.1f}s: lock held by another job"
     except PERMANENT as exc:
         runs.fail_attempt(attempt, exc, permanent=True, reason=str(exc))
         return f"failed: {exc}"
@@ -193,7 +209,7 @@ def _sync(attempt: runs.Attempt) -> str:
         _abort_on_loss(lock),
     ):  # fmt: skip
         runs.record_phase(attempt, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
-        failpoint("sync.locked")
+        failpoint("sync.locked", repo.name)
         sanitize_mirror(workspace=workspace, repo_id=repo_id, runner=runner)
         head = sync_mirror(
             workspace=workspace,
@@ -205,7 +221,7 @@ def _sync(attempt: runs.Attempt) -> str:
             pinned=pins_for(remote),
         )
         runs.record_phase(attempt, fetched_at=timezone.now())
-        failpoint("sync.fetched")
+        failpoint("sync.fetched", repo.name)
         path = mirror_path(workspace, repo_id)
         shas = list_commits(path, HEAD_REF, git=Runner(git_dir=path, groups=groups))
         lock.check()
@@ -244,7 +260,7 @@ def _analyze(attempt: runs.Attempt) -> str:
     holder = _holder(attempt)
     groups = ProcessGroups()
     key = chunk.lock_key()
-    failpoint("analyze.before_lock")
+    failpoint("analyze.before_lock", repo.name)
     path = _ensure_mirror(repo, holder=holder, groups=groups, need=shas[-1])
     with (
         queues.redlock().hold(
@@ -253,15 +269,15 @@ def _analyze(attempt: runs.Attempt) -> str:
         _abort_on_loss(lock),
     ):
         runs.record_phase(attempt, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
-        failpoint("analyze.locked")
+        failpoint("analyze.locked", repo.name)
         records = []
         for record in stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)):
             records.append(record)
             if len(records) == 1:
-                failpoint("analyze.parsing")
+                failpoint("analyze.parsing", repo.name)
         runs.record_phase(attempt, analysed_at=timezone.now())
         lock.check()
-        failpoint("analyze.before_write")
+        failpoint("analyze.before_write", repo.name)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
     runs.record_phase(attempt, written_at=timezone.now())
     complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint)

@@ -1091,14 +1091,34 @@ class Redlock:
             best = max(groups.values(), key=lambda g: (len(g), min(p for _, p in g)))
             # Prefer a copy that already carries the token (retag may be partial).
             holder = max((h for h, _ in best), key=lambda h: h.get("token") is not None)
+            nonce = next(iter(n for n, g in groups.items() if g is best), None)
             out[key] = {
                 "key": key,
+                "nonce": nonce if nonce and not nonce.startswith("raw:") else None,
                 "holder": holder,
                 "ttl_ms": min(p for _, p in best),
                 "agreeing": len(best),
                 "masters": len(self.nodes),
             }
         return out
+
+    def force_release(self, key: str, nonce: str) -> int:
+        """Delete ``key`` on every master where it is still held by ``nonce``; return on
+        how many. For a holder known to be dead (its process was reaped) or an
+        operator's forced release: compare-and-delete, so a newer holder's lease is never
+        touched, and the caller bumps the fencing token so a late write is rejected."""
+        prefix = '{"nonce":"' + nonce + '",'
+        rnd = self._broadcast_script(
+            "release",
+            (key,),
+            [prefix],
+            lambda result: _Vote(result == 1, "released" if result == 1 else "not held", result),
+            deadline=time.monotonic() + self._call_budget,
+            need=len(self.nodes),
+            wait_all=True,
+        )
+        self._count("forced_releases")
+        return rnd.yes
 
     def stats(self) -> dict[str, Any]:
         """Counters (attempts, acquired, refused votes, failures, extensions, losses,

@@ -1,0 +1,63 @@
+"""``manage.py dlq list|retry|discard [--group G] [--all] [--run ID ...] [--json]``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from dashboard.audit import record_audit
+from dashboard.deadletters import list_groups, run_bulk
+from dashboard.models import BulkAction
+
+
+class Command(BaseCommand):
+    help = "Inspect and act on the dead-letter queue."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("action", choices=["list", "retry", "discard"])
+        parser.add_argument("--group", help="a root-cause group (from `dlq list`)")
+        parser.add_argument("--all", action="store_true", help="every dead letter")
+        parser.add_argument("--run", type=int, action="append", default=[], help="a run id")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "list":
+            groups = list_groups()
+            if options["json"]:
+                self.stdout.write(json.dumps(groups))
+                return
+            if not groups:
+                self.stdout.write("the dead-letter queue is empty")
+            for g in groups:
+                self.stdout.write(
+                    f"{g['group']}  {g['count']:>6} runs  {g['repositories']} repos  "
+                    f"last {g['last_seen']}  {g['cause']}"
+                )
+            return
+        chosen = [bool(options["group"]), options["all"], bool(options["run"])]
+        if sum(chosen) != 1:
+            raise CommandError("choose exactly one of --group G, --all, --run ID")
+        selector: dict[str, Any] = (
+            {"group": options["group"]}
+            if options["group"]
+            else {"all": True}
+            if options["all"]
+            else {"runs": options["run"]}
+        )
+        # The CLI is not a web request: it runs the same tracked bulk action inline.
+        from dashboard.deadletters import _selected
+
+        action = BulkAction.objects.create(
+            kind=options["action"], selector=selector, total=_selected(selector).count(),
+            actor="cli",
+        )  # fmt: skip
+        try:
+            action = run_bulk(action.pk)
+        except Exception as exc:
+            record_audit(user="cli", action=f"dlq.{options['action']}", target=str(selector),
+                         outcome=f"failed: {exc}")  # fmt: skip
+            raise CommandError(f"{options['action']} failed: {exc}") from None
+        verb = "re-queued" if options["action"] == "retry" else "discarded"
+        self.stdout.write(f"{action.done} runs {verb}")
