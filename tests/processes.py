@@ -62,7 +62,7 @@ def git_processes_under(path: Path) -> list[int]:
             cwd = os.readlink(entry / "cwd").encode()
         except OSError:
             continue
-        git_dirs = [e[len(b"GIT_DIR="):] for e in environ if e.startswith(b"GIT_DIR=")]
+        git_dirs = [e[len(b"GIT_DIR=") :] for e in environ if e.startswith(b"GIT_DIR=")]
         if any(needle in c for c in cmd) or any(needle in g for g in git_dirs) or needle in cwd:
             found.append(int(entry.name))
     return found
