@@ -7,6 +7,7 @@ stops the server, lets workers finish or hand back their job, then stops the nod
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ from dashboard import embedded
 from dashboard.accounts import ensure_admin
 from dashboard.reconciler import reconcile
 from workers.pool import Pool
+from workers.redisnode import RedisNode
 
 
 class Command(BaseCommand):
@@ -36,7 +38,7 @@ class Command(BaseCommand):
         host = options["host"] or settings.HOST
         port = options["port"] if options["port"] is not None else settings.PORT
         workers = options["workers"] if options["workers"] is not None else settings.WORKERS
-        nodes = []
+        nodes: list[RedisNode] = []
         if not os.environ.get("REDIS_URLS"):
             try:
                 nodes = embedded.start_nodes(settings.EMBEDDED_REDIS_NODES)
@@ -73,9 +75,9 @@ class Command(BaseCommand):
                     workers, manage_py=Path(settings.BASE_DIR) / "manage.py", env=dict(os.environ)
                 )
                 pool.start()
-                threading.Thread(
-                    target=_supervise, args=(pool, stop_reconciler), daemon=True
-                ).start()
+            threading.Thread(
+                target=_supervise, args=(pool, nodes, stop_reconciler), daemon=True
+            ).start()
             self.stdout.write(f"gitward is up on http://{host}:{port}/ with {workers} workers")
             config = uvicorn.Config(
                 "dashboard.asgi:application",
@@ -119,6 +121,17 @@ def _reconcile_periodically(stop: threading.Event) -> None:
             logging.getLogger(__name__).exception("reconciler round failed")
 
 
-def _supervise(pool: Pool, stop: threading.Event) -> None:
+def _supervise(pool: Pool | None, nodes: list[RedisNode], stop: threading.Event) -> None:
+    """Restart dead worker children and dead embedded Redis nodes (same port, same
+    append-only file; the reconciler re-enqueues whatever a node lost)."""
+    log = logging.getLogger(__name__)
     while not stop.wait(2):
-        pool.check()
+        if pool is not None:
+            pool.check()
+        for node in nodes:
+            if not node.alive() and not stop.is_set():
+                log.warning("embedded Redis node on port %s died; restarting", node.port)
+                try:
+                    node.start()
+                except RuntimeError:
+                    log.exception("could not restart Redis node on port %s", node.port)
