@@ -17,7 +17,6 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from dashboard import status as system_status
 from dashboard.commits import BadCursor, commit_dict, commit_page
 from dashboard.models import ApiToken, Repository
 from dashboard.queues import RedisUnavailable
@@ -168,7 +167,30 @@ def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
 
 @api_view(("GET",))
 def status(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(system_status.snapshot())
+    from dashboard.operations import ops_snapshot
+
+    return JsonResponse(ops_snapshot(user=request.user))
+
+
+@api_view(("POST",))
+def lock_release(request: HttpRequest) -> HttpResponse:
+    """Force-release a lock (staff with ``dashboard.force_release_lock``); the fencing
+    token is bumped so the old holder's later writes are rejected. Audited."""
+    from dashboard.audit import record_audit
+    from dashboard.operations import force_release_lock
+
+    if not _permitted(request, "dashboard.force_release_lock"):
+        record_audit(user=request.user, action="lock.force_release", target=request.path,
+                     outcome="refused: permission denied")  # fmt: skip
+        return error("you do not have permission to force-release locks", 403)
+    try:
+        data = _json_body(request)
+    except ValueError as exc:
+        return error(str(exc), 400)
+    key = data.get("key")
+    if not isinstance(key, str) or not key.startswith("locks:") or len(key) > 255:
+        return error('"key" must be a lock key (locks:…)', 400)
+    return JsonResponse(force_release_lock(key=key, user=request.user))
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -1,4 +1,9 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels."""
+"""ASGI entry point: HTTP through Django, websockets through Channels.
+
+Websockets are authenticated from the session cookie and their Origin must be one of
+ALLOWED_HOSTS (a page on another site cannot open a socket with our user's cookie);
+consumers then check permissions themselves.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,21 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 django_asgi = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi})
+from dashboard.consumers import OpsConsumer, RepositoryConsumer  # noqa: E402
+
+websocket_urls = [
+    path("ws/ops/", OpsConsumer.as_asgi()),
+    path("ws/repos/<int:repo_id>/", RepositoryConsumer.as_asgi()),
+]
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urls))),
+    }
+)

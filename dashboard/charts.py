@@ -45,3 +45,31 @@ def weekly_bars(weekly: list[dict[str, Any]], *, max_weeks: int = 156) -> dict[s
         "first": weeks[0].isoformat(),
         "last": weeks[-1].isoformat(),
     }
+
+
+SPARK_W = 240
+SPARK_H = 40
+
+
+def spark_points(values: list[int | None]) -> str:
+    """SVG polyline points for a sparkline (``None`` = no sample, drawn as 0)."""
+    if not values:
+        return ""
+    nums = [v or 0 for v in values]
+    peak = max(nums) or 1
+    step = SPARK_W / max(1, len(nums) - 1)
+    return " ".join(
+        f"{round(i * step, 1)},{round(SPARK_H - 2 - (SPARK_H - 4) * n / peak, 1)}"
+        for i, n in enumerate(nums)
+    )
+
+
+def sparklines(series: dict[str, Any]) -> dict[str, Any]:
+    thr = series["throughput"]
+    backlog = series["backlog"]
+    return {
+        "throughput": spark_points(thr),
+        "backlog": spark_points(backlog),
+        "throughput_total": sum(thr),
+        "backlog_now": next((b for b in reversed(backlog) if b is not None), 0),
+    }

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from dashboard import queues
 from dashboard.audit import record_audit
+from dashboard.live import publish_event
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.runs import enqueue_run
 
@@ -179,10 +180,12 @@ def start_bulk(*, kind: str, selector: dict[str, Any], user: Any) -> BulkAction:
     )
     transaction.on_commit(
         lambda: queues.queue(MAINTENANCE_QUEUE).enqueue(
-            "workers.jobs.run_bulk_action", action.pk, job_id=f"bulk-{action.pk}",
+            "workers.jobs.run_bulk_action",
+            action.pk,
+            job_id=f"bulk-{action.pk}",
             result_ttl=3600,
         )
-    )  # fmt: skip
+    )
     return action
 
 
@@ -214,18 +217,49 @@ def run_bulk(action_id: int) -> BulkAction:
             done += apply(ids)
             last = ids[-1]
             BulkAction.objects.filter(pk=action_id).update(done=done)
+            publish_event(
+                "action.progress",
+                {
+                    "action": action_id,
+                    "kind": action.kind,
+                    "done": done,
+                    "total": action.total,
+                    "state": "running",
+                },
+            )
     except Exception as exc:
         BulkAction.objects.filter(pk=action_id).update(
             state=BulkAction.State.FAILED, error=str(exc)[:500], finished_at=timezone.now()
         )
-        record_audit(user=action.actor, action=f"dlq.{action.kind}", target=_target(action),
-                     outcome=f"failed after {done}: {exc}", detail={"bulk": action.pk})  # fmt: skip
+        record_audit(
+            user=action.actor,
+            action=f"dlq.{action.kind}",
+            target=_target(action),
+            outcome=f"failed after {done}: {exc}",
+            detail={"bulk": action.pk},
+        )
         raise
     BulkAction.objects.filter(pk=action_id).update(
         state=BulkAction.State.DONE, done=done, finished_at=timezone.now()
     )
-    record_audit(user=action.actor, action=f"dlq.{action.kind}", target=_target(action),
-                 outcome=f"{done} runs", detail={"bulk": action.pk})  # fmt: skip
+    publish_event(
+        "action.progress",
+        {
+            "action": action_id,
+            "kind": action.kind,
+            "done": done,
+            "total": action.total,
+            "state": "done",
+        },
+    )
+    publish_event("dlq.changed", {})
+    record_audit(
+        user=action.actor,
+        action=f"dlq.{action.kind}",
+        target=_target(action),
+        outcome=f"{done} runs",
+        detail={"bulk": action.pk},
+    )
     return BulkAction.objects.get(pk=action_id)
 
 
@@ -241,13 +275,17 @@ def _target(action: BulkAction) -> str:
 def retry_now(*, run_ids: list[int], user: Any) -> int:
     """Retry a few named runs synchronously (a button on one row), audited."""
     moved = retry_runs(run_ids)
-    record_audit(user=user, action="dlq.retry", target=f"runs {run_ids}",
-                 outcome=f"{moved} runs re-queued")  # fmt: skip
+    publish_event("dlq.changed", {})
+    record_audit(
+        user=user, action="dlq.retry", target=f"runs {run_ids}", outcome=f"{moved} runs re-queued"
+    )
     return moved
 
 
 def discard_now(*, run_ids: list[int], user: Any) -> int:
     moved = discard_runs(run_ids)
-    record_audit(user=user, action="dlq.discard", target=f"runs {run_ids}",
-                 outcome=f"{moved} runs discarded")  # fmt: skip
+    publish_event("dlq.changed", {})
+    record_audit(
+        user=user, action="dlq.discard", target=f"runs {run_ids}", outcome=f"{moved} runs discarded"
+    )
     return moved

@@ -251,6 +251,7 @@ class JobRun(models.Model):
         permissions = [
             ("retry_jobrun", "Can retry dead jobs"),
             ("discard_jobrun", "Can discard dead jobs"),
+            ("force_release_lock", "Can force-release a lock"),
         ]
 
     def rq_id(self, attempt: int | None = None) -> str:
@@ -322,6 +323,15 @@ class BulkAction(models.Model):
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+
+class QueueSample(models.Model):
+    """A queue's backlog at one moment (the overview's one-hour backlog chart)."""
+
+    queue = models.CharField(max_length=100)
+    at = models.DateTimeField(db_index=True)
+    backlog = models.IntegerField()
+    running = models.IntegerField(default=0)
 
 
 class AuditEntry(models.Model):

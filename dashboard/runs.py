@@ -39,9 +39,16 @@ FUNCS = {
 # ---------------------------------------------------------------------------- creating
 
 
-def ensure_run(*, kind: str, job_id: str, queue: str, repository_id: int,
-               chunk_id: int | None = None, generation: int = 0,
-               fingerprint: str = "") -> JobRun:  # fmt: skip
+def ensure_run(
+    *,
+    kind: str,
+    job_id: str,
+    queue: str,
+    repository_id: int,
+    chunk_id: int | None = None,
+    generation: int = 0,
+    fingerprint: str = "",
+) -> JobRun:
     """Get or create the run for a deterministic job id (idempotent: a duplicate
     submission or a re-plan finds the same row)."""
     run, _ = JobRun.objects.get_or_create(
@@ -61,13 +68,34 @@ def ensure_run(*, kind: str, job_id: str, queue: str, repository_id: int,
 def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
     """Put the run's next attempt on its queue (after ``delay`` seconds). Idempotent:
     the RQ id names the attempt, and RQ refuses a second live job with that id."""
-    return queues.enqueue_unique(
+    new = queues.enqueue_unique(
         queues.queue(run.queue),
         FUNCS[JobRun.Kind(run.kind)],
         run.pk,
         run.attempts + 1,
         job_id=run.rq_id(),
         delay=delay,
+    )
+    if new:
+        _event("job.queued", run, delay=delay)
+    return new
+
+
+def _event(kind: str, run: JobRun, **extra: Any) -> None:
+    from dashboard.live import publish_event
+
+    publish_event(
+        kind,
+        {
+            "run": run.pk,
+            "job": run.job_id,
+            "kind": run.kind,
+            "queue": run.queue,
+            "repo": run.repository_id,
+            "attempt": run.attempts,
+            **extra,
+        },
+        repo_id=run.repository_id,
     )
 
 
@@ -124,6 +152,7 @@ def begin_attempt(*, run_id: int, number: int, worker: str) -> Attempt | None:
         run=run, number=number, worker=worker, host=run.host, pid=run.pid, version=run.version
     )
     WorkerBeat.objects.filter(name=worker).update(current_run=run, last_seen=now)
+    _event("job.started", run, worker=worker)
     return Attempt(run=run, number=number, worker=worker)
 
 
@@ -145,11 +174,13 @@ def succeed_attempt(attempt: Attempt) -> None:
             JobAttempt.objects.filter(run=attempt.run, number=attempt.number).update(
                 outcome=JobAttempt.Outcome.SUCCEEDED, finished_at=now
             )
+            _event("job.succeeded", attempt.run)
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
 
 
-def fail_attempt(attempt: Attempt, exc: BaseException, *, permanent: bool = False,
-                 reason: str | None = None) -> str:  # fmt: skip
+def fail_attempt(
+    attempt: Attempt, exc: BaseException, *, permanent: bool = False, reason: str | None = None
+) -> str:
     """Record a failed attempt; schedule the next one or dead-letter the run.
 
     Returns the run's new state. ``permanent`` errors (the remote does not exist, the
@@ -159,9 +190,17 @@ def fail_attempt(attempt: Attempt, exc: BaseException, *, permanent: bool = Fals
     text = redact(f"{type(exc).__name__}: {exc}")[:2000]
     trace = redact("".join(tb.format_exception(exc)))[-20000:]
     key, title = cause_of(exc)
-    state = _finish_failed(attempt.run.pk, attempt.number, text, trace, key, title,
-                           outcome=JobAttempt.Outcome.FAILED, permanent=permanent,
-                           reason=redact(reason) if reason else None)  # fmt: skip
+    state = _finish_failed(
+        attempt.run.pk,
+        attempt.number,
+        text,
+        trace,
+        key,
+        title,
+        outcome=JobAttempt.Outcome.FAILED,
+        permanent=permanent,
+        reason=redact(reason) if reason else None,
+    )
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
     return state
 
@@ -181,6 +220,7 @@ def defer_attempt(attempt: Attempt, *, delay: float, reason: str) -> bool:
             outcome=JobAttempt.Outcome.DEFERRED, error=redact(reason)[:2000], finished_at=now
         )
         run = JobRun.objects.get(pk=attempt.run.pk)
+        _event("job.deferred", run, delay=delay, reason=redact(reason)[:300])
         transaction.on_commit(lambda: enqueue_run(run, delay=delay))
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
     return True
@@ -191,13 +231,30 @@ def crash_attempt(*, run_id: int, number: int, reason: str) -> str | None:
     heartbeat stopped). Counts as a failed attempt. None if the attempt had already
     ended (the worker finished just before it died, or someone else handled it)."""
     key = hashlib.sha1(b"WorkerDied").hexdigest()[:16]  # noqa: S324 - a grouping key
-    return _finish_failed(run_id, number, f"WorkerDied: {reason}", "", key,
-                          "WorkerDied: worker died while running the job",
-                          outcome=JobAttempt.Outcome.CRASHED, permanent=False)  # fmt: skip
+    return _finish_failed(
+        run_id,
+        number,
+        f"WorkerDied: {reason}",
+        "",
+        key,
+        "WorkerDied: worker died while running the job",
+        outcome=JobAttempt.Outcome.CRASHED,
+        permanent=False,
+    )
 
 
-def _finish_failed(run_id: int, number: int, text: str, trace: str, key: str, title: str, *,
-                   outcome: str, permanent: bool, reason: str | None = None) -> str:  # fmt: skip
+def _finish_failed(
+    run_id: int,
+    number: int,
+    text: str,
+    trace: str,
+    key: str,
+    title: str,
+    *,
+    outcome: str,
+    permanent: bool,
+    reason: str | None = None,
+) -> str:
     now = timezone.now()
     with transaction.atomic():
         run = (
@@ -217,8 +274,12 @@ def _finish_failed(run_id: int, number: int, text: str, trace: str, key: str, ti
         run.cause = title[:500]
         run.finished_at = now
         run.save(update_fields=["state", "error", "cause_key", "cause", "finished_at"])
+        _event("job.dead" if dead else "job.failed", run, error=text[:500], cause=run.cause)
         if dead:
             _dead_letter(run, reason or text)
+            from dashboard.live import publish_event
+
+            publish_event("dlq.changed", {})
         else:
             delays = settings.RETRY_BACKOFF
             delay = delays[min(run.budget_used, len(delays)) - 1] if delays else 0.0
@@ -240,6 +301,9 @@ def _dead_letter(run: JobRun, text: str) -> None:
         generation=run.generation if run.kind == JobRun.Kind.SYNC else None,
         reason=reason,
     )
+    from dashboard.live import publish_repo_changed
+
+    transaction.on_commit(lambda: publish_repo_changed(run.repository_id))
 
 
 # ---------------------------------------------------------------------------- causes
@@ -281,7 +345,10 @@ def cause_of(exc: BaseException) -> tuple[str, str]:
 
 def beat(*, name: str, queues_: list[str]) -> None:
     """Refresh a worker's heartbeat row (called every few seconds by the worker)."""
+    from dashboard.live import publish_event
+
     now = timezone.now()
+    publish_event("worker.heartbeat", {"worker": name, "last_seen": now.isoformat()})
     updated = WorkerBeat.objects.filter(name=name).update(last_seen=now, stopped_at=None)
     if not updated:
         WorkerBeat.objects.get_or_create(

@@ -7,15 +7,16 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from dashboard import status as system_status
-from dashboard.charts import weekly_bars
+from dashboard.charts import sparklines, weekly_bars
 from dashboard.commits import BadCursor, commit_page
 from dashboard.forms import SubmitRepositoryForm
-from dashboard.models import Repository
+from dashboard.models import AuditEntry, Repository
+from dashboard.operations import ops_snapshot, repository_live
 from dashboard.queues import RedisUnavailable
 from dashboard.repositories import (
     InvalidRemote,
@@ -28,14 +29,62 @@ from dashboard.summaries import repository_summary
 log = logging.getLogger(__name__)
 
 
-@login_required
-def overview(request: HttpRequest) -> HttpResponse:
-    context: dict[str, Any] = {"repositories": _repo_rows(Repository.objects.all()[:10])}
+def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse:
+    """An operations page: server-rendered from a snapshot, then kept live by the
+    websocket. Needs ``dashboard.view_jobrun`` like the socket itself."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return render(request, "forbidden.html", status=403)
+    context: dict[str, Any] = {"live_socket": "/ws/ops/", **extra}
     try:
-        context["snapshot"] = system_status.snapshot()
+        context["snapshot"] = ops_snapshot(user=request.user)
+        context["sparks"] = sparklines(context["snapshot"]["series"])
     except RedisUnavailable as exc:
         context["redis_error"] = str(exc)
-    return render(request, "overview.html", context)
+    return render(request, template, context)
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return redirect("repositories")  # users without operations access see their work
+    recent = _repo_rows(Repository.objects.all()[:10])
+    return _ops_page(request, "overview.html", repositories=recent)
+
+
+@login_required
+def locks(request: HttpRequest) -> HttpResponse:
+    return _ops_page(request, "locks.html")
+
+
+@login_required
+def workers(request: HttpRequest) -> HttpResponse:
+    return _ops_page(request, "workers.html")
+
+
+@login_required
+def dead_letters(request: HttpRequest) -> HttpResponse:
+    return _ops_page(request, "dead_letters.html")
+
+
+@login_required
+def audit(request: HttpRequest) -> HttpResponse:
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return render(request, "forbidden.html", status=403)
+    entries = AuditEntry.objects.select_related("user")
+    filters = {k: request.GET.get(k, "").strip() for k in ("action", "actor", "q")}
+    if filters["action"]:
+        entries = entries.filter(action=filters["action"])
+    if filters["actor"]:
+        entries = entries.filter(actor=filters["actor"])
+    if filters["q"]:
+        text = filters["q"]
+        entries = entries.filter(Q(target__icontains=text) | Q(outcome__icontains=text))
+    actions = AuditEntry.objects.order_by().values_list("action", flat=True).distinct()
+    return render(
+        request,
+        "audit.html",
+        {"entries": entries[:500], "filters": filters, "actions": sorted(set(actions))},
+    )
 
 
 def _repo_rows(repos: Any) -> list[dict[str, Any]]:
@@ -87,6 +136,8 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         request,
         "repository.html",
         {
+            "live_socket": f"/ws/repos/{repo.pk}/",
+            "live": repository_live(repo.pk),
             "repo": repo,
             "state": state,
             "summary": summary,

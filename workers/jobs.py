@@ -25,7 +25,9 @@ from rq import get_current_job
 from dashboard import queues, runs
 from dashboard.commits import write_chunk
 from dashboard.fencing import check_token
+from dashboard.live import publish_event, publish_repo_changed
 from dashboard.models import Chunk, Commit, Repository
+from dashboard.operations import EXTENSIONS_HASH, describe_resource
 from dashboard.plans import complete_repository, plan_repository
 from dashboard.repositories import current_fingerprint, validate_remote
 from workers.failpoints import failpoint
@@ -118,8 +120,61 @@ def _abort_on_loss(lock: Lock) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def _locked(key: str, attempt: runs.Attempt, groups: ProcessGroups, repo_id: int) -> Iterator[Lock]:
+    """Hold ``key`` (heartbeat-extended) and tell the live view: acquired, extended,
+    lost, released. A lost lease kills the job's git process groups at once."""
+    conn = queues.connection()
+
+    def extended(lock: Lock) -> None:
+        conn.hset(EXTENSIONS_HASH, key, str(lock.extensions))
+        publish_event(
+            "lock.extended",
+            {"key": key, "extensions": lock.extensions, "ttl_ms": int(lock.valid_for() * 1000)},
+            repo_id=repo_id,
+        )
+
+    def lost(lock: Lock) -> None:
+        groups.kill_all()
+        publish_event("lock.lost", {"key": key, "job": attempt.run.job_id}, repo_id=repo_id)
+
+    with (
+        queues.redlock().hold(
+            [key],
+            ttl=settings.LOCK_TTL,
+            holder=_holder(attempt),
+            on_lost=lost,
+            on_extended=extended,
+        ) as lock,
+        _abort_on_loss(lock),
+    ):
+        runs.record_phase(attempt, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
+        publish_event(
+            "lock.acquired",
+            {
+                **describe_resource(key),
+                "worker": attempt.worker,
+                "job": attempt.run.job_id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "token": lock.token,
+                "agreeing": lock.agreeing,
+                "masters": len(settings.REDIS_URLS),
+                "ttl_ms": int(lock.valid_for() * 1000),
+                "extensions": 0,
+                "stale": False,
+            },
+            repo_id=repo_id,
+        )
+        try:
+            yield lock
+        finally:
+            conn.hdel(EXTENSIONS_HASH, key)
+            publish_event("lock.released", {"key": key}, repo_id=repo_id)
+
+
 def _ensure_mirror(
-    repo: Repository, *, holder: dict[str, Any], groups: ProcessGroups, need: str | None = None
+    repo: Repository, *, attempt: runs.Attempt, groups: ProcessGroups, need: str | None = None
 ) -> Path:
     """The local mirror, fetched under the mirror lock if missing or lacking ``need``.
 
@@ -133,12 +188,7 @@ def _ensure_mirror(
         return path
     remote = validate_remote(repo.fetch_url or repo.url)
     key = mirror_lock_key(repo.pk)
-    with (
-        queues.redlock().hold(
-            [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
-        ) as lock,
-        _abort_on_loss(lock),
-    ):
+    with _locked(key, attempt, groups, repo.pk) as lock:
         sanitize_mirror(workspace=workspace, repo_id=repo.pk, runner=runner)
         sync_mirror(
             workspace=workspace,
@@ -201,14 +251,7 @@ def _sync(attempt: runs.Attempt) -> str:
     workspace = Path(settings.WORKSPACE)
     key = mirror_lock_key(repo_id)
     remote = validate_remote(repo.fetch_url or repo.url)
-    with (
-        queues.redlock().hold(
-            [key], ttl=settings.LOCK_TTL, holder=_holder(attempt),
-            on_lost=lambda _lock: groups.kill_all(),
-        ) as lock,
-        _abort_on_loss(lock),
-    ):  # fmt: skip
-        runs.record_phase(attempt, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
+    with _locked(key, attempt, groups, repo_id) as lock:
         failpoint("sync.locked", repo.name)
         sanitize_mirror(workspace=workspace, repo_id=repo_id, runner=runner)
         head = sync_mirror(
@@ -231,6 +274,7 @@ def _sync(attempt: runs.Attempt) -> str:
                 repo_id=repo_id, generation=generation, fingerprint=fp, head=head, shas=shas
             )
     runs.record_phase(attempt, written_at=timezone.now())
+    publish_repo_changed(repo_id)
     return f"planned {len(planned)} chunks over {len(shas)} commits"
 
 
@@ -257,18 +301,11 @@ def _analyze(attempt: runs.Attempt) -> str:
     Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
         state=Chunk.State.RUNNING
     )
-    holder = _holder(attempt)
     groups = ProcessGroups()
     key = chunk.lock_key()
     failpoint("analyze.before_lock", repo.name)
-    path = _ensure_mirror(repo, holder=holder, groups=groups, need=shas[-1])
-    with (
-        queues.redlock().hold(
-            [key], ttl=settings.LOCK_TTL, holder=holder, on_lost=lambda _lock: groups.kill_all()
-        ) as lock,
-        _abort_on_loss(lock),
-    ):
-        runs.record_phase(attempt, lock_key=key, token=lock.token, lock_acquired_at=timezone.now())
+    path = _ensure_mirror(repo, attempt=attempt, groups=groups, need=shas[-1])
+    with _locked(key, attempt, groups, repo.pk) as lock:
         failpoint("analyze.locked", repo.name)
         records = []
         for record in stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)):
@@ -280,5 +317,12 @@ def _analyze(attempt: runs.Attempt) -> str:
         failpoint("analyze.before_write", repo.name)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
     runs.record_phase(attempt, written_at=timezone.now())
-    complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint)
+    analyzed = Commit.objects.filter(repository=repo, fingerprint=chunk.fingerprint).count()
+    publish_event(
+        "job.progress",
+        {"repo": repo.pk, "analyzed": analyzed, "total": repo.commits_total},
+        repo_id=repo.pk,
+    )
+    if complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint):
+        publish_repo_changed(repo.pk)
     return f"stored {written} commits"

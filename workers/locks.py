@@ -268,6 +268,8 @@ class Lock:
         self._mutex = threading.Lock()
         self.lost = threading.Event()
         self.extensions = 0
+        #: Masters that granted the lock when it was acquired (at least the quorum).
+        self.agreeing = 0
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
 
@@ -323,10 +325,14 @@ class Lock:
 
     # Heartbeat -----------------------------------------------------------------------
 
-    def _start_heartbeat(self, on_lost: Callable[[Lock], object] | None) -> None:
+    def _start_heartbeat(
+        self,
+        on_lost: Callable[[Lock], object] | None,
+        on_extended: Callable[[Lock], object] | None = None,
+    ) -> None:
         thread = threading.Thread(
             target=self._heartbeat,
-            args=(on_lost,),
+            args=(on_lost, on_extended),
             name=f"redlock-heartbeat:{self.keys[0]}",
             daemon=True,
         )
@@ -339,7 +345,11 @@ class Lock:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _heartbeat(self, on_lost: Callable[[Lock], object] | None) -> None:
+    def _heartbeat(
+        self,
+        on_lost: Callable[[Lock], object] | None,
+        on_extended: Callable[[Lock], object] | None = None,
+    ) -> None:
         """Extend every ~ttl/3; on the first failed extension set ``lost`` and call ``on_lost``.
 
         One failure is enough: an extension is only attempted while the lease is valid and
@@ -356,6 +366,11 @@ class Lock:
                     return
                 self._on_heartbeat_failure(exc, on_lost)
                 return
+            if on_extended is not None:
+                try:
+                    on_extended(self)
+                except Exception:  # an observer must never cost us the lease
+                    log.exception("redlock: on_extended callback failed for %s", list(self.keys))
 
     def _on_heartbeat_failure(
         self, exc: BaseException, on_lost: Callable[[Lock], object] | None
@@ -845,6 +860,7 @@ class Redlock:
                         valid_until=t0 + ttl - drift,
                         tokens=tokens,
                     )
+                    lock.agreeing = rnd.yes
                     if tokens:
                         self._retag(lock, info, lock._valid_until)
                     self._record_acquired(time.monotonic() - started)
@@ -998,16 +1014,18 @@ class Redlock:
         ttl: float = 30.0,
         holder: Mapping[str, Any] | None = None,
         on_lost: Callable[[Lock], object] | None = None,
+        on_extended: Callable[[Lock], object] | None = None,
     ) -> Iterator[Lock]:
         """Acquire, extend every ~ttl/3 from a daemon thread while inside, release on exit.
 
         On a failed extension the heartbeat sets ``lock.lost`` and calls ``on_lost(lock)``
-        (from the heartbeat thread). On exit the heartbeat is stopped and the lock released
+        (from the heartbeat thread); after each successful one it calls ``on_extended(lock)``
+        (an observer: its errors are logged). On exit the heartbeat is stopped and the lock released
         (release errors are logged, not raised); if the lease was lost before the body
         finished, :class:`LockLost` is raised unless the body is already raising.
         """
         lock = self.acquire(keys, ttl=ttl, holder=holder)
-        lock._start_heartbeat(on_lost)
+        lock._start_heartbeat(on_lost, on_extended)
         body_failed = False
         held_to_the_end = False
         try:

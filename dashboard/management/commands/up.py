@@ -111,10 +111,13 @@ def _note_signal(signum: int, frame: Any) -> None:
 def _reconcile_periodically(stop: threading.Event) -> None:
     from django.db import close_old_connections
 
+    from dashboard.operations import record_samples
+
     while not stop.wait(settings.RECONCILE_INTERVAL):
         try:
             close_old_connections()
             reconcile()
+            record_samples()
         except Exception:  # the next round retries; the error is logged
             import logging
 

@@ -1,0 +1,118 @@
+"""Websocket consumers: authenticate, check permission, join groups, forward events.
+
+Each client gets a snapshot on connect (and whenever it asks, e.g. after a reconnect),
+then events, coalesced per client and flushed every ``FLUSH_SECONDS``: a burst of
+10,000 events per second becomes at most one message per flush with the newest state
+of each lock, run, repository and worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from dashboard import live
+
+FLUSH_SECONDS = 0.1
+MAX_PENDING = 2000
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+
+
+class _Coalescing(AsyncJsonWebsocketConsumer):
+    groups_to_join: list[str]
+
+    async def _start(self, groups: list[str]) -> None:
+        self.groups_to_join = groups
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.dropped = 0
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        self.flusher = asyncio.create_task(self._flush_forever())
+        await self.send_snapshot()
+
+    async def disconnect(self, code: int) -> None:
+        flusher = getattr(self, "flusher", None)
+        if flusher is not None:
+            flusher.cancel()
+        for group in getattr(self, "groups_to_join", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        event = message["event"]
+        key = live.coalesce_key(event)
+        self.pending.pop(key, None)  # re-insert: keeps arrival order of the newest
+        self.pending[key] = event
+        if len(self.pending) > MAX_PENDING:  # a flood: keep the newest, say so
+            oldest = next(iter(self.pending))
+            del self.pending[oldest]
+            self.dropped += 1
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            if self.pending:
+                events, self.pending = list(self.pending.values()), {}
+                message: dict[str, Any] = {"type": "events", "events": events}
+                if self.dropped:
+                    message["dropped"] = self.dropped
+                    self.dropped = 0
+                await self.send_json(message)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "snapshot":
+            await self.send_snapshot()
+
+    async def send_snapshot(self) -> None:
+        raise NotImplementedError
+
+
+class OpsConsumer(_Coalescing):
+    """Operators' live view: locks, queues, workers, Redis nodes, dead letters."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if not await database_sync_to_async(user.has_perm)("dashboard.view_jobrun"):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self._start([live.OPS_GROUP])
+
+    async def send_snapshot(self) -> None:
+        from dashboard.operations import ops_snapshot
+
+        user = self.scope["user"]
+        data = await database_sync_to_async(ops_snapshot)(user=user)
+        await self.send_json({"type": "snapshot", "data": data})
+
+
+class RepositoryConsumer(_Coalescing):
+    """One repository's page: progress, current chunk and holder, why it waits."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.repo_id = int(self.scope["url_route"]["kwargs"]["repo_id"])
+        from dashboard.models import Repository
+
+        exists = await database_sync_to_async(Repository.objects.filter(pk=self.repo_id).exists)()
+        if not exists:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        await self._start([live.repo_group(self.repo_id)])
+
+    async def send_snapshot(self) -> None:
+        from dashboard.operations import repository_live
+
+        data = await database_sync_to_async(repository_live)(self.repo_id)
+        await self.send_json({"type": "snapshot", "data": data})

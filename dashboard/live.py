@@ -1,0 +1,94 @@
+"""Live events: the only place that names channel groups and event types.
+
+Events are published **after commit** through ``publish_event``, which checks the type
+is known and the payload is JSON-safe. Consumers (``dashboard.consumers``) coalesce
+bursts per client. Publishing never fails the caller: if the channel layer is down the
+live view misses an event, the job does not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+#: Operators' view (locks, queues, workers, DLQ): needs ``dashboard.view_jobrun``.
+OPS_GROUP = "live.ops"
+
+EVENT_TYPES = frozenset(
+    {
+        "lock.acquired",
+        "lock.extended",
+        "lock.released",
+        "lock.lost",
+        "job.queued",
+        "job.started",
+        "job.progress",
+        "job.succeeded",
+        "job.failed",
+        "job.dead",
+        "job.deferred",
+        "worker.heartbeat",
+        "dlq.changed",
+        "action.progress",
+        "repo.changed",
+        "rollout.changed",
+    }
+)
+
+
+def repo_group(repo_id: int) -> str:
+    """Watchers of one repository's page (any logged-in user)."""
+    return f"live.repo.{int(repo_id)}"
+
+
+def coalesce_key(event: dict[str, Any]) -> str:
+    """Events with the same key replace each other within one flush window: the client
+    only needs the newest state of each lock, run, repository or worker."""
+    kind = str(event["type"])
+    family = kind.split(".", 1)[0]
+    for field in ("key", "run", "repo", "worker", "action"):
+        if field in event:
+            return f"{family}:{field}:{event[field]}"
+    return kind
+
+
+def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = None) -> None:
+    """Send ``{type: kind, at, ...payload}`` to operators (and to the repository's
+    watchers) once the current transaction commits (at once outside one)."""
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"unknown live event type {kind!r}")
+    event = {"type": kind, "at": round(time.time(), 3), **payload}
+    json.dumps(event)  # JSON-safe, or TypeError now rather than in the consumer
+    message = {"type": "live.event", "event": event}
+
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            async_to_sync(layer.group_send)(OPS_GROUP, message)
+            if repo_id is not None:
+                async_to_sync(layer.group_send)(repo_group(repo_id), message)
+        except Exception as exc:  # the live view is best effort; the job goes on
+            log.debug("live event %s not sent: %s", kind, exc)
+
+    transaction.on_commit(send)
+
+
+def publish_repo_changed(repo_id: int) -> None:
+    """The repository's status/progress changed: watchers and operators refresh it."""
+    from dashboard.models import Repository
+    from dashboard.repositories import repository_status
+
+    repo = Repository.objects.filter(pk=repo_id).first()
+    if repo is not None:
+        state = repository_status(repo)
+        publish_event("repo.changed", {"repo": repo_id, **state}, repo_id=repo_id)
