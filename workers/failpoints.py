@@ -13,7 +13,8 @@ one "poison" repository can crash its worker every time while the others run.
 
 With ``GITWARD_FAILPOINTS_ONCE=<dir>`` each point fires once across all processes: the
 first process to reach it creates ``<dir>/<name>`` (O_EXCL, so exactly one wins) and
-later ones pass, e.g. so that the retry of a crashed job can succeed.
+later ones pass, e.g. so that the retry of a crashed job can succeed. ``action*N``
+(e.g. ``raise*3``) fires N times instead of once (markers ``<name>.1`` … ``<name>.N``).
 
 Unset (the default) every point is a dictionary lookup and nothing else. The variables
 are read from the environment at call time so a test can set them for one worker.
@@ -40,6 +41,19 @@ def _actions() -> dict[str, str]:
     return out
 
 
+def _claim(once_dir: str, key: str, times: int) -> bool:
+    """Take one of the point's ``times`` firings; False when all are used up."""
+    base = os.path.join(once_dir, key.replace("/", "_"))
+    for n in range(1, times + 1):
+        marker = base if times == 1 else f"{base}.{n}"
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return True
+    return False
+
+
 def failpoint(name: str, tag: str = "") -> None:
     """Act on ``name`` (or ``name#tag``) if it is armed in ``GITWARD_FAILPOINTS``."""
     if "GITWARD_FAILPOINTS" not in os.environ:
@@ -49,13 +63,10 @@ def failpoint(name: str, tag: str = "") -> None:
     action = actions.get(key)
     if action is None:
         return
+    action, _, times = action.partition("*")
     once_dir = os.environ.get("GITWARD_FAILPOINTS_ONCE")
-    if once_dir:
-        try:
-            marker = os.path.join(once_dir, key.replace("/", "_"))
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return
+    if once_dir and not _claim(once_dir, key, int(times or 1)):
+        return
     if action == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "kill":
