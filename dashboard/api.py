@@ -80,6 +80,9 @@ def api_view(
                         return error("CSRF verification failed", 403)
             else:
                 request.user = user
+            limited = _rate_limited(request, "api")
+            if limited is not None:
+                return limited
             try:
                 return view(request, *args, **kwargs)
             except RedisUnavailable as exc:
@@ -91,6 +94,19 @@ def api_view(
         return wrapper
 
     return decorate
+
+
+def _rate_limited(request: HttpRequest, scope: str) -> JsonResponse | None:
+    """A JSON 429 with Retry-After when the user is over the scope's limit."""
+    from dashboard.ratelimits import check
+
+    verdict = check(scope, request.user)
+    if verdict.allowed:
+        return None
+    what = "submissions" if scope == "submit" else "API requests"
+    response = error(f"too many {what}: at most {verdict.limit} per minute", 429)
+    response["Retry-After"] = str(verdict.retry_after)
+    return response
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any]:
@@ -107,6 +123,9 @@ def _json_body(request: HttpRequest) -> dict[str, Any]:
 
 @api_view(("POST",))
 def repos(request: HttpRequest) -> HttpResponse:
+    limited = _rate_limited(request, "submit")
+    if limited is not None:
+        return limited
     try:
         data = _json_body(request)
     except ValueError as exc:

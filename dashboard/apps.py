@@ -6,3 +6,14 @@ from django.apps import AppConfig
 class DashboardConfig(AppConfig):
     name = "dashboard"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_out
+
+        from dashboard.live import close_user_sockets
+
+        def on_logout(sender: object, request: object, user: object, **kwargs: object) -> None:
+            if user is not None and getattr(user, "pk", None):
+                close_user_sockets(user.pk)  # type: ignore[attr-defined]
+
+        user_logged_out.connect(on_logout, weak=False, dispatch_uid="gitward-close-sockets")

@@ -1,7 +1,7 @@
 """ASGI entry point: HTTP through Django, websockets through Channels.
 
-Websockets are authenticated from the session cookie and their Origin must be one of
-ALLOWED_HOSTS (a page on another site cannot open a socket with our user's cookie);
+Websockets are authenticated from the session cookie and their Origin must be ours
+(``dashboard.origins``: a page on another site cannot use our user's cookie);
 consumers then check permissions themselves.
 """
 
@@ -16,10 +16,10 @@ django_asgi = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from dashboard.consumers import OpsConsumer, RepositoryConsumer  # noqa: E402
+from dashboard.origins import StrictOriginValidator  # noqa: E402
 
 websocket_urls = [
     path("ws/ops/", OpsConsumer.as_asgi()),
@@ -29,6 +29,6 @@ websocket_urls = [
 application = ProtocolTypeRouter(
     {
         "http": django_asgi,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urls))),
+        "websocket": StrictOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urls))),
     }
 )

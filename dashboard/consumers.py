@@ -18,6 +18,9 @@ from dashboard import live
 
 FLUSH_SECONDS = 0.1
 MAX_PENDING = 2000
+#: Clients only ever send tiny control messages; anything bigger is refused.
+MAX_INBOUND_BYTES = 4096
+SNAPSHOT_MIN_INTERVAL = 1.0
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -28,7 +31,9 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
     groups_to_join: list[str]
 
     async def _start(self, groups: list[str]) -> None:
+        groups = [*groups, live.user_group(self.scope["user"].pk)]
         self.groups_to_join = groups
+        self.last_snapshot = 0.0
         self.pending: dict[str, dict[str, Any]] = {}
         self.dropped = 0
         for group in groups:
@@ -65,9 +70,29 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
                     self.dropped = 0
                 await self.send_json(message)
 
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        size = len(text_data or "") + len(bytes_data or b"")
+        if size > MAX_INBOUND_BYTES or bytes_data:
+            await self.close(code=1009)  # message too big / not ours
+            return
+        try:
+            await super().receive(text_data=text_data, **kwargs)
+        except ValueError:  # not JSON
+            await self.close(code=1003)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "snapshot":
-            await self.send_snapshot()
+            # A flood of requests costs at most one snapshot per second per socket.
+            now = asyncio.get_running_loop().time()
+            if now - self.last_snapshot >= SNAPSHOT_MIN_INTERVAL:
+                self.last_snapshot = now
+                await self.send_snapshot()
+
+    async def session_ended(self, message: dict[str, Any]) -> None:
+        """The user logged out: this socket must not outlive the session."""
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def send_snapshot(self) -> None:
         raise NotImplementedError
@@ -91,6 +116,7 @@ class OpsConsumer(_Coalescing):
 
         user = self.scope["user"]
         data = await database_sync_to_async(ops_snapshot)(user=user)
+        self.last_snapshot = asyncio.get_running_loop().time()
         await self.send_json({"type": "snapshot", "data": data})
 
 
@@ -115,4 +141,5 @@ class RepositoryConsumer(_Coalescing):
         from dashboard.operations import repository_live
 
         data = await database_sync_to_async(repository_live)(self.repo_id)
+        self.last_snapshot = asyncio.get_running_loop().time()
         await self.send_json({"type": "snapshot", "data": data})

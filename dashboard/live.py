@@ -49,6 +49,21 @@ def repo_group(repo_id: int) -> str:
     return f"live.repo.{int(repo_id)}"
 
 
+def user_group(user_id: int) -> str:
+    """All sockets of one user: closed together when the user logs out."""
+    return f"live.user.{int(user_id)}"
+
+
+def close_user_sockets(user_id: int) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(user_group(user_id), {"type": "session.ended"})
+    except Exception as exc:  # the socket then lives until its next reconnect check
+        log.warning("could not close sockets of user %s: %s", user_id, exc)
+
+
 def coalesce_key(event: dict[str, Any]) -> str:
     """Events with the same key replace each other within one flush window: the client
     only needs the newest state of each lock, run, repository or worker."""

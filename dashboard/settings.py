@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -44,7 +45,12 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+if PRODUCTION and not os.environ.get("GITWARD_SECRET_KEY"):
+    raise ImproperlyConfigured("GITWARD_PRODUCTION needs GITWARD_SECRET_KEY (a long random value)")
 ALLOWED_HOSTS = env_list("GITWARD_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+if "*" in ALLOWED_HOSTS:
+    # The websocket Origin check trusts ALLOWED_HOSTS: a wildcard would let any site in.
+    raise ImproperlyConfigured("GITWARD_ALLOWED_HOSTS must list host names, not '*'")
 CSRF_TRUSTED_ORIGINS = env_list("GITWARD_CSRF_TRUSTED_ORIGINS", "")
 
 INSTALLED_APPS = [
@@ -152,6 +158,8 @@ MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
 RETRY_BACKOFF = [float(x) for x in env_list("GITWARD_RETRY_BACKOFF", "2,10")]
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 RECONCILE_INTERVAL = env_float("GITWARD_RECONCILE_INTERVAL", 15.0, minimum=0.5)
+RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
+RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
 LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]
 ALLOWED_HOSTS_NETS = env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)

@@ -95,6 +95,26 @@ def _repo_rows(repos: Any) -> list[dict[str, Any]]:
 @require_http_methods(["GET", "POST"])
 def repositories(request: HttpRequest) -> HttpResponse:
     form = SubmitRepositoryForm(request.POST or None)
+    if request.method == "POST":
+        from dashboard.ratelimits import check
+
+        verdict = check("submit", request.user)
+        if not verdict.allowed:
+            form.is_valid()
+            form.add_error(
+                None,
+                f"Too many submissions: at most {verdict.limit} per minute. "
+                f"Try again in {verdict.retry_after} s.",
+            )
+            repos = Repository.objects.all()[:200]
+            response = render(
+                request,
+                "repositories.html",
+                {"form": form, "repositories": _repo_rows(repos)},
+                status=429,
+            )
+            response["Retry-After"] = str(verdict.retry_after)
+            return response
     if request.method == "POST" and form.is_valid():
         try:
             repo, created = submit_repository(

