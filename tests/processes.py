@@ -66,3 +66,25 @@ def git_processes_under(path: Path) -> list[int]:
         if any(needle in c for c in cmd) or any(needle in g for g in git_dirs) or needle in cwd:
             found.append(int(entry.name))
     return found
+
+
+def children(pid: int) -> list[int]:
+    """Pids of the direct children of ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and proc_field(int(entry.name), 1) == str(pid):
+            out.append(int(entry.name))
+    return out
+
+
+def proc_state(pid: int) -> str:
+    """One-letter process state (R, S, T for stopped, Z…), or "gone"."""
+    return proc_field(pid, 0) or "gone"
+
+
+def proc_field(pid: int, index: int) -> str | None:
+    """Field ``index`` of /proc/<pid>/stat after the command name (0 = state, 1 = ppid)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[index]
+    except (OSError, IndexError):
+        return None

@@ -18,7 +18,7 @@ from dashboard.reconciler import reconcile
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
-from tests.processes import ROOT, git_processes_under, run_burst_worker, worker_env
+from tests.processes import ROOT, children, git_processes_under, run_burst_worker, worker_env
 from workers.mirror import mirror_path
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -103,19 +103,6 @@ def test_a_poison_repository_is_dead_lettered_after_three_crashes(tmp_path: Path
     assert_complete_and_exactly_once({"healthy": (healthy, 4)})
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def test_a_whole_worker_killed_mid_job_is_detected_by_its_heartbeat(
     tmp_path: Path, settings
 ) -> None:
@@ -145,7 +132,7 @@ def test_a_whole_worker_killed_mid_job_is_detected_by_its_heartbeat(
         workspace = Path(settings.WORKSPACE)
         assert git_processes_under(mirror_path(workspace, repo.pk))
         # The host dies: worker and work horse are killed at once, no handler runs.
-        victims = [worker.pid, *_children(worker.pid)]
+        victims = [worker.pid, *children(worker.pid)]
         for pid in victims:
             try:
                 import os

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from dashboard import queues
 from dashboard.commits import write_chunk
@@ -22,6 +21,7 @@ from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from tests.processes import children, proc_state, worker_env
 from workers.history import stream_commits
 from workers.locks import LockLost
 from workers.mirror import mirror_path
@@ -109,51 +109,13 @@ def test_a_lease_lost_mid_job_aborts_it_and_a_retry_finishes_the_chunk(
     assert Repository.objects.get().status == Repository.Status.READY
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def _state(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-def _worker_env(settings, tmp_path: Path, **extra: str) -> dict[str, str]:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        db_url = f"sqlite:///{db['NAME']}"
-    else:
-        db_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "REDIS_URL"))}
-    env.update(
-        DATABASE_URL=db_url,
-        REDIS_URLS=",".join(settings.REDIS_URLS),
-        GITWARD_WORKSPACE=str(settings.WORKSPACE),
-        GITWARD_LOCAL_ROOTS=str(tmp_path),
-        GITWARD_VAR_DIR=str(tmp_path / "worker-var"),
-        **extra,
-    )
-    return env
-
-
 @pytest.mark.slow
 def test_a_worker_frozen_past_its_ttl_has_its_write_rejected(
     git_repo: GitRepo, settings, tmp_path: Path
 ) -> None:
     chunk = synced_chunk(git_repo)
     key = chunk.lock_key()
-    env = _worker_env(settings, tmp_path, GITWARD_LOCK_TTL="1.0",
+    env = worker_env(settings, tmp_path, GITWARD_LOCK_TTL="1.0",
                       GITWARD_FAILPOINTS="analyze.before_write=stop",
                       GITWARD_FAILPOINTS_ONCE=str(tmp_path))  # fmt: skip
     worker = subprocess.Popen(
@@ -165,7 +127,7 @@ def test_a_worker_frozen_past_its_ttl_has_its_write_rejected(
         deadline = time.monotonic() + 60
         horse = None
         while horse is None and time.monotonic() < deadline:
-            horse = next((p for p in _children(worker.pid) if _state(p) == "T"), None)
+            horse = next((p for p in children(worker.pid) if proc_state(p) == "T"), None)
             time.sleep(0.05)
         assert horse, "the work horse never reached the failpoint"
         # 2. Its lease runs out; another holder takes the lock (newer fencing token).
