@@ -188,6 +188,8 @@ def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
 def status(request: HttpRequest) -> HttpResponse:
     from dashboard.operations import ops_snapshot
 
+    if (refused := _operator(request)) is not None:
+        return refused
     return JsonResponse(ops_snapshot(user=request.user))
 
 
@@ -223,6 +225,14 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
 # ---------------------------------------------------------------------------- DLQ
 
 
+def _operator(request: HttpRequest) -> JsonResponse | None:
+    """Operations data (locks, workers, dead letters with tracebacks) is for operators:
+    the same ``dashboard.view_jobrun`` the pages and the websocket require."""
+    if request.user.has_perm("dashboard.view_jobrun"):
+        return None
+    return error("operations data needs the view_jobrun permission", 403)
+
+
 def _permitted(request: HttpRequest, perm: str) -> bool:
     """Operator actions need staff status *and* the explicit permission."""
     user = request.user
@@ -233,6 +243,8 @@ def _permitted(request: HttpRequest, perm: str) -> bool:
 def dlq(request: HttpRequest) -> HttpResponse:
     from dashboard.deadletters import list_groups
 
+    if (refused := _operator(request)) is not None:
+        return refused
     groups = list_groups()
     return JsonResponse({"groups": groups, "dead": sum(g["count"] for g in groups)})
 
@@ -241,6 +253,8 @@ def dlq(request: HttpRequest) -> HttpResponse:
 def dlq_group(request: HttpRequest, group: str) -> HttpResponse:
     from dashboard.deadletters import group_runs
 
+    if (refused := _operator(request)) is not None:
+        return refused
     runs = group_runs(group, limit=_int_param(request, "limit", 50, 1, 500))
     if not runs:
         return error("no dead letters in that group", 404)
@@ -314,6 +328,8 @@ def _action_dict(action: Any) -> dict[str, Any]:
 def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
     from dashboard.models import BulkAction
 
+    if (refused := _operator(request)) is not None:
+        return refused
     action = BulkAction.objects.filter(pk=action_id).first()
     if action is None:
         return error("action not found", 404)

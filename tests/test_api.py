@@ -180,8 +180,12 @@ def test_session_writes_need_the_csrf_token(user: User, git_repo: GitRepo) -> No
 
 
 def test_status_reports_nodes_queues_workers_and_locks(
-    client: Client, token: str, git_repo: GitRepo
+    client: Client, user: User, token: str, git_repo: GitRepo
 ) -> None:
+    from django.contrib.auth.models import Permission
+
+    assert get(client, "/api/status", token).status_code == 403  # operators only
+    user.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
     post(client, {"url": str(git_repo.path)}, token)
     body = get(client, "/api/status", token).json()
     assert set(body) >= {"locks", "queues", "workers", "dlq", "redis_nodes"}

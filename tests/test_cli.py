@@ -97,7 +97,7 @@ def test_api_token_prints_a_working_token(client, capsys) -> None:
     raw = capsys.readouterr().out.strip()
     assert raw.startswith("gw_") and ApiToken.objects.get().digest == ApiToken.hash(raw)
     assert raw not in ApiToken.objects.values_list("digest", flat=True)
-    res = client.get("/api/status", HTTP_AUTHORIZATION=f"Bearer {raw}")
-    assert res.status_code == 200
+    res = client.get("/api/repos/1", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert res.status_code == 404 and res.json() == {"error": "repository not found"}
     with pytest.raises(CommandError, match="no user"):
         call_command("api_token", "nobody")

@@ -142,6 +142,26 @@ def test_d3_permission_matrix_over_every_mutating_endpoint(role: str) -> None:
         assert admin_page.status_code == 200
 
 
+# ---------------------------------------------------------------------------- D4
+
+
+def test_d4_operations_data_is_for_operators_only(git_repo: GitRepo) -> None:
+    """Repositories are team-visible by design (no per-user ownership); what reveals
+    other people's jobs — locks, workers, dead letters with tracebacks, bulk actions —
+    needs dashboard.view_jobrun over HTTP and over the websocket."""
+    from dashboard.repositories import submit_repository
+
+    repo, _ = submit_repository(url=str(git_repo.path))
+    plain, op = make_user("plain"), make_user("op", staff=True, perms=("view_jobrun",))
+    for user, allowed in ((plain, False), (op, True)):
+        c = Client()
+        c.force_login(user)
+        for path in ("/api/status", "/api/dlq", "/api/dlq/abc123", "/api/actions/1"):
+            res = c.get(path)
+            assert (res.status_code != 403) == allowed, (user.username, path)
+        assert c.get(f"/api/repos/{repo.pk}").status_code == 200  # team-visible
+
+
 # ---------------------------------------------------------------------------- D5, D6
 
 
