@@ -334,3 +334,13 @@ def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
     if action is None:
         return error("action not found", 404)
     return JsonResponse(_action_dict(action))
+
+
+@api_view(("GET",))
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint (an operator's session or bearer token)."""
+    from dashboard.operations import metrics_text
+
+    if (refused := _operator(request)) is not None:
+        return refused
+    return HttpResponse(metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")

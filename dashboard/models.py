@@ -320,6 +320,8 @@ class WorkerBeat(models.Model):
     version = models.CharField(max_length=64, blank=True, default="")
     queues = models.CharField(max_length=500, blank=True, default="")
     current_run = models.ForeignKey(JobRun, null=True, blank=True, on_delete=models.SET_NULL)
+    #: Resident memory of the worker and its work horse(s), bytes, at the last beat.
+    rss = models.BigIntegerField(default=0)
     started_at = models.DateTimeField(auto_now_add=True)
     last_seen = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from datetime import timedelta
 
 import redis
@@ -12,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry
 
 from workers.analyzer import queue_name
 from workers.locks import Redlock
@@ -128,3 +130,28 @@ def enqueue_unique(q: Queue, func: str, *args: object, job_id: str, delay: float
     except DuplicateJobError:
         return False
     return True
+
+
+def promote_due_jobs(queue_names: list[str]) -> int:
+    """Move scheduled jobs (retry back-offs, lock waits) whose time has come onto their
+    queues. Workers call this every second instead of running RQ's scheduler process,
+    which outlives a SIGKILLed worker as an orphan and, once dead, holds its lock.
+
+    Race: every worker promotes; ``ZREM`` removes a job id for exactly one caller, and
+    only that caller enqueues it.
+    """
+    conn = connection()
+    moved = 0
+    for name in queue_names:
+        q = queue(name)
+        registry = ScheduledJobRegistry(queue=q)
+        for job_id in registry.get_jobs_to_schedule(int(time.time())):
+            if not conn.zrem(registry.key, job_id):
+                continue
+            try:
+                job = Job.fetch(job_id, connection=conn)
+            except NoSuchJobError:
+                continue
+            q.enqueue_job(job)
+            moved += 1
+    return moved

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
+
+from rq.job import Job
 
 from dashboard import queues
 from dashboard.models import JobRun, Repository
@@ -19,9 +22,12 @@ def reconcile() -> dict[str, int]:
 
     1. Runs marked running whose worker's heartbeat is gone: the attempt is recorded as
        crashed (``worker died``) and retried, or dead-lettered after the budget.
-    2. Queued or waiting runs whose RQ job is missing (Redis flushed, replaced, or the
-       node restarted empty) are enqueued again. Enqueues use the attempt's id with
-       RQ's ``unique`` check, so work still queued is never duplicated.
+    2. Queued or waiting runs whose RQ job cannot run any more are enqueued again: the
+       job is missing (Redis flushed, a node restarted empty), ended (its horse was
+       killed before it claimed the attempt), marked queued but in no queue (its worker
+       died between dequeue and start), started by a dead worker, or scheduled and long
+       overdue. The attempt is claimed in the database, so even a false alarm here
+       cannot run the work twice.
     3. Analysing repositories whose chunks have all ended are marked ready (or failed).
 
     Races: two reconcilers, or a reconciler and a worker finishing late, both go
@@ -34,7 +40,18 @@ def reconcile() -> dict[str, int]:
     )
     requeued = 0
     conn = queues.connection()
+    promoted = queues.promote_due_jobs(
+        sorted(
+            set(
+                JobRun.objects.filter(
+                    state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
+                ).values_list("queue", flat=True)
+            )
+        )
+    )
     pending = JobRun.objects.filter(state__in=[JobRun.State.QUEUED, JobRun.State.FAILED])
+    live = _live_workers()
+    in_queue: dict[str, set[bytes]] = {}
     last = 0
     while True:
         batch = list(pending.filter(pk__gt=last).order_by("pk")[:BATCH])
@@ -43,15 +60,86 @@ def reconcile() -> dict[str, int]:
         last = batch[-1].pk
         with conn.pipeline(transaction=False) as pipe:
             for run in batch:
-                pipe.exists(f"rq:job:{run.rq_id()}")
-            present = pipe.execute()
-        for run, exists in zip(batch, present, strict=True):
-            if not exists and enqueue_run(run):
-                requeued += 1
+                pipe.hmget(f"rq:job:{run.rq_id()}", ["status", "enqueued_at", "worker_name"])
+            states = pipe.execute()
+        for run, fields in zip(batch, states, strict=True):
+            if _stale(run, fields, conn, live, in_queue):
+                q = queues.queue(run.queue)
+                conn.lrem(q.key, 0, run.rq_id())  # never two copies of one attempt
+                conn.zrem(f"rq:scheduled:{run.queue}", run.rq_id())
+                conn.delete(Job.key_for(run.rq_id()))  # the stale hash, if any
+                if enqueue_run(run):
+                    requeued += 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
         completed += int(complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint))
-    result = {"crashed": crashed, "requeued": requeued, "completed": completed}
+    result = {
+        "crashed": crashed,
+        "requeued": requeued,
+        "completed": completed,
+        "promoted": promoted,
+    }
     if any(result.values()):
         log.info("reconciler: %s", result)
     return result
+
+
+#: A job younger than this is never judged stale (it may be between two Redis steps).
+GRACE_SECONDS = 10.0
+
+
+def _live_workers() -> set[str]:
+    from dashboard.operations import live_worker_names
+
+    return live_worker_names()
+
+
+def _queued_ids(conn: object, name: str, cache: dict[str, set[bytes]]) -> set[bytes]:
+    """Every job id in a queue and its intermediate list, read once per round."""
+    if name not in cache:
+        from rq import Queue
+
+        q = Queue(name, connection=conn)  # type: ignore[arg-type]
+        ids = set(conn.lrange(q.key, 0, -1))  # type: ignore[attr-defined]
+        ids |= set(conn.lrange(q.intermediate_queue_key, 0, -1))  # type: ignore[attr-defined]
+        cache[name] = ids
+    return cache[name]
+
+
+def _stale(
+    run: JobRun,
+    fields: list[bytes | None],
+    conn: object,
+    live: set[str],
+    cache: dict[str, set[bytes]],
+) -> bool:
+    from datetime import UTC, datetime
+
+    from rq.registry import ScheduledJobRegistry
+
+    status, enqueued_at, worker = (f.decode() if f else None for f in fields)
+    if status is None:
+        return True  # missing: Redis lost it
+    if status in {"finished", "failed", "stopped", "canceled"}:
+        return True  # ended without the run moving on (killed before the claim)
+    age = GRACE_SECONDS + 1
+    if enqueued_at:
+        try:
+            stamp = datetime.fromisoformat(enqueued_at.replace("Z", "+00:00"))
+            stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+            age = (datetime.now(UTC) - stamp).total_seconds()
+        except ValueError:
+            pass
+    if age < GRACE_SECONDS:
+        return False
+    if status == "queued":
+        return run.rq_id().encode() not in _queued_ids(conn, run.queue, cache)
+    if status == "started":
+        return worker not in live
+    if status == "scheduled":
+        from dashboard import queues
+
+        registry = ScheduledJobRegistry(queue=queues.queue(run.queue))
+        score = conn.zscore(registry.key, run.rq_id())  # type: ignore[attr-defined]
+        return score is None or float(score) < time.time() - 30
+    return False

@@ -348,8 +348,9 @@ def beat(*, name: str, queues_: list[str]) -> None:
     from dashboard.live import publish_event
 
     now = timezone.now()
-    publish_event("worker.heartbeat", {"worker": name, "last_seen": now.isoformat()})
-    updated = WorkerBeat.objects.filter(name=name).update(last_seen=now, stopped_at=None)
+    rss = _rss_of_tree(os.getpid())
+    publish_event("worker.heartbeat", {"worker": name, "last_seen": now.isoformat(), "rss": rss})
+    updated = WorkerBeat.objects.filter(name=name).update(last_seen=now, stopped_at=None, rss=rss)
     if not updated:
         WorkerBeat.objects.get_or_create(
             name=name,
@@ -361,6 +362,26 @@ def beat(*, name: str, queues_: list[str]) -> None:
                 "last_seen": now,
             },
         )
+
+
+def _rss_of_tree(pid: int) -> int:
+    """Resident bytes of ``pid`` and its direct children (the work horse), from /proc."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    try:
+        pids = [pid] + [
+            int(p)
+            for p in open(f"/proc/{pid}/task/{pid}/children").read().split()  # noqa: SIM115
+        ]
+    except OSError:
+        pids = [pid]
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def stop_beat(name: str) -> None:

@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),
     path("api/status", api.status, name="api-status"),
+    path("metrics", api.metrics, name="metrics"),
     path("api/locks/release", api.lock_release, name="api-lock-release"),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),

@@ -298,3 +298,57 @@ def subprocess_repack(path: Path) -> None:
     import subprocess
 
     subprocess.run(["git", "--git-dir", str(path), "repack", "-adq"], check=True)
+
+
+OLD = "2020-01-01T00:00:00.000000Z"
+
+
+@pytest.mark.parametrize(
+    "case", ["ended", "dequeued-and-lost", "started-by-dead-worker", "overdue"]
+)
+def test_the_reconciler_revives_runs_whose_job_can_no_longer_run(case: str, tmp_path: Path) -> None:
+    """Found by bench/chaos.py: a job that exists in Redis is not necessarily alive."""
+    repo, _ = submit_repository(url=str(make_repo(tmp_path, "stuck").path))
+    run = JobRun.objects.get(kind="sync")
+    conn = queues.connection()
+    key = f"rq:job:{run.rq_id()}"
+    q = queues.queue(run.queue)
+    if case == "ended":  # the horse was killed before it claimed the attempt
+        conn.hset(key, mapping={"status": "failed"})
+    elif case == "dequeued-and-lost":  # the worker died between dequeue and start
+        conn.lrem(q.key, 0, run.rq_id())
+        conn.hset(key, mapping={"enqueued_at": OLD})
+    elif case == "started-by-dead-worker":
+        conn.lrem(q.key, 0, run.rq_id())
+        conn.hset(key, mapping={"status": "started", "worker_name": "ghost.1", "enqueued_at": OLD})
+    else:  # scheduled long ago, and nothing promoted it
+        conn.lrem(q.key, 0, run.rq_id())
+        conn.hset(key, mapping={"status": "scheduled", "enqueued_at": OLD})
+        conn.zadd(f"rq:scheduled:{run.queue}", {run.rq_id(): 1})
+    first = reconcile()
+    assert first["requeued"] + first["promoted"] == 1  # overdue: promoted by the same round
+    # After the round the job is runnable exactly once.
+    assert q.get_job_ids().count(run.rq_id()) == 1
+    assert reconcile()["requeued"] == 0  # and a second round leaves it alone
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    assert JobRun.objects.get(pk=run.pk).attempts == 1
+
+
+def test_due_scheduled_jobs_are_promoted_once_without_rq_s_scheduler(tmp_path: Path) -> None:
+    from dashboard.runs import enqueue_run
+
+    repo, _ = submit_repository(url=str(make_repo(tmp_path, "later").path))
+    run = JobRun.objects.get(kind="sync")
+    q = queues.queue(run.queue)
+    q.remove(run.rq_id())
+    queues.connection().delete(f"rq:job:{run.rq_id()}")
+    assert enqueue_run(run, delay=0.5)
+    assert q.count == 0
+    import time
+
+    time.sleep(1.6)
+    assert queues.promote_due_jobs([run.queue]) == 1
+    assert queues.promote_due_jobs([run.queue]) == 0  # ZREM made the first caller the only one
+    assert q.get_job_ids() == [run.rq_id()]

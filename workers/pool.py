@@ -67,13 +67,18 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     interval = max(0.5, float(settings.WORKER_DEAD_AFTER) / 6)
 
     def heartbeat() -> None:
+        """Beat every ``interval``; promote due scheduled jobs every second."""
+        next_beat = 0.0
         while not stop.is_set():
             try:
-                close_old_connections()
-                runs.beat(name=name, queues_=list(queue_names))
-            except Exception:  # the next beat retries; a long gap marks us dead
+                if time.monotonic() >= next_beat:
+                    close_old_connections()
+                    runs.beat(name=name, queues_=list(queue_names))
+                    next_beat = time.monotonic() + interval
+                queues.promote_due_jobs(list(queue_names))
+            except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
-            stop.wait(interval)
+            stop.wait(1.0)
         connections.close_all()
 
     runs.beat(name=name, queues_=list(queue_names))
@@ -81,7 +86,11 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     beat_thread.start()
     worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
     try:
-        worker.work(burst=burst, with_scheduler=True, logging_level="WARNING")
+        if burst:
+            queues.promote_due_jobs(list(queue_names))
+        # No RQ scheduler process: it survives a SIGKILLed worker as an orphan. Due
+        # jobs are promoted by the heartbeat thread above (and the reconciler).
+        worker.work(burst=burst, with_scheduler=False, logging_level="WARNING")
     finally:
         stop.set()
         beat_thread.join(timeout=5)

@@ -143,8 +143,8 @@
     setText("dlq-total", s.dlq.dead);
     setText("dlq-groups", s.dlq.groups.length);
     replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, cls: w.dead ? "stale" : null }, [
-      td(w.name), td(w.host), td(w.pid), td(w.version), td(w.state),
-      td(w.job ? `${w.job} (${elapsed(w.job_started_at)})` : "—"), el("td", { cls: "seen", text: w.last_seen })])), "No workers have reported.", 7);
+      td(w.name), td(w.host), td(w.pid), td(w.version), td(w.state), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
+      td(w.job ? `${w.job} (${elapsed(w.job_started_at)})` : "—"), el("td", { cls: "seen", text: w.last_seen })])), "No workers have reported.", 8);
     const c = $("contention");
     if (c) for (const cell of c.querySelectorAll("[data-field]")) cell.textContent = s.contention[cell.dataset.field];
     const contended = $("contended");
