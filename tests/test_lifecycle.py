@@ -339,7 +339,7 @@ def test_the_reconciler_revives_runs_whose_job_can_no_longer_run(case: str, tmp_
 def test_due_scheduled_jobs_are_promoted_once_without_rq_s_scheduler(tmp_path: Path) -> None:
     from dashboard.runs import enqueue_run
 
-    repo, _ = submit_repository(url=str(make_repo(tmp_path, "later").path))
+    submit_repository(url=str(make_repo(tmp_path, "later").path))
     run = JobRun.objects.get(kind="sync")
     q = queues.queue(run.queue)
     q.remove(run.rq_id())
