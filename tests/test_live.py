@@ -236,3 +236,26 @@ def test_the_status_api_is_the_operations_snapshot(client, git_repo: GitRepo) ->
     body = client.get("/api/status").json()
     assert set(body) >= {"locks", "queues", "workers", "dlq", "redis_nodes"}
     assert Repository.objects.count() == 1
+
+
+def test_metrics_are_prometheus_text_for_operators(git_repo: GitRepo) -> None:
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    plain, op = make_user("plain"), make_user("op", staff=True, perms=("view_jobrun",))
+    c = Client()
+    c.force_login(plain)
+    assert c.get("/metrics").status_code == 403
+    c.force_login(op)
+    res = c.get("/metrics")
+    assert res.status_code == 200 and res["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in res.content.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples['gitward_repositories{status="ready"}'] == 1
+    assert samples['gitward_runs{state="succeeded"}'] == 2  # one sync, one chunk
+    assert samples['gitward_attempts_total{outcome="succeeded"}'] == 2
+    assert samples["gitward_redis_masters_up"] == samples["gitward_redis_masters"] == 3
+    assert samples["gitward_locks_held"] == 0
+    assert samples['gitward_queue_backlog{queue="sync"}'] == 0
