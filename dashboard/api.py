@@ -201,8 +201,12 @@ def lock_release(request: HttpRequest) -> HttpResponse:
     from dashboard.operations import force_release_lock
 
     if not _permitted(request, "dashboard.force_release_lock"):
-        record_audit(user=request.user, action="lock.force_release", target=request.path,
-                     outcome="refused: permission denied")  # fmt: skip
+        record_audit(
+            user=request.user,
+            action="lock.force_release",
+            target=request.path,
+            outcome="refused: permission denied",
+        )
         return error("you do not have permission to force-release locks", 403)
     try:
         data = _json_body(request)
@@ -274,8 +278,12 @@ def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
     from dashboard.deadletters import discard_now, retry_now, start_bulk
 
     if not _permitted(request, f"dashboard.{kind}_jobrun"):
-        record_audit(user=request.user, action=f"dlq.{kind}", target=request.path,
-                     outcome="refused: permission denied")  # fmt: skip
+        record_audit(
+            user=request.user,
+            action=f"dlq.{kind}",
+            target=request.path,
+            outcome="refused: permission denied",
+        )
         return error(f"you do not have permission to {kind} dead letters", 403)
     try:
         data = _json_body(request)
@@ -344,3 +352,46 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if (refused := _operator(request)) is not None:
         return refused
     return HttpResponse(metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
+    from dashboard import queues as gw
+    from dashboard.audit import record_audit
+    from dashboard.operations import queue_names
+
+    verb = "pause" if paused else "resume"
+    if not _permitted(request, "dashboard.pause_queue"):
+        record_audit(
+            user=request.user,
+            action=f"queue.{verb}",
+            target=request.path,
+            outcome="refused: permission denied",
+        )
+        return error(f"you do not have permission to {verb} queues", 403)
+    try:
+        name = _json_body(request).get("queue")
+    except ValueError as exc:
+        return error(str(exc), 400)
+    if name not in queue_names():
+        return error(f'"queue" must be one of {", ".join(queue_names())}', 400)
+    changed = gw.set_paused(name, paused)
+    record_audit(
+        user=request.user,
+        action=f"queue.{verb}",
+        target=name,
+        outcome="done" if changed else "no change",
+    )
+    from dashboard.live import publish_event
+
+    publish_event("job.queued", {"queue": name, "paused": paused})
+    return JsonResponse({"queue": name, "paused": paused, "changed": changed})
+
+
+@api_view(("POST",))
+def queue_pause(request: HttpRequest) -> HttpResponse:
+    return _pause(request, True)
+
+
+@api_view(("POST",))
+def queue_resume(request: HttpRequest) -> HttpResponse:
+    return _pause(request, False)

@@ -267,6 +267,7 @@ class JobRun(models.Model):
             ("retry_jobrun", "Can retry dead jobs"),
             ("discard_jobrun", "Can discard dead jobs"),
             ("force_release_lock", "Can force-release a lock"),
+            ("pause_queue", "Can pause and resume queues"),
         ]
 
     def rq_id(self, attempt: int | None = None) -> str:

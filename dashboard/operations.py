@@ -103,6 +103,7 @@ def queue_stats(name: str, *, now: datetime | None = None) -> dict[str, Any]:
     version = name.split("@", 1)[1] if "@" in name else None
     return {
         "name": name,
+        "paused": name in queues.paused_queue_names(),
         "version": version,
         "current": version is not None and current_fingerprint().startswith(version),
         "backlog": q.count,
@@ -315,6 +316,7 @@ def user_can(user: Any) -> dict[str, bool]:
         "retry": staff and user.has_perm("dashboard.retry_jobrun"),
         "discard": staff and user.has_perm("dashboard.discard_jobrun"),
         "force_release": staff and user.has_perm("dashboard.force_release_lock"),
+        "pause": staff and user.has_perm("dashboard.pause_queue"),
     }
 
 
@@ -424,6 +426,12 @@ def metrics_text() -> str:
         "gitward_queue_running",
         "Jobs being executed.",
         [({"queue": n}, StartedJobRegistry(n, connection=conn).count) for n in names],
+    )
+    paused = queues.paused_queue_names()
+    gauge(
+        "gitward_queue_paused",
+        "1 while the queue is paused.",
+        [({"queue": n}, int(n in paused)) for n in names],
     )
     runs = dict(JobRun.objects.order_by().values_list("state").annotate(n=Count("id")))
     gauge(

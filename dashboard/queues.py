@@ -155,3 +155,20 @@ def promote_due_jobs(queue_names: list[str]) -> int:
             q.enqueue_job(job)
             moved += 1
     return moved
+
+
+PAUSED_KEY = "gitward:paused-queues"
+#: What a worker listens on while every one of its queues is paused (always empty).
+IDLE_QUEUE = "gitward-idle"
+
+
+def paused_queue_names() -> set[str]:
+    return {m.decode() for m in connection().smembers(PAUSED_KEY)}  # type: ignore[union-attr]
+
+
+def set_paused(name: str, paused: bool) -> bool:
+    """Pause or resume a queue; returns whether anything changed. Workers stop taking
+    jobs from a paused queue within a second; jobs already running finish."""
+    conn = connection()
+    changed = conn.sadd(PAUSED_KEY, name) if paused else conn.srem(PAUSED_KEY, name)
+    return bool(changed)

@@ -61,9 +61,14 @@ def run_workers() -> int:
     """Drain every gitward queue with a real (in-process) RQ worker; return jobs run."""
     from dashboard import queues
     from dashboard.management.commands.worker import worker_queues
+    from workers.pool import PauseAware
+
+    class Worker(PauseAware, SimpleWorker):
+        pass
 
     conn = queues.connection()
-    worker = SimpleWorker([queues.queue(n) for n in worker_queues()], connection=conn)
+    worker = Worker([queues.queue(n) for n in worker_queues()], connection=conn)
+    worker.apply_pauses()
     worker.work(burst=True, with_scheduler=True, logging_level="WARNING")
     return worker.successful_job_count + worker.failed_job_count
 

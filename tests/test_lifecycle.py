@@ -352,3 +352,37 @@ def test_due_scheduled_jobs_are_promoted_once_without_rq_s_scheduler(tmp_path: P
     assert queues.promote_due_jobs([run.queue]) == 1
     assert queues.promote_due_jobs([run.queue]) == 0  # ZREM made the first caller the only one
     assert q.get_job_ids() == [run.rq_id()]
+
+
+def test_a_paused_queue_feeds_no_worker_until_resumed(tmp_path: Path) -> None:
+    op = make_user_with("op", "pause_queue", "view_jobrun")
+    client = Client()
+    client.force_login(op)
+    res = client.post("/api/queues/pause", {"queue": "sync"}, content_type="application/json")
+    assert res.json() == {"queue": "sync", "paused": True, "changed": True}
+    repo, _ = submit_repository(url=str(make_repo(tmp_path, "held").path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.QUEUED  # nothing was taken from "sync"
+    assert queues.queue("sync").count == 1
+    status = client.get("/api/status").json()
+    assert next(q for q in status["queues"] if q["name"] == "sync")["paused"] is True
+    client.post("/api/queues/resume", {"queue": "sync"}, content_type="application/json")
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    assert list(
+        AuditEntry.objects.filter(action__startswith="queue.").values_list("action", flat=True)
+    ) == ["queue.resume", "queue.pause"]
+    plain = Client()
+    plain.force_login(User.objects.create_user("plain", is_staff=True))
+    refused = plain.post("/api/queues/pause", {"queue": "sync"}, content_type="application/json")
+    assert refused.status_code == 403
+    bad = client.post("/api/queues/pause", {"queue": "nope"}, content_type="application/json")
+    assert bad.status_code == 400
+
+
+def make_user_with(name: str, *perms: str) -> User:
+    user = User.objects.create_user(name, is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=perms))
+    return user

@@ -21,6 +21,39 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+class PauseAware:
+    """Worker mixin: listen only on queues that are not paused (re-read every second).
+
+    The dequeue timeout is one second so a paused queue stops feeding this worker within
+    that second; with every queue paused the worker listens on an always-empty queue.
+    """
+
+    queues: list[Any]
+    connection: Any
+    _ordered_queues: list[Any]
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return 1
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().heartbeat(*args, **kwargs)  # type: ignore[misc]
+        self.apply_pauses()
+        return result
+
+    def apply_pauses(self) -> None:
+        from rq import Queue
+
+        from dashboard import queues as gw
+
+        try:
+            paused = gw.paused_queue_names()
+        except Exception:  # Redis trouble: keep the current list
+            return
+        active = [q for q in self.queues if q.name not in paused]
+        self._ordered_queues = active or [Queue(gw.IDLE_QUEUE, connection=self.connection)]
+
+
 def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     """Run one RQ worker in this process until stopped (Django must be set up).
 
@@ -38,7 +71,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     import workers.jobs  # noqa: F401  (imported once here, not in every forked horse)
     from dashboard import queues, runs
 
-    class DjangoWorker(Worker):
+    class DjangoWorker(PauseAware, Worker):
         def fork_work_horse(self, *args: Any, **kwargs: Any) -> Any:
             # A forked child must never share its parent's database socket; the parent
             # only uses the database between jobs, so close it before each fork.
@@ -85,6 +118,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()
     worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
+    worker.apply_pauses()
     try:
         if burst:
             queues.promote_due_jobs(list(queue_names))

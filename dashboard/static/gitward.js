@@ -132,10 +132,21 @@
     replaceRows($("nodes-body"), s.redis_nodes.map((n) => el("tr", {}, [
       td(n.url), el("td", {}, [el("span", { cls: n.up ? "good" : "bad", text: n.up ? "up" : `down (${n.error})` })]),
       td(n.up ? n.latency_ms + " ms" : "—")])), "no masters", 3);
-    replaceRows($("queues-body"), s.queues.map((x) => el("tr", {}, [
-      td(x.name), el("td", {}, [x.version || "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
-      td(x.backlog), td(x.oldest_age_s === null ? "—" : x.oldest_age_s + "s"), td(x.running),
-      td(x.jobs_per_min), td(x.retries), td(pct(x.failure_rate))])), "no queues", 8);
+    const canPause = $("queues-table") && $("queues-table").dataset.canPause === "1";
+    replaceRows($("queues-body"), s.queues.map((x) => {
+      const tools = el("td");
+      if (canPause) {
+        const verb = x.paused ? "resume" : "pause";
+        tools.append(button(verb, `${verb[0].toUpperCase() + verb.slice(1)} queue ${x.name}? ` +
+          (x.paused ? "Workers take its jobs again." : "Workers stop taking its jobs within a second; running jobs finish."),
+          () => post(`/api/queues/${verb}`, { queue: x.name })));
+      }
+      return el("tr", {}, [
+        el("td", {}, [x.name, x.paused ? el("span", { cls: "pill warn", text: "paused" }) : null]),
+        el("td", {}, [x.version || "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
+        td(x.backlog), td(x.oldest_age_s === null ? "—" : x.oldest_age_s + "s"), td(x.running),
+        td(x.jobs_per_min), td(x.retries), td(pct(x.failure_rate)), tools]);
+    }), "no queues", 9);
     spark("spark-throughput", s.series.throughput);
     spark("spark-backlog", s.series.backlog);
     setText("spark-throughput-total", s.series.throughput.reduce((a, b) => a + b, 0));
