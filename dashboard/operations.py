@@ -320,8 +320,10 @@ def user_can(user: Any) -> dict[str, bool]:
     }
 
 
-def ops_snapshot(*, user: Any = None) -> dict[str, Any]:
-    from dashboard.deadletters import list_groups
+def ops_snapshot(*, user: Any = None, dlq_groups: bool = True) -> dict[str, Any]:
+    """Everything the operations pages show. ``dlq_groups=False`` (pages that only show
+    the dead-letter totals) skips grouping every dead letter by cause."""
+    from dashboard.deadletters import dead_runs, list_groups
 
     nodes = redis_nodes()
     q = quorum(nodes)
@@ -329,7 +331,20 @@ def ops_snapshot(*, user: Any = None) -> dict[str, Any]:
         locks = lock_rows() if q["up"] else []
     except Exception:  # no quorum reachable: the table says so rather than failing
         locks = []
-    groups = list_groups()
+    if dlq_groups:
+        groups = list_groups()
+        dlq = {
+            "groups": groups[:100],
+            "dead": sum(g["count"] for g in groups),
+            "group_count": len(groups),
+        }
+    else:
+        dead = dead_runs()
+        dlq = {
+            "groups": None,
+            "dead": dead.count(),
+            "group_count": dead.values("cause_key").distinct().count(),
+        }
     actions = BulkAction.objects.filter(
         state__in=[BulkAction.State.QUEUED, BulkAction.State.RUNNING]
     ).order_by("-pk")[:10]
@@ -342,7 +357,7 @@ def ops_snapshot(*, user: Any = None) -> dict[str, Any]:
         "locks": locks,
         "contention": contention(),
         "workers": worker_rows(),
-        "dlq": {"groups": groups[:100], "dead": sum(g["count"] for g in groups)},
+        "dlq": dlq,
         "actions": [
             {"id": a.pk, "kind": a.kind, "state": a.state, "done": a.done, "total": a.total}
             for a in actions

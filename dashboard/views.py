@@ -34,9 +34,12 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
     websocket. Needs ``dashboard.view_jobrun`` like the socket itself."""
     if not request.user.has_perm("dashboard.view_jobrun"):
         return render(request, "forbidden.html", status=403)
-    context: dict[str, Any] = {"live_socket": "/ws/ops/", **extra}
+    socket = "/ws/ops/?dlq=groups" if template == "dead_letters.html" else "/ws/ops/"
+    context: dict[str, Any] = {"live_socket": socket, **extra}
     try:
-        context["snapshot"] = ops_snapshot(user=request.user)
+        context["snapshot"] = ops_snapshot(
+            user=request.user, dlq_groups=template == "dead_letters.html"
+        )
         context["sparks"] = sparklines(context["snapshot"]["series"])
     except RedisUnavailable as exc:
         context["redis_error"] = str(exc)

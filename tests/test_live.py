@@ -188,7 +188,7 @@ def test_operations_pages_render_for_operators_and_not_for_others(git_repo: GitR
         c.force_login(op)
         res = c.get(path)
         assert res.status_code == 200, path
-        assert b'data-live-socket="/ws/ops/"' in res.content or path == "/audit/"
+        assert b'data-live-socket="/ws/ops/' in res.content or path == "/audit/"
         c.force_login(user)
         assert c.get(path).status_code in {302, 403}, path
     c = Client()

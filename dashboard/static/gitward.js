@@ -152,7 +152,7 @@
     setText("spark-throughput-total", s.series.throughput.reduce((a, b) => a + b, 0));
     setText("spark-backlog-now", [...s.series.backlog].reverse().find((b) => b !== null) ?? 0);
     setText("dlq-total", s.dlq.dead);
-    setText("dlq-groups", s.dlq.groups.length);
+    setText("dlq-groups", s.dlq.group_count);
     replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, cls: w.dead ? "stale" : null }, [
       td(w.name), td(w.host), td(w.pid), td(w.version), td(w.state), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
       td(w.job ? `${w.job} (${elapsed(w.job_started_at)})` : "—"), el("td", { cls: "seen", text: w.last_seen })])), "No workers have reported.", 8);
@@ -208,7 +208,7 @@
   // ------------------------------------------------------------------ dead letters
   function renderDlq(s) {
     const body = $("dlq-body");
-    if (!body) return;
+    if (!body || !s.dlq.groups) return;
     const open = new Set([...body.querySelectorAll("details[open]")].map((d) => d.dataset.group));
     const box = $("dlq");
     const canRetry = box.dataset.canRetry === "1", canDiscard = box.dataset.canDiscard === "1";
