@@ -395,3 +395,49 @@ def queue_pause(request: HttpRequest) -> HttpResponse:
 @api_view(("POST",))
 def queue_resume(request: HttpRequest) -> HttpResponse:
     return _pause(request, False)
+
+
+@api_view(("GET",))
+def runs(request: HttpRequest) -> HttpResponse:
+    """Search job runs: ``state``, ``kind``, ``repo`` (id), ``q`` (text in job id, cause,
+    error, repository URL), newest first, keyset-paginated with ``before`` (a run id)."""
+    from django.db.models import Q
+
+    from dashboard.deadletters import run_dict
+    from dashboard.models import JobRun
+
+    if (refused := _operator(request)) is not None:
+        return refused
+    qs = JobRun.objects.select_related("repository")
+    state, kind = request.GET.get("state"), request.GET.get("kind")
+    if state:
+        if state not in JobRun.State.values:
+            return error(f"state must be one of {', '.join(JobRun.State.values)}", 400)
+        qs = qs.filter(state=state)
+    if kind:
+        if kind not in JobRun.Kind.values:
+            return error(f"kind must be one of {', '.join(JobRun.Kind.values)}", 400)
+        qs = qs.filter(kind=kind)
+    for name in ("repo", "before"):
+        raw = request.GET.get(name)
+        if raw and not raw.isdigit():
+            return error(f"{name} must be an integer", 400)
+    if request.GET.get("repo"):
+        qs = qs.filter(repository_id=int(request.GET["repo"]))
+    if request.GET.get("before"):
+        qs = qs.filter(pk__lt=int(request.GET["before"]))
+    text = request.GET.get("q", "").strip()[:200]
+    if text:
+        qs = qs.filter(
+            Q(job_id__icontains=text)
+            | Q(cause__icontains=text)
+            | Q(error__icontains=text)
+            | Q(repository__url__icontains=text)
+        )
+    limit = _int_param(request, "limit", 50, 1, 200)
+    rows = list(qs.order_by("-pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return JsonResponse(
+        {"results": [run_dict(r) for r in rows], "next": rows[-1].pk if more and rows else None}
+    )

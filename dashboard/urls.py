@@ -25,6 +25,7 @@ urlpatterns = [
     path("api/locks/release", api.lock_release, name="api-lock-release"),
     path("api/queues/pause", api.queue_pause, name="api-queue-pause"),
     path("api/queues/resume", api.queue_resume, name="api-queue-resume"),
+    path("api/runs", api.runs, name="api-runs"),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
     path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),

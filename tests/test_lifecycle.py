@@ -386,3 +386,25 @@ def make_user_with(name: str, *perms: str) -> User:
     user = User.objects.create_user(name, is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=perms))
     return user
+
+
+def test_runs_can_be_searched_and_paged(tmp_path: Path, monkeypatch) -> None:
+    poison(monkeypatch)
+    submit_repository(url=str(make_repo(tmp_path, "poison").path))
+    submit_repository(url=str(make_repo(tmp_path, "healthy").path))
+    run_workers()
+    client = Client()
+    client.force_login(make_user_with("op", "view_jobrun"))
+    dead = client.get("/api/runs?state=dead").json()["results"]
+    assert [r["repository"]["url"].rsplit("/", 1)[-1] for r in dead] == ["poison"]
+    found = client.get("/api/runs?q=FailpointError").json()["results"]
+    assert {r["id"] for r in found} == {r["id"] for r in dead}
+    first = client.get("/api/runs?limit=2").json()
+    second = client.get(f"/api/runs?limit=2&before={first['next']}").json()
+    assert len(first["results"]) == 2 and first["next"]
+    assert not {r["id"] for r in first["results"]} & {r["id"] for r in second["results"]}
+    assert client.get("/api/runs?state=nope").status_code == 400
+    assert client.get("/api/runs?repo=x").status_code == 400
+    plain = Client()
+    plain.force_login(User.objects.create_user("plain"))
+    assert plain.get("/api/runs").status_code == 403

@@ -225,7 +225,19 @@
       if (open.has(g.group)) { details.open = true; }
       return details;
     }));
+    applyDlqFilter();
   }
+  // Filters the groups shown (cause text, and the loaded runs' repositories and errors).
+  function applyDlqFilter() {
+    const box = $("dlq-filter");
+    if (!box) return;
+    const needle = box.value.trim().toLowerCase();
+    for (const d of document.querySelectorAll("#dlq-body details.group")) {
+      d.hidden = needle !== "" && !d.textContent.toLowerCase().includes(needle);
+    }
+  }
+  document.addEventListener("input", (e) => { if (e.target && e.target.id === "dlq-filter") applyDlqFilter(); });
+
   function button(label, question, action) {
     const b = el("button", { cls: "small", text: label });
     b.addEventListener("click", async (e) => {
