@@ -101,6 +101,13 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
         second = float(row.locator("td.ttl").inner_text().rstrip("s"))
         assert second < first  # counting down in the browser
         ops.screenshot(path=str(SHOTS / "locks.png"))
+        # Force-release it from the page (confirm accepted): the row goes, the fencing
+        # token moves on, and the holder's attempt is aborted and retried.
+        row.locator("button", has_text="force release").click()
+        expect(row.locator("button")).to_contain_text("released · token", timeout=10000)
+        expect(
+            ops.locator("#locks-body tr[data-key*=':commit:'] td.token", has_text=token)
+        ).to_have_count(0, timeout=20000)
 
         # The repository page's progress bar reaches 100% and the results appear.
         expect(user.locator("#repo-progress")).to_have_attribute("value", "100", timeout=60000)
@@ -138,4 +145,5 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
             ops.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
         ops.goto(f"{base}/audit/")
         expect(ops.locator("#audit-table")).to_contain_text("dlq.retry")
+        expect(ops.locator("#audit-table")).to_contain_text("lock.force_release")
         browser.close()
