@@ -46,14 +46,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.sysproc import git_processes_under, wait_http  # noqa: E402
 from workers.redisnode import RedisNode, free_port  # noqa: E402
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
@@ -145,30 +144,6 @@ def descendants(pid: int, table: dict[int, tuple[int, str, int]]) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
-
-
-def git_processes_under(path: Path) -> list[int]:
-    """Live git processes naming ``path`` in their command line, GIT_DIR or cwd (the
-    check of tests/processes.py, without importing Django)."""
-    needle = str(path).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            if not cmd or not cmd[0].endswith(b"git"):
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd").encode()
-        except OSError:
-            continue
-        git_dirs = [e[len(b"GIT_DIR=") :] for e in environ if e.startswith(b"GIT_DIR=")]
-        if any(needle in c for c in cmd) or any(needle in g for g in git_dirs) or needle in cwd:
-            found.append(int(entry.name))
-    return found
 
 
 def kill_pid(pid: int, start: int) -> bool:
@@ -315,18 +290,10 @@ class Chaos:
 
     def _wait_http(self, url: str, timeout: float = 90) -> None:
         assert self.up is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.up.poll() is not None:
-                raise RuntimeError(f"up exited early:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as res:
-                    if res.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{url} never answered:\n{self.tail()}")
+        try:
+            wait_http(url, self.up, timeout)  # type: ignore[arg-type]
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{self.tail()}") from None
 
     def _wait_workers(self, n: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

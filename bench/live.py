@@ -43,8 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -53,21 +51,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.sysproc import CHROMIUM, CHROMIUM_ARGS, wait_http  # noqa: E402
 from workers.redisnode import RedisNode, free_port  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-    "--disable-quic",
-    "--disable-background-timer-throttling",
-    "--disable-renderer-backgrounding",
-]
 PASSWORD = "admin-pass-123"
 LATENCY_GOAL_MS = 250.0
 POLL_MS = 2500.0
@@ -173,21 +159,6 @@ def _child_env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"manage.py up exited early with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as res:
-                if res.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} never answered")
-
-
 def _db_time(value: str) -> float:
     moment = datetime.fromisoformat(value)
     if moment.tzinfo is None:
@@ -223,7 +194,7 @@ def measure_live(args: argparse.Namespace) -> dict[str, Any]:
     db = tmp / "var" / "db.sqlite3"
     result: dict[str, Any] = {}
     try:
-        _wait_http(f"{base}/login/", proc, timeout=120)
+        wait_http(f"{base}/login/", proc, timeout=120)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             ctx = browser.new_context(viewport={"width": 1280, "height": 900})

@@ -275,7 +275,7 @@ def _int_param(request: HttpRequest, name: str, default: int, lo: int, hi: int) 
 
 def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
     from dashboard.audit import record_audit
-    from dashboard.deadletters import discard_now, retry_now, start_bulk
+    from dashboard.deadletters import act_now, start_bulk
 
     if not _permitted(request, f"dashboard.{kind}_jobrun"):
         record_audit(
@@ -301,8 +301,7 @@ def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
             return error('"runs" must be a non-empty list of run ids', 400)
         if len(runs) > 100:
             return error('more than 100 runs: use "group" or "all" (a tracked bulk action)', 400)
-        act = retry_now if kind == "retry" else discard_now
-        return JsonResponse({"moved": act(run_ids=runs, user=request.user)})
+        return JsonResponse({"moved": act_now(kind=kind, run_ids=runs, user=request.user)})
     if group is not None and (not isinstance(group, str) or not group.isalnum()):
         return error('"group" must be a group key from GET /api/dlq', 400)
     selector = {"group": group} if group is not None else {"all": True}

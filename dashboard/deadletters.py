@@ -278,20 +278,13 @@ def _target(action: BulkAction) -> str:
     return f"runs {sel.get('runs')}"
 
 
-def retry_now(*, run_ids: list[int], user: Any) -> int:
-    """Retry a few named runs synchronously (a button on one row), audited."""
-    moved = retry_runs(run_ids)
+def act_now(*, kind: str, run_ids: list[int], user: Any) -> int:
+    """Retry or discard a few named runs synchronously (a button on one row), audited."""
+    apply = {"retry": retry_runs, "discard": discard_runs}[kind]
+    moved = apply(run_ids)
     publish_event("dlq.changed", {})
+    verb = "re-queued" if kind == "retry" else "discarded"
     record_audit(
-        user=user, action="dlq.retry", target=f"runs {run_ids}", outcome=f"{moved} runs re-queued"
-    )
-    return moved
-
-
-def discard_now(*, run_ids: list[int], user: Any) -> int:
-    moved = discard_runs(run_ids)
-    publish_event("dlq.changed", {})
-    record_audit(
-        user=user, action="dlq.discard", target=f"runs {run_ids}", outcome=f"{moved} runs discarded"
+        user=user, action=f"dlq.{kind}", target=f"runs {run_ids}", outcome=f"{moved} runs {verb}"
     )
     return moved

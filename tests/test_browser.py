@@ -15,22 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.gitrepo import GitRepo
+from tests.sysproc import CHROMIUM, CHROMIUM_ARGS
 from tests.test_up import _env, _start
 from workers.redisnode import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "artifacts" / "screenshots"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-    "--disable-quic",
-]
+ARGS = CHROMIUM_ARGS
 pytestmark = pytest.mark.slow
 
 

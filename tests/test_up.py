@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.gitrepo import GitRepo
+from tests.sysproc import wait_http
 from workers.redisnode import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,18 +53,12 @@ def _manage(
 
 
 def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"up exited early: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as res:
-                if res.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} never answered")
+    try:
+        wait_http(url, proc, timeout)
+    except RuntimeError as exc:
+        raise AssertionError(
+            f"{exc}: {proc.stdout.read() if proc.stdout and proc.poll() is not None else ''}"
+        ) from None
 
 
 def _start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[str]:

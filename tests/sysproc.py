@@ -1,0 +1,88 @@
+"""Process and HTTP helpers without Django: shared by the tests and bench/ scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+#: Debian's Chromium, headless, with nothing that reaches for the network.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+    # Timers of a tab in the background are not throttled (latency measurements).
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+]
+
+
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 90) -> None:  # type: ignore[type-arg]
+    """Wait until ``url`` answers 200; fail early if ``proc`` (the server) exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited early with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as res:
+                if res.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} never answered")
+
+
+def git_processes_under(path: Path) -> list[int]:
+    """Pids of live (not zombie) git processes working on ``path``: named in their
+    command line, their ``GIT_DIR`` or their working directory."""
+    needle = str(path).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            if not cmd or not cmd[0].endswith(b"git"):
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd").encode()
+        except OSError:
+            continue
+        git_dirs = [e[len(b"GIT_DIR=") :] for e in environ if e.startswith(b"GIT_DIR=")]
+        if any(needle in c for c in cmd) or any(needle in g for g in git_dirs) or needle in cwd:
+            found.append(int(entry.name))
+    return found
+
+
+def children(pid: int) -> list[int]:
+    """Pids of the direct children of ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and proc_field(int(entry.name), 1) == str(pid):
+            out.append(int(entry.name))
+    return out
+
+
+def proc_state(pid: int) -> str:
+    """One-letter process state (R, S, T for stopped, Z…), or "gone"."""
+    return proc_field(pid, 0) or "gone"
+
+
+def proc_field(pid: int, index: int) -> str | None:
+    """Field ``index`` of /proc/<pid>/stat after the command name (0 = state, 1 = ppid)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[index]
+    except (OSError, IndexError):
+        return None
