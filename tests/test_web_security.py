@@ -361,3 +361,42 @@ def test_d9_fuzzed_submissions_never_500(url: object, branch: object) -> None:
         from dashboard.repositories import validate_remote
 
         assert validate_remote(repo.fetch_url).url == repo.url
+
+
+# ---------------------------------------------------------------------------- D7
+
+PAYLOADS = ['<script>alert("x")</script>', '<img src=x onerror="alert(1)">', "javascript:alert(1)"]
+
+
+def test_d7_repository_data_is_text_everywhere(tmp_path: Path, monkeypatch) -> None:
+    """Payloads in messages, author names and file names: escaped in every page, plain
+    JSON strings in events, and the live view's script never writes HTML."""
+    from tests.conftest import run_workers
+
+    evil = GitRepo.create(tmp_path / "evil")
+    for i, payload in enumerate(PAYLOADS):
+        evil.commit(payload, {f"{i}{payload}.txt": payload}, author=(payload, f"{i}@example.com"))
+    # Make its analysis fail with the payload in the error too (a poison repository).
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.parsing#poison=raise")
+    poisoned = GitRepo.create(tmp_path / "poison")
+    poisoned.commit(PAYLOADS[1], {"a.txt": "a"})
+    from dashboard.repositories import submit_repository
+
+    repo, _ = submit_repository(url=str(evil.path))
+    submit_repository(url=str(poisoned.path))
+    run_workers()
+    admin = make_user("root", superuser=True)
+    c = Client()
+    c.force_login(admin)
+    pages = [f"/repos/{repo.pk}/", "/repos/", "/", "/dead-letters/", "/locks/", "/audit/"]
+    for path in pages:
+        html = c.get(path).content.decode()
+        for payload in PAYLOADS[:2]:
+            assert payload not in html, path
+    assert "&lt;script&gt;" in c.get(f"/repos/{repo.pk}/").content.decode()
+    assert 'href="javascript' not in c.get(f"/repos/{repo.pk}/").content.decode()
+    detail = c.get(f"/api/repos/{repo.pk}/commits?files=1").json()
+    assert {r["subject"] for r in detail["results"]} == set(PAYLOADS)  # exact text, as JSON
+    script = (ROOT / "dashboard" / "static" / "gitward.js").read_text()
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+    assert "document.write" not in script
