@@ -1,0 +1,97 @@
+"""workers/lockkeys.py: every key of DESIGN §4 round-trips through parse/build."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workers import lockkeys
+
+SHA = st.text("0123456789abcdef", min_size=40, max_size=40)
+QUEUE = st.from_regex(r"\A[A-Za-z0-9_.@-]{1,40}\Z")
+FP = st.text("0123456789abcdef", min_size=16, max_size=64)
+REPO = st.integers(min_value=0, max_value=10**12)
+
+
+def test_it_builds_the_documented_shapes() -> None:
+    assert lockkeys.mirror(7) == "locks:git:repo:7:mirror"
+    assert lockkeys.chunk(7, "aa11..bb22") == "locks:git:repo:7:commit:aa11..bb22"
+    assert lockkeys.chunk(7, "aa11") == "locks:git:repo:7:commit:aa11"
+    assert lockkeys.deploy("analysis") == "locks:queue:analysis:deploy"
+    assert lockkeys.warm("analysis", "3f2a9c1e") == "locks:queue:analysis:warm:3f2a9c1e"
+
+
+@given(REPO)
+def test_it_round_trips_mirror_keys(repo_id: int) -> None:
+    key = lockkeys.mirror(repo_id)
+    parsed = lockkeys.parse(key)
+    assert (parsed.kind, parsed.repo_id) == ("mirror", repo_id)
+    assert lockkeys.build(parsed) == key
+
+
+@given(REPO, SHA, st.one_of(st.none(), SHA))
+def test_it_round_trips_chunk_keys(repo_id: int, first: str, last: str | None) -> None:
+    span = f"{first}..{last}" if last else first
+    key = lockkeys.chunk(repo_id, span)
+    parsed = lockkeys.parse(key)
+    assert (parsed.kind, parsed.repo_id, parsed.first, parsed.last) == (
+        "chunk",
+        repo_id,
+        first,
+        last,
+    )
+    assert lockkeys.build(parsed) == key
+    assert key.startswith(lockkeys.repo_prefix(repo_id))
+
+
+@given(QUEUE, FP)
+def test_it_round_trips_queue_keys(queue: str, fp: str) -> None:
+    for key, kind in ((lockkeys.deploy(queue), "deploy"), (lockkeys.warm(queue, fp), "warm")):
+        parsed = lockkeys.parse(key)
+        assert parsed.kind == kind and parsed.queue == queue
+        assert lockkeys.build(parsed) == key
+    assert lockkeys.parse(lockkeys.warm(queue, fp)).fingerprint == fp
+
+
+@given(st.text(max_size=80))
+def test_it_never_raises_on_foreign_keys(key: str) -> None:
+    parsed = lockkeys.parse(key)
+    assert lockkeys.build(parsed) == key
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "locks:git:repo:07:mirror",  # not canonical: would not round-trip
+        "locks:git:repo:7:mirror:extra",
+        "locks:git:repo:7:commit:XYZ",
+        "locks:queue:a b:deploy",
+        "other:git:repo:7:mirror",
+    ],
+)
+def test_it_treats_malformed_keys_as_other(key: str) -> None:
+    assert lockkeys.parse(key).kind == "other"
+    assert lockkeys.parse(key).label() == key
+
+
+def test_it_labels_keys_for_people() -> None:
+    assert lockkeys.parse(lockkeys.chunk(1, "a" * 40 + ".." + "b" * 40)).label() == (
+        "commits aaaaaaaa..bbbbbbbb"
+    )
+    assert lockkeys.parse(lockkeys.mirror(1)).label() == "mirror"
+    assert lockkeys.parse(lockkeys.deploy("analysis")).label() == "deploy analysis"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: lockkeys.mirror(-1),
+        lambda: lockkeys.chunk(1, "not-a-sha"),
+        lambda: lockkeys.deploy("bad queue"),
+        lambda: lockkeys.warm("analysis", "XYZ"),
+    ],
+)
+def test_it_refuses_to_build_invalid_keys(build: object) -> None:
+    with pytest.raises(ValueError):
+        build()  # type: ignore[operator]
