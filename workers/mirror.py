@@ -613,11 +613,14 @@ _LOCK_SUFFIX = ".lock"
 #: Temporary files of git's object writers: packs and their indexes being received
 #: (index-pack, pack-objects) and loose objects being written.
 _TMP_PREFIXES = ("tmp_pack_", "tmp_idx_", "tmp_rev_", "tmp_obj_")
+#: The files of one pack ``pack-<hash>.*``.
+_PACK_EXTS = frozenset({"pack", "idx", "keep", "rev", "bitmap", "mtimes", "promisor"})
 
 
 def _stale_candidates(path: Path) -> set[Path]:
-    """Lock files, git temporaries, and orphaned pack files (a ``.pack`` without its
-    ``.idx`` or an ``.idx`` without its ``.pack``: git ignores both)."""
+    """Lock files, git temporaries, and every file of an incomplete pack (one without
+    both its ``.pack`` and its ``.idx``: git uses a pack only through its index, so it
+    ignores such a pack, and its ``.keep``/``.rev``/``.bitmap`` with it)."""
     found: set[Path] = set()
     for dirpath, _dirnames, filenames in os.walk(path):
         for name in filenames:
@@ -625,13 +628,14 @@ def _stale_candidates(path: Path) -> set[Path]:
                 found.add(Path(dirpath) / name)
     pack_dir = path / "objects" / "pack"
     if pack_dir.is_dir():
-        names = set(os.listdir(pack_dir))
-        for name in names:
-            stem, _dot, ext = name.rpartition(".")
-            if (ext == "pack" and f"{stem}.idx" not in names) or (
-                ext == "idx" and f"{stem}.pack" not in names
-            ):
-                found.add(pack_dir / name)
+        stems: dict[str, set[str]] = {}
+        for name in os.listdir(pack_dir):
+            stem, dot, ext = name.rpartition(".")
+            if dot and stem.startswith("pack-") and ext in _PACK_EXTS:
+                stems.setdefault(stem, set()).add(ext)
+        for stem, exts in stems.items():
+            if not {"pack", "idx"} <= exts:
+                found.update(pack_dir / f"{stem}.{ext}" for ext in exts)
     return found
 
 
