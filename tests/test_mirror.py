@@ -103,7 +103,7 @@ HOLDER = """
 import sys
 from pathlib import Path
 from workers.mirror import hold_mirror
-with hold_mirror(Path(sys.argv[1]), 1):
+with hold_mirror(Path(sys.argv[1]), int(sys.argv[2])):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -282,7 +282,7 @@ def test_a_process_holding_the_host_lock_makes_sanitation_wait_and_touch_nothing
     orphan.write_bytes(b"PACK half written")
     later = time.time() + STALE_AFTER + 60
 
-    holder = spawn(processes, [sys.executable, "-c", HOLDER, str(workspace)])
+    holder = spawn(processes, [sys.executable, "-c", HOLDER, str(workspace), str(REPO_ID)])
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
 
     with pytest.raises(MirrorBusy) as busy:
@@ -507,3 +507,38 @@ def test_leftovers_of_sigkilled_git_are_removed_once_stale_and_the_mirror_is_kep
         )
         == new_head
     )
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_job_that_finds_the_mirror_busy_on_its_host_is_deferred_not_failed(
+    git_repo: GitRepo, processes: Procs, settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the real job layer: another process on this host holds the mirror's host
+    lock (a second Redis holder), so the sync job waits, gives up with MirrorBusy, and
+    its attempt is deferred (budget kept), the mirror untouched."""
+    from rq import SimpleWorker
+
+    import workers.mirror
+    from dashboard import queues
+    from dashboard.models import JobAttempt, JobRun
+    from dashboard.repositories import submit_repository
+
+    monkeypatch.setattr(workers.mirror, "HOST_LOCK_WAIT", 0.3)  # a short wait, for the test
+    repo, _ = submit_repository(url=str(git_repo.path))
+    workspace = Path(settings.WORKSPACE)
+    holder = spawn(processes, [sys.executable, "-c", HOLDER, str(workspace), str(repo.pk)])
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+        burst=True, logging_level="WARNING"
+    )
+
+    run = JobRun.objects.get(kind="sync", repository=repo)
+    [attempt] = JobAttempt.objects.filter(run=run)
+    assert attempt.outcome == JobAttempt.Outcome.DEFERRED, attempt.error
+    assert "mirror host lock" in attempt.error and f"pid {holder.pid}" in attempt.error
+    assert run.state == JobRun.State.QUEUED
+    assert not mirror_path(workspace, repo.pk).exists()
