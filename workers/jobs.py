@@ -41,8 +41,7 @@ from workers.mirror import (
     is_valid,
     mirror_path,
     pins_for,
-    sanitize_mirror,
-    sync_mirror,
+    update_mirror,
 )
 from workers.remotes import InvalidRemote
 
@@ -190,8 +189,7 @@ def _ensure_mirror(
     remote = validate_remote(repo.fetch_url or repo.url)
     key = mirror_lock_key(repo.pk)
     with _locked(key, attempt, groups, repo.pk) as lock:
-        sanitize_mirror(workspace=workspace, repo_id=repo.pk, runner=runner)
-        sync_mirror(
+        update_mirror(
             workspace=workspace,
             repo_id=repo.pk,
             git_url=remote.git_url(),
@@ -199,6 +197,7 @@ def _ensure_mirror(
             runner=runner,
             timeout=settings.GIT_TIMEOUT,
             pinned=pins_for(remote),
+            check=lock.check,
         )
         lock.check()
     return path
@@ -254,8 +253,7 @@ def _sync(attempt: runs.Attempt) -> str:
     remote = validate_remote(repo.fetch_url or repo.url)
     with _locked(key, attempt, groups, repo_id) as lock:
         failpoint("sync.locked", repo.name)
-        sanitize_mirror(workspace=workspace, repo_id=repo_id, runner=runner)
-        head = sync_mirror(
+        head = update_mirror(
             workspace=workspace,
             repo_id=repo_id,
             git_url=remote.git_url(),
@@ -263,6 +261,7 @@ def _sync(attempt: runs.Attempt) -> str:
             runner=runner,
             timeout=settings.GIT_TIMEOUT,
             pinned=pins_for(remote),
+            check=lock.check,
         )
         runs.record_phase(attempt, fetched_at=timezone.now())
         failpoint("sync.fetched", repo.name)
