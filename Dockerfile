@@ -24,7 +24,6 @@ RUN apt-get update \
  && groupadd --gid 10001 gitward \
  && useradd --create-home --uid 10001 --gid 10001 gitward
 COPY --from=build /wheels /wheels
-# hadolint ignore=DL3013
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY --chown=gitward:gitward manage.py ./
