@@ -148,3 +148,24 @@ def test_an_unreachable_database_is_one_line(cluster, tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("CommandError: not ready: database unreachable")
+
+
+def test_it_names_missing_configuration(cluster, capsys, settings) -> None:
+    settings.REDIS_URLS = []
+    settings.REDIS_URL = ""
+    with pytest.raises(CommandError) as err:
+        ready(capsys)
+    assert str(err.value) == (
+        "not ready: lock masters: REDIS_URLS is empty; queue Redis: REDIS_URL is empty"
+    )
+
+
+def test_a_bad_timeout_is_refused(cluster) -> None:
+    with pytest.raises(CommandError, match="--timeout must be positive"):
+        call_command("ready", "--timeout", "0")
+
+
+def test_a_malformed_queue_url_is_reported_not_a_traceback(cluster, capsys, settings) -> None:
+    settings.REDIS_URL = "http://127.0.0.1:1/0"
+    with pytest.raises(CommandError, match=r"^not ready: queue Redis 127\.0\.0\.1:1 does not"):
+        ready(capsys)

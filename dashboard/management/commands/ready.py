@@ -42,9 +42,12 @@ def database_problem() -> str | None:
 
 def answers_ping(url: str, *, timeout: float) -> bool:
     """One PING on a fresh connection (no pool shared with the app), bounded by ``timeout``."""
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout, socket_timeout=timeout, retry_on_timeout=False
-    )
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry_on_timeout=False
+        )
+    except ValueError:  # not a redis:// URL: as good as down, and named in the message
+        return False
     try:
         return bool(client.ping())
     except (redis.RedisError, OSError):
