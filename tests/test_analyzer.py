@@ -420,3 +420,49 @@ def test_excluded_paths_vanish_but_their_commits_stay(hostile: tuple[Path, dict[
         "src/vendored.js",
         "web/lib.min.js",
     }
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_analyze_job_refuses_a_chunk_of_a_version_its_worker_has_not_loaded(
+    git_repo: Any,
+) -> None:
+    """Through a real RQ worker: the chunk planned for the default version is stored with
+    the default numbers; a chunk planned for another version (even when its job lands
+    on this worker's queue) stores nothing and ends dead, saying why."""
+    from dashboard.models import Chunk, Commit, JobRun, Repository
+    from dashboard.repositories import current_fingerprint, submit_repository
+    from dashboard.runs import enqueue_run, ensure_run
+    from tests.conftest import run_workers
+    from workers.analyzer import queue_name
+
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    assert current_fingerprint() == DEFAULT_FINGERPRINT
+    assert Commit.objects.filter(repository=repo, fingerprint=DEFAULT_FINGERPRINT).count() == 3
+
+    foreign = AnalyzerConfig(detect_renames=True).fingerprint()
+    shas = list(reversed(git_repo.shas()))
+    chunk = Chunk.objects.create(
+        repository=repo, fingerprint=foreign, key=f"{shas[0]}..{shas[-1]}",
+        shas="\n".join(shas), size=len(shas),
+    )  # fmt: skip
+    run = ensure_run(
+        kind=JobRun.Kind.ANALYZE,
+        job_id=chunk.job_id(),
+        queue=queue_name(DEFAULT_FINGERPRINT),  # misrouted onto the default version's queue
+        repository_id=repo.pk,
+        chunk_id=chunk.pk,
+        fingerprint=foreign,
+    )
+    assert enqueue_run(run)
+    run_workers()
+    run.refresh_from_db()
+    assert run.state == JobRun.State.DEAD
+    assert "VersionNotLoaded" in run.error and foreign in run.error
+    assert not Commit.objects.filter(repository=repo, fingerprint=foreign).exists()
+    assert Commit.objects.filter(repository=repo, fingerprint=DEFAULT_FINGERPRINT).count() == 3
