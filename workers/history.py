@@ -319,7 +319,7 @@ def _parse_log(
     ``added\\tdeleted\\tpath`` (the first one after a header is prefixed by \\n); with
     rename detection an entry ``added\\tdeleted\\t`` is followed by two raw path tokens
     (old, new), which may contain any byte but NUL, so they are consumed by position:
-    ``added\tdeleted\t\0old\0new\0`` is one file, ``path`` new and ``old_path`` old.
+    ``added\\tdeleted\\t\\0old\\0new\\0`` is one file: ``path`` new, ``old_path`` old.
     """
     cur: _Builder | None = None
     pending = b""
@@ -329,7 +329,7 @@ def _parse_log(
     ren_binary = False
     ren_old = b""
     limit = MAX_RECORD_BYTES if max_record_bytes is None else max_record_bytes
-    entries = 0  # numstat entries of the current commit (excluded ones included)
+    entries = 0  # numstat entries of the current commit (git never prints excluded ones)
 
     def add_file(
         path_b: bytes, added: int, deleted: int, binary: bool, old_b: bytes | None = None
