@@ -14,10 +14,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from workers import history
+from workers.analyzer import DEFAULT, AnalyzerConfig
 from workers.history import CommitRecord, HistoryError, list_commits, stream_commits
 from workers.languages import language_for
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+RENAMES = AnalyzerConfig(detect_renames=True)
 
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k not in {"HOME"}}
 BASE_ENV.update(
@@ -151,8 +153,9 @@ def _parse_ident(line: bytes) -> tuple[str, str, datetime]:
 
 
 def reference_files(
-    bare: Path, sha: str, parents: list[str], *extra: str
-) -> list[tuple[str, int, int, bool, str]]:
+    bare: Path, sha: str, parents: list[str], *extra: str, pathspec: tuple[str, ...] = ()
+) -> list[tuple[str, int, int, bool, str, str | None]]:
+    """``git diff-tree`` of the first parent (or the empty tree): one process per commit."""
     base = parents[0] if parents else EMPTY_TREE
     out = git(
         bare,
@@ -163,6 +166,7 @@ def reference_files(
         *(extra or ("--no-renames",)),
         base,
         sha,
+        *(("--", *pathspec) if pathspec else ()),
         git_dir=bare,
     )
     toks = out.split(b"\0")
@@ -174,18 +178,28 @@ def reference_files(
         if not tok:
             continue
         a, d, p = tok.split(b"\t", 2)
+        old = None
         if not p:  # rename: old, new
-            p = toks[i + 1]
+            old, p = toks[i].decode(errors="replace"), toks[i + 1]
             i += 2
         path = p.decode(errors="replace")
         binary = a == b"-"
         files.append(
-            (path, 0 if binary else int(a), 0 if binary else int(d), binary, language_for(path))
+            (
+                path,
+                0 if binary else int(a),
+                0 if binary else int(d),
+                binary,
+                language_for(path),
+                old,
+            )
         )
     return files
 
 
-def reference_commit(bare: Path, sha: str, *diff_flags: str) -> dict[str, Any]:
+def reference_commit(
+    bare: Path, sha: str, *diff_flags: str, pathspec: tuple[str, ...] = ()
+) -> dict[str, Any]:
     raw = git(bare, "cat-file", "commit", sha, git_dir=bare)
     headers = raw.split(b"\n\n", 1)[0].split(b"\n")
     parents = [h[7:].decode() for h in headers if h.startswith(b"parent ")]
@@ -208,7 +222,7 @@ def reference_commit(bare: Path, sha: str, *diff_flags: str) -> dict[str, Any]:
         "committed_at": cdt,
         "subject": subject.decode(errors="replace"),
         "is_merge": len(parents) > 1,
-        "files": reference_files(bare, sha, parents, *diff_flags),
+        "files": reference_files(bare, sha, parents, *diff_flags, pathspec=pathspec),
     }
 
 
@@ -226,24 +240,28 @@ def as_dict(c: CommitRecord) -> dict[str, Any]:
         "committed_at": c.committed_at,
         "subject": c.subject,
         "is_merge": c.is_merge,
-        "files": [(f.path, f.added, f.deleted, f.binary, f.language) for f in c.files],
+        "files": [(f.path, f.added, f.deleted, f.binary, f.language, f.old_path) for f in c.files],
     }
 
 
-def assert_matches_git(bare: Path, **kw: Any) -> list[CommitRecord]:
+def assert_matches_git(bare: Path, config: AnalyzerConfig = DEFAULT) -> list[CommitRecord]:
+    """Every commit of ``bare`` streamed under ``config`` equals git's own diff-tree with
+    the flags and pathspec the config stands for (spelled out here, not taken from
+    workers.history)."""
     shas = git(bare, "rev-list", "--all", "--topo-order", "--reverse", git_dir=bare).split()
     shas_s = [s.decode() for s in shas]
     flags: tuple[str, ...] = ()
-    if kw.get("detect_renames"):
+    if config.detect_renames:
         flags += ("-M",)
     else:
         flags += ("--no-renames",)
-    if kw.get("ignore_whitespace"):
+    if config.ignore_whitespace:
         flags += ("-w",)
-    got = list(stream_commits(bare, shas_s, **kw))
+    pathspec = tuple(f":(exclude,glob){p}" for p in config.exclude_paths)
+    got = list(stream_commits(bare, shas_s, config=config))
     assert [c.sha for c in got] == shas_s
     for c in got:
-        expected = reference_commit(bare, c.sha, *flags)
+        expected = reference_commit(bare, c.sha, *flags, pathspec=pathspec)
         actual = as_dict(c)
         for key in expected:
             assert actual[key] == expected[key], (c.sha, key)
@@ -348,8 +366,11 @@ def test_renames_are_delete_plus_add_unless_detection_enabled(repo: Repo) -> Non
         ("new\tname.py", 51, 0),
         ("old name.py", 0, 50),
     ]
-    renamed = {c.sha: c for c in assert_matches_git(bare, detect_renames=True)}
-    assert [(f.path, f.added, f.deleted) for f in renamed[sha].files] == [("new\tname.py", 1, 0)]
+    renamed = {c.sha: c for c in assert_matches_git(bare, RENAMES)}
+    assert [(f.path, f.added, f.deleted, f.old_path) for f in renamed[sha].files] == [
+        ("new\tname.py", 1, 0, "old name.py")
+    ]
+    assert all(f.old_path is None for c in plain.values() for f in c.files)
 
 
 def test_empty_commit_has_no_files(repo: Repo) -> None:
@@ -407,7 +428,7 @@ def test_awkward_file_names_are_parsed_exactly(repo: Repo) -> None:
     assert [f.added for f in sorted(got[0].files, key=lambda f: AWKWARD.index(f.path))] == list(
         range(1, len(AWKWARD) + 1)
     )
-    renamed = assert_matches_git(bare, detect_renames=True)
+    renamed = assert_matches_git(bare, RENAMES)
     assert {f.path for f in renamed[2].files} == {n + " moved" for n in AWKWARD[:4]}
 
 
@@ -476,17 +497,37 @@ def test_exclude_paths_whitespace_and_subject_truncation(repo: Repo) -> None:
         stream_commits(
             bare,
             [repo.git("rev-parse", "HEAD~1").decode().strip()],
-            exclude_paths=["vendor/*", "*.lock"],
+            config=AnalyzerConfig(exclude_paths=("vendor/*", "*.lock")),
             max_subject=10,
         )
     )
     assert [f.path for f in c.files] == ["src/a.py"]
     assert c.subject == "a" * 10
     (plain,) = stream_commits(bare, [ws])
-    (ignored,) = stream_commits(bare, [ws], ignore_whitespace=True)
+    (ignored,) = stream_commits(bare, [ws], config=AnalyzerConfig(ignore_whitespace=True))
     assert (plain.insertions, plain.deletions) == (1, 1)
     assert ignored.insertions == ignored.deletions == 0
-    assert_matches_git(bare, ignore_whitespace=True)
+    assert_matches_git(bare, AnalyzerConfig(ignore_whitespace=True))
+
+
+def test_commits_touching_only_excluded_paths_are_yielded_with_no_files(repo: Repo) -> None:
+    repo.write("vendor/a b/lib.js", "v\n")
+    root = repo.commit("root of vendored files only")
+    repo.git("checkout", "-q", "-b", "side")
+    repo.write("vendor/side.js", "s\n")
+    side = repo.commit("side: vendor only")
+    repo.git("checkout", "-q", "main")
+    repo.write("src/x.py", "x\n")
+    repo.commit("main: code")
+    merge = repo.merge("side")
+    bare = repo.bare()
+    config = AnalyzerConfig(exclude_paths=("vendor/**",))
+    got = {c.sha: c for c in assert_matches_git(bare, config)}
+    assert got[root].files == got[side].files == got[merge].files == ()
+    assert [f.path for f in next(stream_commits(bare, [merge])).files] == ["vendor/side.js"]
+    # what plain `git log -- <pathspec>` would do instead: drop those commits
+    shown = git(bare, "log", "--format=%H", "main", "--", ":(exclude,glob)vendor/**", git_dir=bare)
+    assert root not in shown.decode() and merge not in shown.decode()
 
 
 def test_unknown_sha_raises_history_error_with_git_stderr(repo: Repo) -> None:
@@ -640,4 +681,8 @@ def test_random_histories_match_git(
     got = assert_matches_git(bare)
     event(f"merges: {sum(c.is_merge for c in got)}")
     event(f"binary files: {any(f.binary for c in got for f in c.files)}")
-    assert_matches_git(bare, detect_renames=True)
+    assert_matches_git(bare, RENAMES)
+    assert_matches_git(bare, AnalyzerConfig(exclude_paths=("s/**", "m/*.bin")))
+    assert_matches_git(
+        bare, AnalyzerConfig(detect_renames=True, ignore_whitespace=True, exclude_paths=("m/**",))
+    )

@@ -15,10 +15,17 @@ Notes / decisions:
 * Text (names, e-mails, subject, paths) is decoded as UTF-8 with ``errors="replace"``:
   surrogate escapes cannot be stored in PostgreSQL, so undecodable bytes become U+FFFD.
   Git itself re-encodes commit messages to UTF-8 (``i18n.logOutputEncoding``).
-* ``exclude_paths`` are ``fnmatch`` globs matched case-sensitively against the whole path
-  (``*`` also matches ``/``); excluded files are dropped from ``files`` and the totals.
-* With ``detect_renames=True`` a renamed file is a single :class:`FileStat` whose ``path``
-  is the *new* path.
+* The analysis options come from one :class:`workers.analyzer.AnalyzerConfig` (the
+  version the worker loaded), and only become git arguments here:
+  ``detect_renames`` → ``-M`` (else ``--no-renames``): a renamed file is one
+  :class:`FileStat` whose ``path`` is the *new* path and ``old_path`` the old one;
+  ``ignore_whitespace`` → ``-w``; ``exclude_paths`` → ``--sparse -- :(exclude,glob)P…``.
+  Git applies the pathspec *before* rename detection, exactly as ``git log -M --
+  :(exclude,glob)P`` does: a file renamed out of an excluded directory is an added file.
+  ``--sparse`` keeps every given commit in the output, so a commit that only touches
+  excluded files (or a root commit of only excluded files) is yielded with no files,
+  where a plain ``git log -- <pathspec>`` would drop it.  The default config passes
+  no pathspec at all, so its git command is unchanged.
 * Commit timestamps keep the commit's own UTC offset; an offset git recorded that Python
   cannot represent (|offset| >= 24h) falls back to UTC.
 * Mailmap: ``%aN``/``%aE`` honour ``.mailmap`` in the work tree, or ``HEAD:.mailmap`` for a
@@ -28,18 +35,17 @@ Notes / decisions:
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import os
-import re
 import signal
 import subprocess
 import threading
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, Protocol
 
+from workers.analyzer import DEFAULT, AnalyzerConfig
 from workers.gitproc import command, death_prefix, hardened_env
 from workers.languages import language_for
 
@@ -111,6 +117,7 @@ class FileStat:
     deleted: int  # 0 for binary
     binary: bool
     language: str  # workers.languages.language_for(path); "" if unknown
+    old_path: str | None = None  # the path before a detected rename (detect_renames only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +309,6 @@ def _parse_log(
     blocks: Iterable[bytes],
     *,
     max_subject: int,
-    exclude: re.Pattern[str] | None,
     max_record_bytes: int | None = None,
     max_files: int = MAX_FILES,
 ) -> Iterator[CommitRecord]:
@@ -312,7 +318,8 @@ def _parse_log(
     subject is the last field and cannot contain NUL).  Other tokens are numstat entries
     ``added\\tdeleted\\tpath`` (the first one after a header is prefixed by \\n); with
     rename detection an entry ``added\\tdeleted\\t`` is followed by two raw path tokens
-    (old, new), which may contain any byte but NUL, so they are consumed by position.
+    (old, new), which may contain any byte but NUL, so they are consumed by position:
+    ``added\\tdeleted\\t\\0old\\0new\\0`` is one file: ``path`` new, ``old_path`` old.
     """
     cur: _Builder | None = None
     pending = b""
@@ -320,15 +327,17 @@ def _parse_log(
     want_paths = 0
     ren_added = ren_deleted = 0
     ren_binary = False
+    ren_old = b""
     limit = MAX_RECORD_BYTES if max_record_bytes is None else max_record_bytes
-    entries = 0  # numstat entries of the current commit (excluded ones included)
+    entries = 0  # numstat entries of the current commit (git never prints excluded ones)
 
-    def add_file(path_b: bytes, added: int, deleted: int, binary: bool) -> None:
+    def add_file(
+        path_b: bytes, added: int, deleted: int, binary: bool, old_b: bytes | None = None
+    ) -> None:
         assert cur is not None
         path = _decode(path_b)
-        if exclude is not None and exclude.match(path):
-            return
-        cur.files.append(FileStat(path, added, deleted, binary, language_for(path)))
+        old = None if old_b is None else _decode(old_b)
+        cur.files.append(FileStat(path, added, deleted, binary, language_for(path), old))
 
     for block in blocks:
         if pending:
@@ -343,8 +352,10 @@ def _parse_log(
                     raise HistoryError("unexpected git output")
                 cur.size += len(tok)
                 want_paths -= 1
-                if want_paths == 0:
-                    add_file(tok, ren_added, ren_deleted, ren_binary)
+                if want_paths == 1:
+                    ren_old = tok
+                else:
+                    add_file(tok, ren_added, ren_deleted, ren_binary, ren_old)
                 continue
             if tok[:1] == b"\n":
                 tok = tok[1:]
@@ -406,15 +417,16 @@ def stream_commits(
     git_dir: str | Path,
     shas: Iterable[str],
     *,
+    config: AnalyzerConfig = DEFAULT,
     git: GitRunner | None = None,
-    detect_renames: bool = False,
-    ignore_whitespace: bool = False,
-    exclude_paths: Sequence[str] = (),
     max_subject: int = 65536,
     max_files: int = MAX_FILES,
     max_record_bytes: int | None = None,
 ) -> Generator[CommitRecord, None, None]:
     """Yield a :class:`CommitRecord` per sha, in the given order, from one git process.
+
+    ``config`` is the analyzer version the caller loaded (module docstring): every sha
+    is yielded whatever it excludes, with the files and numbers git reports under it.
 
     Raises :class:`HistoryError` (while iterating) if git fails, e.g. on an unknown sha,
     and :class:`CommitTooLarge` if one commit changes more than ``max_files`` files or
@@ -436,11 +448,6 @@ def stream_commits(
     if max_files < 0 or (max_record_bytes is not None and max_record_bytes <= 0):
         raise ValueError("max_files must be >= 0 and max_record_bytes > 0")
     record_limit = MAX_RECORD_BYTES if max_record_bytes is None else max_record_bytes
-    exclude = (
-        re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude_paths))
-        if exclude_paths
-        else None
-    )
     args = [
         "-c",
         "core.quotepath=off",
@@ -453,7 +460,7 @@ def stream_commits(
         "--stdin",
         "-z",
         "--numstat",
-        "-M" if detect_renames else "--no-renames",
+        "-M" if config.detect_renames else "--no-renames",
         "--diff-merges=first-parent",
         "--root",
         "--no-relative",
@@ -464,8 +471,13 @@ def stream_commits(
         "--date=raw",
         f"--format={_FORMAT}",
     ]
-    if ignore_whitespace:
+    if config.ignore_whitespace:
         args.append("-w")
+    if config.exclude_paths:
+        # --sparse: show every given commit, also those the pathspec leaves with no
+        # files (git log would otherwise drop them as TREESAME).  The patterns were
+        # validated by AnalyzerConfig (no magic of their own, relative, no NUL).
+        args += ["--sparse", "--", *(f":(exclude,glob){p}" for p in config.exclude_paths)]
     data = b"\n".join(lines) + b"\n" if lines else b""
     return _stream(
         git_dir,
@@ -473,7 +485,6 @@ def stream_commits(
         data,
         git or default_git_runner,
         max_subject,
-        exclude,
         lines,
         (record_limit, max_files),
     )
@@ -485,7 +496,6 @@ def _stream(
     data: bytes,
     runner: GitRunner,
     max_subject: int,
-    exclude: re.Pattern[str] | None,
     lines: list[bytes],
     limits: tuple[int, int],
 ) -> Generator[CommitRecord, None, None]:
@@ -497,7 +507,6 @@ def _stream(
         yield from _parse_log(
             proc.blocks(),
             max_subject=max_subject,
-            exclude=exclude,
             max_record_bytes=limits[0],
             max_files=limits[1],
         )
@@ -530,6 +539,8 @@ def list_commits(
 
     ``git rev-list --reverse --topo-order --stdin``; the exclusions are passed as ``^rev``
     lines on stdin (equivalent to ``--not``, and also supported by git < 2.42).
+    Takes no analyzer config on purpose: which commits exist does not depend on the
+    version (a commit touching only excluded paths is still analysed, with no files).
     """
     lines = [_check_rev(ref)] + [b"^" + _check_rev(x) for x in exclude]
     runner = git or default_git_runner

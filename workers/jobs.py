@@ -31,6 +31,7 @@ from dashboard.operations import EXTENSIONS_HASH, describe_resource
 from dashboard.plans import complete_repository, plan_repository
 from dashboard.repositories import current_fingerprint, validate_remote
 from dashboard.summaries import repository_summary
+from workers.analyzer import config_for
 from workers.failpoints import failpoint
 from workers.gitproc import GitError, ProcessGroups, Runner
 from workers.history import CommitTooLarge, list_commits, stream_commits
@@ -301,6 +302,7 @@ def _analyze(attempt: runs.Attempt) -> str:
     Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
         state=Chunk.State.RUNNING
     )
+    config = config_for(chunk.fingerprint)  # exactly the version it was planned for, or refuse
     groups = ProcessGroups()
     key = chunk.lock_key()
     failpoint("analyze.before_lock", repo.name)
@@ -308,7 +310,9 @@ def _analyze(attempt: runs.Attempt) -> str:
     with _locked(key, attempt, groups, repo.pk) as lock:
         failpoint("analyze.locked", repo.name)
         records = []
-        for record in stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)):
+        for record in stream_commits(
+            path, shas, config=config, git=Runner(git_dir=path, groups=groups)
+        ):
             records.append(record)
             if len(records) == 1:
                 failpoint("analyze.parsing", repo.name)
