@@ -155,8 +155,7 @@ RULES: tuple[FsckRule, ...] = (
         "gitmodulesUrl",
         "error",
         "refuse",
-        "a submodule URL that is an option or leaks credentials (CVE-2017-1000117, "
-        "CVE-2020-5260)",
+        "a submodule URL that is an option or leaks credentials (CVE-2017-1000117, CVE-2020-5260)",
     ),
     _r(
         "gitmodulesPath",

@@ -141,6 +141,10 @@ def _fetch(
         "--no-tags",
         "--no-write-fetch-head",
         "--no-recurse-submodules",
+        # A shallow remote (a --depth clone) can only be fetched if its shallow roots
+        # are accepted; without this git rejects the ref and still exits 0.  The mirror
+        # is then shallow too, and analysed as git log shows it there (README).
+        "--update-shallow",
         "--end-of-options",
         git_url,
         _refspec(branch),
@@ -174,6 +178,7 @@ def _is_permanent(stderr: str) -> bool:
             "transport '",
             "not allowed",
             "fsck error",
+            "did not receive expected object",
             "returned error: 30",
             "redirect",
         )
@@ -196,7 +201,7 @@ def fsck_findings(stderr: str) -> list[tuple[str, str, str]]:
 
 
 def _fsck_refusal(stderr: str) -> str:
-    """"repository contains malformed objects, refused by git fsck (<msg-id>: <git's
+    """ "repository contains malformed objects, refused by git fsck (<msg-id>: <git's
     text> in object <sha12>; …)": the exact findings, so a user can tell a forged
     ``.git`` entry from a corrupt object (at most three, each cut to 200 characters)."""
     findings = fsck_findings(stderr)
@@ -213,6 +218,13 @@ def _readable(stderr: str, branch: str) -> str:
     text = stderr.lower()
     if "fsck error" in text:
         return _fsck_refusal(stderr)
+    if "did not receive expected object" in text:
+        m = re.search(r"did not receive expected object ([0-9a-f]{7,64})", stderr)
+        missing = f" (object {m.group(1)[:12]} is missing)" if m else ""
+        return (
+            "the repository sent an incomplete history"
+            f"{missing}: its server cuts the history (grafts) or is corrupt"
+        )
     if "returned error: 30" in text or "redirect" in text:
         return "the repository host answered with a redirect, which is not followed"
     if "couldn't find remote ref" in text:
