@@ -186,7 +186,7 @@ def _is_permanent(stderr: str) -> bool:
 
 
 #: index-pack's report of one fsck finding: ``error: object <sha>: <msg-id>: <text>``.
-_FSCK_FINDING = re.compile(r"error: object ([0-9a-f]{7,64}): ([A-Za-z]+): ([^\n]*)")
+_FSCK_FINDING = re.compile(r"error: object ([0-9a-f]{7,64}): ([A-Za-z][A-Za-z0-9]*): ([^\n]*)")
 
 
 def fsck_findings(stderr: str) -> list[tuple[str, str, str]]:
