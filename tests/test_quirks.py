@@ -200,14 +200,14 @@ def test_gitlinks_count_as_one_changed_line_each(tmp_path: Path) -> None:
     assert files["bump submodule"] == [("vendor/lib", 1, 1, False)]
 
 
-def test_a_40_parent_octopus_keeps_every_parent(tmp_path: Path) -> None:
-    quirk = CATALOG["octopus-40"](tmp_path)
+def test_a_66_parent_octopus_keeps_every_parent(tmp_path: Path) -> None:
+    quirk = CATALOG["octopus-66"](tmp_path)
     repo = analyse(quirk)
     assert repo.status == Repository.Status.READY, repo.error
     (merge,) = Commit.objects.filter(repository=repo, is_merge=True)
-    assert len(merge.parent_list()) == 40
+    assert len(merge.parent_list()) == 66
     # First-parent diff: everything but branch 0's file is new relative to parent 1.
-    assert merge.files_changed == 39
+    assert merge.files_changed == 65
 
 
 def test_replacements_do_not_change_what_is_analysed(tmp_path: Path) -> None:
