@@ -201,9 +201,10 @@ def fsck_findings(stderr: str) -> list[tuple[str, str, str]]:
 
 
 def _fsck_refusal(stderr: str) -> str:
-    """ "repository contains malformed objects, refused by git fsck (<msg-id>: <git's
-    text> in object <sha12>; …)": the exact findings, so a user can tell a forged
-    ``.git`` entry from a corrupt object (at most three, each cut to 200 characters)."""
+    """The refusal, naming git's exact findings (at most three, each text cut to 200
+    characters) so a user can tell a forged ``.git`` entry from a corrupt object:
+    ``repository contains malformed objects, refused by git fsck (<msg-id>: <text> in
+    object <sha12>; …)``."""
     findings = fsck_findings(stderr)
     details = "; ".join(
         f"{msg_id}: {text[:200]} in object {sha[:12]}" for msg_id, text, sha in findings[:3]
