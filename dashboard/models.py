@@ -114,7 +114,7 @@ class Commit(models.Model):
     repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="commits")
     fingerprint = models.CharField(max_length=64)
     sha = models.CharField(max_length=40)
-    parents = models.CharField(max_length=2048, blank=True, default="")
+    parents = models.TextField(blank=True, default="")  # git has no limit: Linux has 66
     author_name = models.CharField(max_length=512)
     author_email = models.CharField(max_length=512)
     author_canonical_name = models.CharField(max_length=512)

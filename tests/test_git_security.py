@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import http.server
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.models import Commit, FileChange, Repository
+from dashboard.models import Commit, FileChange, JobRun, Repository
 from dashboard.repositories import InvalidRemote, current_fingerprint, submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo, reference_commits
@@ -687,12 +688,46 @@ def test_option_like_branch_never_reaches_git(tmp_path: Path, git_repo: GitRepo)
 # --------------------------------------------------------------------------- fsck / G21
 
 
+def git_finding(origin: Path, msg_id: str) -> str:
+    """``"<msg-id>: <git's text> in object <sha12>"`` as ``git fsck --strict`` reports
+    the finding for ``origin`` (index-pack prints the same text at fetch)."""
+    proc = subprocess.run(
+        ["git", "--git-dir", str(origin), "fsck", "--strict", "--no-dangling"],
+        env=GIT_ENV,
+        capture_output=True,
+        text=True,
+    )
+    m = re.search(rf"^(?:error|warning) in \w+ ([0-9a-f]+): {msg_id}: (.*)$", proc.stderr, re.M)
+    assert m, proc.stderr
+    return f"{msg_id}: {m.group(2).strip()} in object {m.group(1)[:12]}"
+
+
+def assert_refused_naming(repo: Repository, origin: Path, msg_id: str) -> None:
+    """Failed, not retried, nothing stored, and the error names git's exact finding."""
+    assert repo.status == Repository.Status.FAILED
+    assert repo.error.startswith("repository contains malformed objects, refused by git fsck (")
+    assert git_finding(origin, msg_id) in repo.error
+    assert JobRun.objects.get(repository=repo, kind="sync").attempts == 1
+    assert Commit.objects.count() == 0
+
+
 @pytest.mark.parametrize(
-    ("entry", "detail"), [(".git", "hasDotgit"), ("..", "hasDotdot"), (".GIT", "hasDotgit")]
+    ("entry", "detail"),
+    [
+        (".git", "hasDotgit"),
+        ("..", "hasDotdot"),
+        (".GIT", "hasDotgit"),
+        (".", "hasDot"),
+        ("git~1", "hasDotgit"),  # NTFS short name of .git
+        (".git. ", "hasDotgit"),  # NTFS drops trailing dots and spaces
+        (".g\u200cit", "hasDotgit"),  # HFS+ ignores zero-width characters
+    ],
 )
 def test_malformed_objects_are_refused_at_fetch(tmp_path: Path, entry: str, detail: str) -> None:
-    """transfer.fsckObjects (§1.3): a tree with a ``.git``/``..`` entry is refused at
-    fetch; the repository fails (not retried) with a readable reason."""
+    """transfer.fsckObjects (§1.3): a tree with a ``.git``/``..`` entry (or an alias a
+    case-insensitive, NTFS or HFS+ checkout would write as ``.git``) is refused at
+    fetch although git only warns about it; the repository fails (not retried) with
+    git's exact finding."""
     origin = bare_repo(tmp_path / "origin.git")
     blob = git(origin, "hash-object", "-w", "--stdin", input=b"x\n")
     tree = git(
@@ -707,10 +742,81 @@ def test_malformed_objects_are_refused_at_fetch(tmp_path: Path, entry: str, deta
     )
     commit_tree(origin, tree)
     repo = analyse(origin)
-    assert repo.status == Repository.Status.FAILED
-    assert repo.error.startswith("repository contains malformed objects, refused by git fsck")
-    assert detail in repo.error
-    assert Commit.objects.count() == 0
+    assert_refused_naming(repo, origin, detail)
+
+
+MALICIOUS_GITMODULES = {
+    "gitmodulesName": '[submodule "../../modules/evil"]\n\tpath = a\n\turl = https://e.x/a\n',
+    "gitmodulesUrl": '[submodule "a"]\n\tpath = a\n\turl = -upload-pack=touch$IFS/tmp/x\n',
+    "gitmodulesPath": '[submodule "a"]\n\tpath = -evil\n\turl = https://e.x/a\n',
+    "gitmodulesUpdate": '[submodule "a"]\n\tpath = a\n\turl = https://e.x/a\n\tupdate = !touch x\n',
+}
+
+
+@pytest.mark.parametrize("msg_id", sorted(MALICIOUS_GITMODULES))
+def test_a_malicious_gitmodules_is_refused_naming_the_finding(tmp_path: Path, msg_id: str) -> None:
+    """Submodule tricks (CVE-2018-11235, CVE-2018-17456, CVE-2019-19604) stay refused
+    even though gitward never recurses into submodules."""
+    origin = bare_repo(tmp_path / "origin.git")
+    modules = git(
+        origin, "hash-object", "-w", "--stdin", input=MALICIOUS_GITMODULES[msg_id].encode()
+    )
+    tree = git(
+        origin,
+        "mktree",
+        input=f"100644 blob {modules}\t.gitmodules\n160000 commit {'1' * 40}\ta\n".encode(),
+    )
+    commit_tree(origin, tree)
+    assert_refused_naming(analyse(origin), origin, msg_id)
+
+
+@pytest.mark.parametrize(
+    ("mode", "msg_id"), [("120000", "gitmodulesSymlink"), ("40000", "gitmodulesBlob")]
+)
+def test_a_gitmodules_that_is_not_a_file_is_refused(tmp_path: Path, mode: str, msg_id: str) -> None:
+    origin = bare_repo(tmp_path / "origin.git")
+    target = git(origin, "hash-object", "-w", "--stdin", input=b"../../.git/config")
+    if mode == "40000":
+        target = git(origin, "mktree", input=f"100644 blob {target}\tx\n".encode())
+    kind = "tree" if mode == "40000" else "blob"
+    tree = git(origin, "mktree", input=f"{mode} {kind} {target}\t.gitmodules\n".encode())
+    commit_tree(origin, tree)
+    assert_refused_naming(analyse(origin), origin, msg_id)
+
+
+def test_an_oversized_gitattributes_line_is_refused(tmp_path: Path) -> None:
+    """CVE-2022-23521: git checks .gitattributes lines at fetch (2.39.1 and later)."""
+    origin = bare_repo(tmp_path / "origin.git")
+    attrs = git(origin, "hash-object", "-w", "--stdin", input=b"*" * 5000 + b" text\n")
+    tree = git(origin, "mktree", input=f"100644 blob {attrs}\t.gitattributes\n".encode())
+    commit_tree(origin, tree)
+    assert_refused_naming(analyse(origin), origin, "gitattributesLineLength")
+
+
+@pytest.mark.parametrize(
+    ("entries", "msg_id"),
+    [
+        ([("100644", "a"), ("100644", "a")], "duplicateEntries"),
+        ([("100644", "b"), ("100644", "a")], "treeNotSorted"),
+        ([("100644", "a/b")], "fullPathname"),
+        ([("160000", "sub", "0" * 40)], "nullSha1"),
+    ],
+)
+def test_corrupt_trees_are_refused_naming_the_finding(
+    tmp_path: Path, entries: list[tuple[str, ...]], msg_id: str
+) -> None:
+    """Trees whose paths are ambiguous (duplicates, unsorted, names with ``/``) or that
+    name the null object: refused (git only warns about some of them).  An entry with
+    an empty name is not here: the origin's own pack-objects cannot send it."""
+    origin = bare_repo(tmp_path / "origin.git")
+    blob = git(origin, "hash-object", "-w", "--stdin", input=b"x\n")
+    raw = b"".join(
+        f"{e[0]} {e[1]}".encode() + b"\0" + bytes.fromhex(e[2] if len(e) > 2 else blob)
+        for e in entries
+    )
+    tree = git(origin, "hash-object", "-t", "tree", "--literally", "-w", "--stdin", input=raw)
+    commit_tree(origin, tree)
+    assert_refused_naming(analyse(origin), origin, msg_id)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from workers import fsckpolicy
+
 #: Transports git may use (``GIT_ALLOW_PROTOCOL`` also covers submodules/redirects).
 ALLOWED_PROTOCOLS = "file:git:http:https:ssh"
 
@@ -39,6 +41,8 @@ HARDENED_CONFIG: tuple[tuple[str, str], ...] = (
     ("protocol.ext.allow", "never"),
     ("submodule.recurse", "false"),
     ("fetch.recurseSubmodules", "false"),
+    # Every received object is checked (index-pack --strict); which findings are
+    # accepted is workers/fsckpolicy.py's table, appended below as fetch.fsck.<id>.
     ("transfer.fsckObjects", "true"),
     ("fetch.fsckObjects", "true"),
     ("http.followRedirects", "false"),
@@ -56,6 +60,7 @@ HARDENED_CONFIG: tuple[tuple[str, str], ...] = (
     ("transfer.credentialsInUrl", "die"),
     ("http.sslVerify", "true"),
     ("http.emptyAuth", "false"),
+    *fsckpolicy.fetch_config(),
 )
 
 

@@ -253,19 +253,39 @@ def _decode(b: bytes) -> str:
 _TZ_CACHE: dict[bytes, timezone] = {}
 
 
+#: What git's own ``git log`` shows for an identity whose date it cannot parse.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The latest instant Python (and so Django) can hold; later git dates are clamped to it.
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
 def _parse_date(raw: bytes) -> datetime:
-    """Parse git's ``--date=raw`` form: ``<unix seconds> <+|-hhmm>``."""
+    """Parse git's ``--date=raw`` form: ``<unix seconds> <+|-><digits>``.
+
+    The offset is read as git reads it (``+hhmm`` as a number: hours = n // 100,
+    minutes = n % 100, so ``-1260`` is -13:00 and ``+51800`` is +518:00); one that Python
+    cannot represent (24 h or more) falls back to UTC.  git prints nothing for an identity
+    it cannot parse (fsck's ``missingEmail``, ``badDate``): that is the epoch, as in
+    ``git log``.  A date past year 9999 (git allows ~year 292 billion) is clamped to
+    :data:`LATEST`."""
+    if not raw:
+        return EPOCH
     ts_b, _, off_b = raw.partition(b" ")
     ts = int(ts_b)
     tz = _TZ_CACHE.get(off_b)
     if tz is None:
-        if len(off_b) != 5 or off_b[:1] not in (b"+", b"-") or not off_b[1:].isdigit():
+        if len(off_b) < 2 or off_b[:1] not in (b"+", b"-") or not off_b[1:].isdigit():
             raise ValueError(f"bad timezone {off_b!r}")
-        minutes = int(off_b[1:3]) * 60 + int(off_b[3:5])
-        delta = timedelta(minutes=-minutes if off_b[:1] == b"-" else minutes)
+        hours, minutes = divmod(int(off_b[1:]), 100)
+        total = hours * 60 + minutes
+        delta = timedelta(minutes=-total if off_b[:1] == b"-" else total)
         tz = timezone(delta) if abs(delta) < timedelta(hours=24) else UTC
-        _TZ_CACHE[off_b] = tz
-    return datetime.fromtimestamp(ts, tz)
+        if len(off_b) == 5:  # bounded: at most 2 * 10**4 well-formed offsets
+            _TZ_CACHE[off_b] = tz
+    try:
+        return datetime.fromtimestamp(ts, tz)
+    except (OverflowError, ValueError, OSError):
+        return LATEST if ts > 0 else EPOCH
 
 
 class _Builder:

@@ -291,6 +291,10 @@ def _fetch(
         "--no-tags",
         "--no-write-fetch-head",
         "--no-recurse-submodules",
+        # A shallow remote (a --depth clone) can only be fetched if its shallow roots
+        # are accepted; without this git rejects the ref and still exits 0.  The mirror
+        # is then shallow too, and analysed as git log shows it there (README).
+        "--update-shallow",
         "--end-of-options",
         git_url,
         _refspec(branch),
@@ -324,21 +328,54 @@ def _is_permanent(stderr: str) -> bool:
             "transport '",
             "not allowed",
             "fsck error",
+            "did not receive expected object",
             "returned error: 30",
             "redirect",
         )
     )
 
 
-_FSCK_DETAIL = re.compile(r"error: object [0-9a-f]+: (\w+: [^\n]*)")
+#: index-pack's report of one fsck finding: ``error: object <sha>: <msg-id>: <text>``.
+_FSCK_FINDING = re.compile(r"error: object ([0-9a-f]{7,64}): ([A-Za-z][A-Za-z0-9]*): ([^\n]*)")
+
+
+def fsck_findings(stderr: str) -> list[tuple[str, str, str]]:
+    """``(msg_id, git's text, object id)`` of every fsck finding git reported, in order,
+    each finding once.  Which ids are refused at all is ``workers.fsckpolicy``'s table."""
+    found: list[tuple[str, str, str]] = []
+    for m in _FSCK_FINDING.finditer(stderr):
+        finding = (m.group(2), m.group(3).strip(), m.group(1))
+        if finding not in found:
+            found.append(finding)
+    return found
+
+
+def _fsck_refusal(stderr: str) -> str:
+    """The refusal, naming git's exact findings (at most three, each text cut to 200
+    characters) so a user can tell a forged ``.git`` entry from a corrupt object:
+    ``repository contains malformed objects, refused by git fsck (<msg-id>: <text> in
+    object <sha12>; …)``."""
+    findings = fsck_findings(stderr)
+    details = "; ".join(
+        f"{msg_id}: {text[:200]} in object {sha[:12]}" for msg_id, text, sha in findings[:3]
+    )
+    if len(findings) > 3:
+        details += f"; and {len(findings) - 3} more"
+    detail = f" ({details})" if details else ""
+    return f"repository contains malformed objects, refused by git fsck{detail}"
 
 
 def _readable(stderr: str, branch: str) -> str:
     text = stderr.lower()
     if "fsck error" in text:
-        m = _FSCK_DETAIL.search(stderr)
-        detail = f" ({m.group(1).strip()[:200]})" if m else ""
-        return f"repository contains malformed objects, refused by git fsck{detail}"
+        return _fsck_refusal(stderr)
+    if "did not receive expected object" in text:
+        m = re.search(r"did not receive expected object ([0-9a-f]{7,64})", stderr)
+        missing = f" (object {m.group(1)[:12]} is missing)" if m else ""
+        return (
+            "the repository sent an incomplete history"
+            f"{missing}: its server cuts the history (grafts) or is corrupt"
+        )
     if "returned error: 30" in text or "redirect" in text:
         return "the repository host answered with a redirect, which is not followed"
     if "couldn't find remote ref" in text:
