@@ -435,9 +435,10 @@ def start_rollout(
     """Create a rollout of ``config`` on ``queue`` in state ``pending``; refuse at once if
     the queue already has one (``RolloutBusy`` naming its holder and since when).
 
-    1. Validate config and steps; register the version (idempotent); it must not be the
-       current one, and must be registered, warm_failed or drained (startable).
-    2. Refuse if an active rollout row exists for the queue.
+    1. Validate config and steps; the config must not be the current version's.
+    2. Refuse if an active rollout row exists for the queue, or its deploy lock is held.
+       Then register the version (idempotent); it must be registered, warm_failed or
+       drained (startable).
     3. Create the row. Race: two starts at once both pass step 2; the partial unique
        constraint ``rollout_one_active_per_queue`` lets exactly one INSERT commit and
        the loser (IntegrityError) is refused naming the winner.
@@ -447,12 +448,15 @@ def start_rollout(
        ``manage.py rollout drive``).
     """
     chosen = validate_steps(steps)
-    version = register_version(queue=queue, config=config, actor=actor)
-    if version.state == S.CURRENT:
-        raise RolloutError(f"{version} is already current: nothing to roll out")
+    fp, _ = fingerprint_config(config)
+    current = current_version(queue)
+    if current is not None and current.fingerprint == fp:
+        raise RolloutError(f"{current} is already current: nothing to roll out")
+    # Refused before anything is written: a refused start leaves no trace but its message.
     busy = busy_message(queue) or _lock_busy_message(queue)
     if busy:
         raise RolloutBusy(busy)
+    version = register_version(queue=queue, config=config, actor=actor)
     if version.state not in {S.REGISTERED, S.WARM_FAILED, S.DRAINED}:
         raise RolloutError(f"{version} cannot be rolled out from state {version.state}")
     who = f"{actor_name(actor)}@{socket.gethostname()}"
