@@ -71,19 +71,23 @@ class RolloutDriver:
         name: str | None = None,
         redlock: Redlock | None = None,
         poll: float = 0.5,
-        step_pause: float = 60.0,
-        warm_timeout: float = 600.0,
-        min_samples: int = 20,
+        step_pause: float | None = None,
+        warm_timeout: float | None = None,
+        min_samples: int | None = None,
         warmer: Callable[[Rollout], object] | None = None,
     ) -> None:
+        """Knobs left ``None`` come from the rollout's ``options`` (then ``OPTIONS``)."""
+        options = rollouts.validate_options(
+            Rollout.objects.values_list("options", flat=True).get(pk=rollout_id)
+        )
         self.rollout_id = rollout_id
         self.ttl = float(ttl if ttl is not None else settings.LOCK_TTL)
         self.name = name or f"rollout-driver@{socket.gethostname()}:{os.getpid()}"
         self._redlock = redlock
         self.poll = poll
-        self.step_pause = step_pause
-        self.warm_timeout = warm_timeout
-        self.min_samples = min_samples
+        self.step_pause = float(options["step_pause"] if step_pause is None else step_pause)
+        self.warm_timeout = float(options["warm_timeout"] if warm_timeout is None else warm_timeout)
+        self.min_samples = int(options["min_samples"] if min_samples is None else min_samples)
         self.warmer = warmer
         self.lock: Lock | None = None
         #: Set once the lease is gone (failed extension, or another holder's token).

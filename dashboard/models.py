@@ -500,6 +500,9 @@ class Rollout(models.Model):
     step_index = models.SmallIntegerField(default=-1)
     step_started_at = models.DateTimeField(null=True, blank=True)
     auto = models.BooleanField(default=False)
+    #: Driver knobs: ``step_pause`` (s between automatic steps), ``min_samples`` (canary
+    #: attempts before a health verdict), ``warm_timeout`` (s before warming gives up).
+    options = models.JSONField(default=dict)
     started_by = models.CharField(max_length=150)
     lock_holder = models.CharField(max_length=255, blank=True, default="")
     lock_token = models.BigIntegerField(null=True, blank=True)

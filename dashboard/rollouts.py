@@ -411,6 +411,21 @@ def _lock_busy_message(queue: str) -> str | None:
     return f"the deploy lock of {queue!r} is held by {describe_lock(info)}"
 
 
+OPTIONS = {"step_pause": 60.0, "min_samples": 20, "warm_timeout": 600.0}
+
+
+def validate_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Driver knobs with their defaults (``OPTIONS``); unknown or negative ones refused."""
+    out = dict(OPTIONS)
+    for key, value in (options or {}).items():
+        if key not in OPTIONS:
+            raise RolloutError(f"unknown rollout option {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise RolloutError(f"{key} must be a non-negative number, not {value!r}")
+        out[key] = type(OPTIONS[key])(value)
+    return out
+
+
 def validate_steps(steps: Sequence[int] | None) -> list[int]:
     chosen = list(DEFAULT_STEPS if steps is None else steps)
     if not chosen:
@@ -430,6 +445,7 @@ def start_rollout(
     auto: bool = False,
     actor: Any,
     warm_set: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
     enqueue_driver: bool = True,
 ) -> Rollout:
     """Create a rollout of ``config`` on ``queue`` in state ``pending``; refuse at once if
@@ -448,6 +464,7 @@ def start_rollout(
        ``manage.py rollout drive``).
     """
     chosen = validate_steps(steps)
+    knobs = validate_options(options)
     fp, _ = fingerprint_config(config)
     current = current_version(queue)
     if current is not None and current.fingerprint == fp:
@@ -471,6 +488,7 @@ def start_rollout(
                 started_by=actor_name(actor),
                 lock_holder=who,
                 warm_set=dict(warm_set or {}),
+                options=knobs,
             )
             _event(
                 ro,
@@ -493,19 +511,89 @@ def start_rollout(
 
 
 def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = "system") -> bool:
-    """Put the rollout's driver on the ``rollouts`` queue (deterministic id: one driver
-    job per rollout and mode at a time)."""
+    """Put the rollout's driver on the ``rollouts`` queue; False if that job exists.
+
+    The id is deterministic (one driver job per rollout and mode) and the enqueue is
+    RQ's ``unique`` one (check-and-save in one script), so two enqueuers give one job.
+    No job timeout: the driver lives as long as the rollout (its lease, not RQ, bounds
+    a dead one).
+    """
+    from rq.exceptions import DuplicateJobError
+
     from dashboard import queues
 
     mode = "takeover" if takeover else "start"
-    return queues.enqueue_unique(
-        queues.queue(DRIVER_QUEUE),
-        "dashboard.deploylock.drive_rollout",
-        rollout_id,
-        takeover,
-        actor,
-        job_id=f"rollout-{rollout_id}-{mode}",
-    )
+    try:
+        queues.queue(DRIVER_QUEUE).enqueue(
+            "dashboard.deploylock.drive_rollout",
+            rollout_id,
+            takeover,
+            actor,
+            job_id=f"rollout-{rollout_id}-{mode}",
+            job_timeout=-1,
+            unique=True,
+            result_ttl=3600,
+            failure_ttl=7 * 24 * 3600,
+        )
+    except DuplicateJobError:
+        return False
+    return True
+
+
+def describe_rollout(ro: Rollout, *, timeline: bool = False) -> dict[str, Any]:
+    """A rollout as JSON (the API's and ``rollout status --json``'s shape)."""
+    v, prev = ro.version, ro.previous
+    out: dict[str, Any] = {
+        "id": ro.pk,
+        "queue": ro.queue,
+        "state": ro.state,
+        "version": {
+            "fingerprint": v.fingerprint,
+            "state": v.state,
+            "ramp_percent": v.ramp_percent,
+            "config": v.config,
+            "queue": physical_queue(v.queue, v.fingerprint),
+        },
+        "previous": {
+            "fingerprint": prev.fingerprint,
+            "state": prev.state,
+            "queue": physical_queue(prev.queue, prev.fingerprint),
+        }
+        if prev
+        else None,
+        "steps": ro.steps,
+        "step_index": ro.step_index,
+        "auto": ro.auto,
+        "started_by": ro.started_by,
+        "lock_holder": ro.lock_holder,
+        "lock_token": ro.lock_token,
+        "lock_since": ro.lock_since.isoformat() if ro.lock_since else None,
+        "heartbeat_at": ro.heartbeat_at.isoformat() if ro.heartbeat_at else None,
+        "pending_action": ro.pending_action,
+        "verdict": ro.verdict,
+        "diff": ro.diff,
+        "outcome": ro.outcome,
+        "created_at": ro.created_at.isoformat(),
+        "finished_at": ro.finished_at.isoformat() if ro.finished_at else None,
+    }
+    if timeline:
+        out["timeline"] = [
+            {
+                "at": e.at.isoformat(),
+                "actor": e.actor,
+                "action": e.action,
+                "from": e.from_state,
+                "to": e.to_state,
+                "token": e.token,
+                "reason": e.reason,
+                "detail": e.detail,
+                "version": e.version.fingerprint if e.version else None,
+            }
+            for e in RolloutEvent.objects.filter(rollout=ro)
+            .select_related("version")
+            .order_by("at", "id")
+        ]
+    return out
 
 
 def set_rollout_state(

@@ -12,76 +12,19 @@ from django.conf import settings
 from django.utils import timezone
 
 from dashboard import rollouts
-from dashboard.commits import write_chunk
 from dashboard.deploylock import ensure_baseline
-from dashboard.fencing import next_token
 from dashboard.models import (
-    AnalyzerVersion,
-    Chunk,
     Commit,
     FileChange,
     JobRun,
     Repository,
     WorkerBeat,
 )
-from dashboard.repositories import submit_repository
 from dashboard.warming import diff_results, record_view, select_warm_set, verify_warm_set
-from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
-from workers.history import stream_commits
-from workers.mirror import mirror_path
+from tests.rollout_support import analyse_as, analysed, report_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def history_with_renames(path: Path) -> GitRepo:
-    repo = GitRepo.create(path)
-    body = "".join(f"line {i}\n" for i in range(40))
-    repo.commit("start", {"src/a.py": body, "README.md": "hi\n"})
-    repo.commit("rename a", {"src/a.py": None, "src/b.py": body})  # 100 % similar
-    repo.commit("edit b", {"src/b.py": body + "more\n"})
-    repo.commit("move and tweak", {"src/b.py": None, "lib/b.py": body + "more\nagain\n"})
-    repo.commit("docs", {"README.md": "hi\nthere\n"})
-    return repo
-
-
-def analysed(tmp_path: Path, name: str) -> tuple[Repository, GitRepo]:
-    origin = history_with_renames(tmp_path / name)
-    repo, _ = submit_repository(url=str(origin.path))
-    run_workers()
-    repo.refresh_from_db()
-    assert repo.status == Repository.Status.READY, repo.error
-    return repo, origin
-
-
-def analyse_as(version: AnalyzerVersion, repo: Repository, shas: list[str]) -> int:
-    """What the new version's worker does for one chunk: stream with its config, write
-    under the chunk lock's newest fencing token."""
-    chunk = Chunk.objects.create(
-        repository=repo,
-        fingerprint=version.fingerprint,
-        key=f"{shas[0]}..{shas[-1]}" if len(shas) > 1 else shas[0],
-        shas="\n".join(shas),
-        size=len(shas),
-    )
-    cfg = version.config
-    records = list(
-        stream_commits(
-            mirror_path(settings.WORKSPACE, repo.pk),
-            shas,
-            detect_renames=cfg["detect_renames"],
-            ignore_whitespace=cfg["ignore_whitespace"],
-            exclude_paths=cfg["exclude_paths"],
-        )
-    )
-    return write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()))
-
-
-def report_worker(version: AnalyzerVersion) -> None:
-    WorkerBeat.objects.create(
-        name=f"w-{version.fp12}", host="h", pid=1, version=version.fingerprint,
-        queues=rollouts.physical_queue("analysis", version.fingerprint), last_seen=timezone.now(),
-    )  # fmt: skip
 
 
 def git_numbers(origin: GitRepo, sha: str, *flags: str) -> tuple[int, int, int, bool]:

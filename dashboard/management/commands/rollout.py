@@ -176,7 +176,7 @@ class Command(BaseCommand):
                 }
                 for v in versions
             ],
-            "rollout": _rollout_json(active) if active else None,
+            "rollout": rollouts.describe_rollout(active) if active else None,
             "deploy_lock": describe_lock(lock) if lock else None,
         }
         if o["json"]:
@@ -251,23 +251,3 @@ class Command(BaseCommand):
 
     def do_checklist(self, o: dict[str, Any]) -> None:
         self.stdout.write(rollout_checklist(Rollout.objects.get(pk=o["id"])), ending="")
-
-
-def _rollout_json(ro: Rollout) -> dict[str, Any]:
-    return {
-        "id": ro.pk,
-        "state": ro.state,
-        "version": ro.version.fingerprint,
-        "previous": ro.previous.fingerprint if ro.previous else None,
-        "steps": ro.steps,
-        "step_index": ro.step_index,
-        "auto": ro.auto,
-        "started_by": ro.started_by,
-        "lock_holder": ro.lock_holder,
-        "lock_token": ro.lock_token,
-        "lock_since": ro.lock_since.isoformat() if ro.lock_since else None,
-        "heartbeat_at": ro.heartbeat_at.isoformat() if ro.heartbeat_at else None,
-        "verdict": ro.verdict,
-        "diff_summary": ro.diff.get("summary"),
-        "outcome": ro.outcome,
-    }
