@@ -155,7 +155,11 @@ class RolloutDriver:
             ) from None
         try:
             with transaction.atomic():
-                ro = Rollout.objects.select_for_update().select_related("version").get(pk=ro.pk)
+                ro = (
+                    Rollout.objects.select_for_update(of=("self",))
+                    .select_related("version")
+                    .get(pk=ro.pk)
+                )
                 check_token(key, lock.token)
                 if not takeover and ro.state != R.PENDING:
                     raise RolloutError(f"rollout #{ro.pk} is {ro.state}: its driver already ran")
@@ -416,7 +420,11 @@ def abort_in_place(ro: Rollout, *, token: int, actor: Any, reason: str) -> Rollo
     state = AnalyzerVersion.objects.values_list("state", flat=True).get(pk=ro.version_id)
     if state == S.REGISTERED or ro.state == R.PENDING:
         with transaction.atomic():
-            locked = Rollout.objects.select_for_update().select_related("version").get(pk=ro.pk)
+            locked = (
+                Rollout.objects.select_for_update(of=("self",))
+                .select_related("version")
+                .get(pk=ro.pk)
+            )
             return rollouts.set_rollout_state(
                 rollout=locked,
                 to=R.ABORTED,

@@ -631,7 +631,11 @@ def set_rollout_state(
 
 def _locked_rollout(rollout: Rollout | int) -> Rollout:
     pk = rollout if isinstance(rollout, int) else rollout.pk
-    return Rollout.objects.select_for_update().select_related("version", "previous").get(pk=pk)
+    return (
+        Rollout.objects.select_for_update(of=("self",))
+        .select_related("version", "previous")
+        .get(pk=pk)
+    )
 
 
 def begin_warming(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
