@@ -187,6 +187,8 @@ def test_the_cli_drives_a_rollout_and_rolls_it_back(env, tmp_path: Path) -> None
     bad = manage(env, "start", "--set", "detect_renames=maybe", "--driver", "none")
     assert bad.returncode != 0 and "expected true or false" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    knob = manage(env, "start", "--set", "detect_renames=true", "--option", "pause=1")
+    assert knob.returncode != 0 and "unknown rollout option 'pause'" in knob.stderr
     out = manage(
         env,
         "start",
@@ -198,6 +200,10 @@ def test_the_cli_drives_a_rollout_and_rolls_it_back(env, tmp_path: Path) -> None
         "none",
         "--actor",
         "carol",
+        "--option",
+        "step_pause=5",
+        "--warm-commits",
+        "7",
     )
     assert out.returncode == 0, out.stderr
     pk = int(out.stdout.split()[1])
@@ -205,6 +211,7 @@ def test_the_cli_drives_a_rollout_and_rolls_it_back(env, tmp_path: Path) -> None
     assert again.returncode != 0 and f"rollout #{pk}" in again.stderr
     ro = Rollout.objects.get(pk=pk)
     assert (ro.steps, ro.started_by, ro.state) == ([20, 100], "carol", "pending")
+    assert ro.options["step_pause"] == 5.0 and ro.warm_set == {"commits_per_repository": 7}
     # Drive it in this test process (as an RQ driver job would) and let the CLI act on it.
     d = RolloutDriver(pk, ttl=5.0)
     d.acquire(actor="carol")

@@ -62,6 +62,16 @@ class Command(BaseCommand):
         start.add_argument("--steps", help="ramp percentages, e.g. 10,50,100")
         start.add_argument("--auto", action="store_true", help="advance steps by health check")
         start.add_argument(
+            "--option",
+            action="append",
+            default=[],
+            metavar="KEY=SECONDS",
+            help="driver knob: step_pause, min_samples, warm_timeout",
+        )
+        start.add_argument("--warm-repositories", type=int, help="size of the warm set")
+        start.add_argument("--warm-commits", type=int, help="newest commits per repository")
+        start.add_argument("--warm-threshold", type=float, help="coverage needed, 0..1")
+        start.add_argument(
             "--driver",
             choices=["queue", "here", "none"],
             default="queue",
@@ -118,6 +128,28 @@ class Command(BaseCommand):
                 if not sep:
                     raise CommandError(f"--set expects KEY=VALUE, not {item!r}")
                 config[key.strip()] = parse_value(key.strip(), raw.strip())
+        options: dict[str, float] = {}
+        for item in o["option"]:
+            key, sep, raw = item.partition("=")
+            try:
+                options[key.strip()] = float(raw)
+            except ValueError:
+                raise CommandError(f"--option expects KEY=NUMBER, not {item!r}") from None
+            if not sep:
+                raise CommandError(f"--option expects KEY=NUMBER, not {item!r}")
+        warm = {
+            k: o[f"warm_{name}"]
+            for k, name in [
+                ("repositories", "repositories"),
+                ("commits_per_repository", "commits"),
+                ("threshold", "threshold"),
+            ]
+            if o[f"warm_{name}"] is not None
+        }
+        if "threshold" in warm and not 0 < warm["threshold"] <= 1:
+            raise CommandError("--warm-threshold must be in (0, 1]")
+        if any(warm.get(k, 1) < 1 for k in ("repositories", "commits_per_repository")):
+            raise CommandError("--warm-repositories and --warm-commits must be at least 1")
         from dashboard.deploylock import ensure_baseline
 
         ensure_baseline(queue=o["queue"], actor=o["actor"])
@@ -127,6 +159,8 @@ class Command(BaseCommand):
             steps=parse_steps(o["steps"]),
             auto=o["auto"],
             actor=o["actor"],
+            warm_set=warm,
+            options=options,
             enqueue_driver=o["driver"] == "queue",
         )
         if o["driver"] == "here":
