@@ -1,4 +1,5 @@
-"""A rollout's release checklist, read from its events (``RolloutEvent``), as Markdown."""
+"""Reading a rollout back from its row and its events (``RolloutEvent``): the JSON
+description (the API's shape) and the release checklist (Markdown)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,62 @@ from typing import Any
 
 from dashboard.models import Rollout, RolloutEvent
 from dashboard.rollouts import physical_queue
+
+
+def describe_rollout(ro: Rollout, *, timeline: bool = False) -> dict[str, Any]:
+    """A rollout as JSON (the API's and ``rollout status --json``'s shape)."""
+    v, prev = ro.version, ro.previous
+    out: dict[str, Any] = {
+        "id": ro.pk,
+        "queue": ro.queue,
+        "state": ro.state,
+        "version": {
+            "fingerprint": v.fingerprint,
+            "state": v.state,
+            "ramp_percent": v.ramp_percent,
+            "config": v.config,
+            "queue": physical_queue(v.queue, v.fingerprint),
+        },
+        "previous": {
+            "fingerprint": prev.fingerprint,
+            "state": prev.state,
+            "queue": physical_queue(prev.queue, prev.fingerprint),
+        }
+        if prev
+        else None,
+        "steps": ro.steps,
+        "step_index": ro.step_index,
+        "auto": ro.auto,
+        "started_by": ro.started_by,
+        "lock_holder": ro.lock_holder,
+        "lock_token": ro.lock_token,
+        "lock_since": ro.lock_since.isoformat() if ro.lock_since else None,
+        "heartbeat_at": ro.heartbeat_at.isoformat() if ro.heartbeat_at else None,
+        "pending_action": ro.pending_action,
+        "verdict": ro.verdict,
+        "diff": ro.diff,
+        "outcome": ro.outcome,
+        "created_at": ro.created_at.isoformat(),
+        "finished_at": ro.finished_at.isoformat() if ro.finished_at else None,
+    }
+    if timeline:
+        out["timeline"] = [
+            {
+                "at": e.at.isoformat(),
+                "actor": e.actor,
+                "action": e.action,
+                "from": e.from_state,
+                "to": e.to_state,
+                "token": e.token,
+                "reason": e.reason,
+                "detail": e.detail,
+                "version": e.version.fingerprint if e.version else None,
+            }
+            for e in RolloutEvent.objects.filter(rollout=ro)
+            .select_related("version")
+            .order_by("at", "id")
+        ]
+    return out
 
 
 def _md(text: Any) -> str:

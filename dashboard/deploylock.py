@@ -182,7 +182,7 @@ class RolloutDriver:
                         "updated_at",
                     ]
                 )
-                rollouts._event(
+                rollouts.record_event(
                     ro,
                     ro.version,
                     "takeover" if takeover else "lock.taken",
@@ -263,7 +263,7 @@ class RolloutDriver:
                 log.warning("rollout #%s: deploy lock release failed: %s", self.rollout_id, exc)
         with transaction.atomic():
             ro = Rollout.objects.select_related("version").get(pk=self.rollout_id)
-            rollouts._event(
+            rollouts.record_event(
                 ro,
                 ro.version,
                 "lock.released" if released else "lock.lost",
@@ -318,7 +318,7 @@ class RolloutDriver:
                 abort_in_place(ro, token=token, actor=actor, reason=action)
         except (RolloutError, KeyError, ValueError, TypeError) as exc:
             with transaction.atomic():
-                rollouts._event(
+                rollouts.record_event(
                     ro,
                     ro.version,
                     "action.failed",

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard import rollouts
-from dashboard.checklists import rollout_checklist
+from dashboard.checklists import describe_rollout, rollout_checklist
 from dashboard.deploylock import (
     RolloutDriver,
     abort_rollout,
@@ -210,7 +210,7 @@ class Command(BaseCommand):
                 }
                 for v in versions
             ],
-            "rollout": rollouts.describe_rollout(active) if active else None,
+            "rollout": describe_rollout(active) if active else None,
             "deploy_lock": describe_lock(lock) if lock else None,
         }
         if o["json"]:
