@@ -23,7 +23,6 @@ still running (emergency rollback); both are audited.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -198,6 +197,9 @@ class RolloutDriver:
                         **({"previous": old} if takeover else {}),
                     },
                 )
+                rollouts.publish_rollout_event(
+                    ro.version, ro, "takeover" if takeover else "lock_taken"
+                )
                 if ro.state == R.PENDING:
                     rollouts.set_rollout_state(
                         rollout=ro,
@@ -273,6 +275,9 @@ class RolloutDriver:
                 reason or ("deploy lock released" if released else "lease lost"),
                 lock.token,
                 {"key": lock.key, "holder": self.name},
+            )
+            rollouts.publish_rollout_event(
+                ro.version, ro, "lock_released" if released else "lock_lost"
             )
 
     # ------------------------------------------------------------------------ driving
@@ -525,49 +530,3 @@ def _holder_alive(ro: Rollout) -> bool:
     """The rollout's lock is in Redis under its recorded token (a live lease)."""
     info = _redlock().inspect(lockkeys.deploy(ro.queue))
     return bool(info and (info.get("holder") or {}).get("token") == ro.lock_token)
-
-
-def ensure_baseline(*, queue: str = rollouts.QUEUE, actor: Any = "system") -> AnalyzerVersion:
-    """The queue's current version; on a queue that never had one, register the
-    deployed default config and make it current (registered → current, the only edge
-    that skips the gate) under a short hold of the deploy lock."""
-    current = rollouts.current_version(queue)
-    if current is not None:
-        return current
-    from workers.analyzer import DEFAULT
-
-    version = rollouts.register_version(
-        queue=queue,
-        config={
-            "detect_renames": DEFAULT.detect_renames,
-            "ignore_whitespace": DEFAULT.ignore_whitespace,
-            "exclude_paths": list(DEFAULT.exclude_paths),
-        },
-        actor=actor,
-    )
-    key = lockkeys.deploy(queue)
-    try:
-        lock = _redlock().acquire(
-            key,
-            ttl=max(settings.LOCK_TTL, 5.0),
-            holder={"worker": f"baseline@{socket.gethostname()}"},
-        )
-    except LockNotAcquired:
-        raise RolloutBusy(
-            f"the deploy lock of {queue!r} is held by {describe_lock(_redlock().inspect(key))}"
-        ) from None
-    try:
-        # InvalidTransition: another process made a version current meanwhile.
-        with contextlib.suppress(rollouts.InvalidTransition):
-            rollouts.do_transition(
-                version=version,
-                to=S.CURRENT,
-                actor=actor,
-                token=lock.token,
-                reason="baseline: the deployed default analyzer",
-            )
-    finally:
-        lock.release()
-    current = rollouts.current_version(queue)
-    assert current is not None
-    return current

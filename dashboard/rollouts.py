@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -36,8 +35,10 @@ from dashboard.versions import (
     check_fence,
     check_version_drain,
     current_version,
+    describe_lock,
     do_transition,
     drain_counts,
+    ensure_baseline,
     fingerprint_config,
     physical_queue,
     publish_rollout_event,
@@ -50,7 +51,8 @@ from workers import lockkeys
 __all__ = [
     "ALLOWED", "QUEUE", "ROUTABLE", "STAFFED", "TOKENLESS", "InvalidConfig",
     "InvalidTransition", "RolloutBusy", "RolloutConflict", "RolloutError", "actor_name",
-    "check_version_drain", "current_version", "do_transition", "drain_counts",
+    "check_version_drain", "current_version", "describe_lock", "do_transition", "drain_counts",
+    "ensure_baseline",
     "fingerprint_config", "physical_queue", "ramping_version", "register_version",
 ]  # fmt: skip
 
@@ -82,22 +84,6 @@ def busy_message(queue: str) -> str | None:
     if ro is not None:
         return f"{queue!r} is already being rolled out: {_describe_holder(ro)}"
     return None
-
-
-def describe_lock(info: dict[str, Any] | None) -> str:
-    """``driver@host:pid (token 7) since 2026-12-01T13:50:02+00:00, 21.4s left``."""
-    if not info:
-        return "nobody"
-    holder = info.get("holder") or {}
-    who = holder.get("worker") or f"{holder.get('host')}:{holder.get('pid')}"
-    since = holder.get("acquired_at")
-    when = (
-        datetime.fromtimestamp(float(since), tz=timezone.get_current_timezone()).isoformat()
-        if isinstance(since, int | float)
-        else "an unknown time"
-    )
-    left = info.get("ttl_ms", 0) / 1000
-    return f"{who} (token {holder.get('token')}) since {when}, {left:.1f}s left"
 
 
 def _lock_busy_message(queue: str) -> str | None:
@@ -151,7 +137,8 @@ def start_rollout(
     """Create a rollout of ``config`` on ``queue`` in state ``pending``; refuse at once if
     the queue already has one (``RolloutBusy`` naming its holder and since when).
 
-    1. Validate config and steps; the config must not be the current version's.
+    1. Validate config, steps and options; the config must not be the current
+       version's (a queue without one first adopts the deployed default: the baseline).
     2. Refuse if an active rollout row exists for the queue, or its deploy lock is held.
        Then register the version (idempotent); it must be registered, warm_failed or
        drained (startable).
@@ -166,7 +153,7 @@ def start_rollout(
     chosen = validate_steps(steps)
     knobs = validate_options(options)
     fp, _ = fingerprint_config(config)
-    current = current_version(queue)
+    current = current_version(queue) or ensure_baseline(queue=queue, actor=actor)
     if current is not None and current.fingerprint == fp:
         raise RolloutError(f"{current} is already current: nothing to roll out")
     # Refused before anything is written: a refused start leaves no trace but its message.

@@ -26,9 +26,13 @@ versions through these transitions.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -37,6 +41,7 @@ from dashboard.fencing import StaleToken, check_token
 from dashboard.live import EVENT_TYPES, publish_event
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from workers import analyzer, lockkeys
+from workers.locks import LockNotAcquired
 
 QUEUE = "analysis"
 
@@ -266,17 +271,19 @@ def do_transition(
     version_id = version if isinstance(version, int) else version.pk
     rollout_id = rollout if isinstance(rollout, int) or rollout is None else rollout.pk
     with transaction.atomic():
+        # Lock order everywhere: the rollout row, then the queue's versions (by pk), then
+        # the fencing counter (check_token): two transitions of one queue cannot deadlock.
+        ro = (
+            Rollout.objects.select_for_update().get(pk=rollout_id)
+            if rollout_id is not None
+            else None
+        )
         queue = AnalyzerVersion.objects.values_list("queue", flat=True).get(pk=version_id)
         rows = {
             v.pk: v
             for v in AnalyzerVersion.objects.select_for_update().filter(queue=queue).order_by("pk")
         }
         row = rows[version_id]
-        ro = (
-            Rollout.objects.select_for_update().get(pk=rollout_id)
-            if rollout_id is not None
-            else None
-        )
         if to not in TOKENLESS:
             check_fence(queue, ro, token)
         src = row.state
@@ -350,6 +357,70 @@ def _apply(
     )
     record_event(ro, row, "transition", src, to, actor, reason, token, detail)
     publish_rollout_event(row, ro, to)
+
+
+# ---------------------------------------------------------------------------- the deploy lock
+
+
+def describe_lock(info: dict[str, Any] | None) -> str:
+    """``driver@host:pid (token 7) since 2026-12-01T13:50:02+00:00, 21.4s left``."""
+    if not info:
+        return "nobody"
+    holder = info.get("holder") or {}
+    who = holder.get("worker") or f"{holder.get('host')}:{holder.get('pid')}"
+    since = holder.get("acquired_at")
+    when = (
+        datetime.fromtimestamp(float(since), tz=timezone.get_current_timezone()).isoformat()
+        if isinstance(since, int | float)
+        else "an unknown time"
+    )
+    left = info.get("ttl_ms", 0) / 1000
+    return f"{who} (token {holder.get('token')}) since {when}, {left:.1f}s left"
+
+
+def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVersion:
+    """The queue's current version; on a queue that never had one, register the
+    deployed default config and make it current (registered → current, the only edge
+    that skips the gate) under a short hold of the deploy lock."""
+    current = current_version(queue)
+    if current is not None:
+        return current
+    from dashboard import queues
+
+    version = register_version(
+        queue=queue,
+        config={
+            "detect_renames": analyzer.DEFAULT.detect_renames,
+            "ignore_whitespace": analyzer.DEFAULT.ignore_whitespace,
+            "exclude_paths": list(analyzer.DEFAULT.exclude_paths),
+        },
+        actor=actor,
+    )
+    key = lockkeys.deploy(queue)
+    try:
+        lock = queues.redlock().acquire(
+            key,
+            ttl=max(settings.LOCK_TTL, 5.0),
+            holder={"worker": f"baseline@{socket.gethostname()}"},
+        )
+    except LockNotAcquired:
+        held = describe_lock(queues.redlock().inspect(key))
+        raise RolloutBusy(f"the deploy lock of {queue!r} is held by {held}") from None
+    try:
+        # InvalidTransition: another process made a version current meanwhile.
+        with contextlib.suppress(InvalidTransition):
+            do_transition(
+                version=version,
+                to=S.CURRENT,
+                actor=actor,
+                token=lock.token,
+                reason="baseline: the deployed default analyzer",
+            )
+    finally:
+        lock.release()
+    current = current_version(queue)
+    assert current is not None
+    return current
 
 
 # ---------------------------------------------------------------------------- drains

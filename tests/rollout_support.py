@@ -18,11 +18,12 @@ from django.utils import timezone
 
 from dashboard import rollouts
 from dashboard.commits import write_chunk
-from dashboard.deploylock import RolloutDriver, ensure_baseline
+from dashboard.deploylock import RolloutDriver
 from dashboard.fencing import next_token
 from dashboard.live import OPS_GROUP
 from dashboard.models import AnalyzerVersion, Chunk, Repository, Rollout, WorkerBeat
 from dashboard.repositories import submit_repository
+from dashboard.rollouts import ensure_baseline
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from workers.history import stream_commits

@@ -10,8 +10,8 @@ import pytest
 
 from dashboard import rollouts
 from dashboard.canary import NoRoutableVersion, bucket, queue_for, route, version_for
-from dashboard.deploylock import ensure_baseline
 from dashboard.models import AnalyzerVersion
+from dashboard.rollouts import ensure_baseline
 from tests.rollout_support import PASSING, _release_drivers, start  # noqa: F401 (fixture)
 
 S = AnalyzerVersion.State

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dashboard import queues, rollouts
-from dashboard.deploylock import RolloutDriver, ensure_baseline, takeover_rollout
+from dashboard.deploylock import RolloutDriver, takeover_rollout
 from dashboard.models import AnalyzerVersion, AuditEntry, Rollout, RolloutEvent
-from dashboard.rollouts import RolloutBusy, RolloutConflict
+from dashboard.rollouts import RolloutBusy, RolloutConflict, ensure_baseline
 from tests.processes import ROOT, worker_env
 from tests.rollout_support import (  # noqa: F401 (fixture)
     DRIVERS,

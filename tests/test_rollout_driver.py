@@ -15,8 +15,9 @@ from rq import SimpleWorker
 from rq.job import Job
 
 from dashboard import queues, rollouts
-from dashboard.deploylock import RolloutDriver, ensure_baseline
+from dashboard.deploylock import RolloutDriver
 from dashboard.models import AnalyzerVersion, JobAttempt, JobRun, Rollout, RolloutEvent
+from dashboard.rollouts import ensure_baseline
 from tests.rollout_support import (  # noqa: F401 (fixture)
     DRIVERS,
     PASSING,

@@ -7,7 +7,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from dashboard import rollouts
-from dashboard.deploylock import RolloutDriver, ensure_baseline, takeover_rollout
+from dashboard.deploylock import RolloutDriver, takeover_rollout
 from dashboard.fencing import next_token
 from dashboard.models import AnalyzerVersion, AuditEntry, Rollout, RolloutEvent
 from dashboard.rollouts import (
@@ -16,6 +16,7 @@ from dashboard.rollouts import (
     RolloutBusy,
     RolloutConflict,
     RolloutError,
+    ensure_baseline,
 )
 from tests.rollout_support import (  # noqa: F401 (fixture)
     DRIVERS,
@@ -65,7 +66,7 @@ def test_a_rollout_walks_every_state_to_current_and_records_each_step() -> None:
             row = AnalyzerVersion.objects.get(pk=v.pk)
             assert (row.state, row.ramp_percent, ro.step_index) == (S.RAMPING, p, ro.steps.index(p))
         ro = rollouts.promote(rollout=ro, token=token, actor="alice")
-        events = collect(13)
+        events = collect(14)
     assert ro.state == Rollout.State.COMPLETED and ro.finished_at is not None
     assert (state(v.pk), state(base.pk)) == (S.CURRENT, S.DRAINING)
     assert AnalyzerVersion.objects.get(pk=v.pk).ramp_percent == 0
@@ -93,6 +94,7 @@ def test_a_rollout_walks_every_state_to_current_and_records_each_step() -> None:
         "rollout.current",
         "rollout.registered",  # … then the new version
         "rollout.pending",
+        "rollout.lock_taken",
         "rollout.active",
         "rollout.warming",
         "rollout.verified",
@@ -355,3 +357,25 @@ def test_a_driver_of_a_rollout_that_is_not_pending_refuses_to_start() -> None:
     with pytest.raises(RolloutError, match="already ran"):
         second.acquire()
     driver.release()
+
+
+def test_the_checklist_lists_each_step_and_keeps_hostile_text_inert() -> None:
+    from dashboard.checklists import describe_rollout, rollout_checklist
+
+    ro, driver = start(actor="eve|<script>alert(1)</script>\n# injected")
+    verify(ro, driver)
+    token = int(driver.token or 0)
+    rollouts.set_ramp(rollout=ro, percent=10, token=token, actor="a")
+    rollouts.rollback(rollout=ro, token=token, actor="a", reason="bad | numbers\n`x`")
+    md = rollout_checklist(ro)
+    assert "<script>" not in md and "\n# injected" not in md
+    assert "eve\\|&lt;script&gt;alert(1)&lt;/script&gt; # injected" in md
+    assert "bad \\| numbers 'x'" in md
+    assert "- [x] Ramp 0% → 10%" in md and "- [ ] Promoted to current" in md
+    # Every timeline row is one table row of six cells.
+    rows = [ln for ln in md.splitlines() if ln.startswith("| 20")]
+    assert len(rows) == RolloutEvent.objects.filter(rollout=ro).count()
+    assert all(ln.replace("\\|", "").count("|") == 7 for ln in rows)
+    data = describe_rollout(Rollout.objects.get(pk=ro.pk), timeline=True)
+    assert data["state"] == "rolling_back" and data["lock_token"] == token
+    assert [e["action"] for e in data["timeline"]][:3] == ["rollout", "lock.taken", "rollout"]

@@ -12,7 +12,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from dashboard import rollouts
-from dashboard.deploylock import ensure_baseline
 from dashboard.models import (
     Commit,
     FileChange,
@@ -20,6 +19,7 @@ from dashboard.models import (
     Repository,
     WorkerBeat,
 )
+from dashboard.rollouts import ensure_baseline
 from dashboard.warming import diff_results, record_view, select_warm_set, verify_warm_set
 from tests.gitrepo import GitRepo
 from tests.rollout_support import analyse_as, analysed, report_worker

@@ -150,7 +150,7 @@ class Command(BaseCommand):
             raise CommandError("--warm-threshold must be in (0, 1]")
         if any(warm.get(k, 1) < 1 for k in ("repositories", "commits_per_repository")):
             raise CommandError("--warm-repositories and --warm-commits must be at least 1")
-        from dashboard.deploylock import ensure_baseline
+        from dashboard.rollouts import ensure_baseline
 
         ensure_baseline(queue=o["queue"], actor=o["actor"])
         ro = rollouts.start_rollout(
