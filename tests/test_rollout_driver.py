@@ -169,3 +169,39 @@ def test_warming_that_never_completes_fails_the_gate_after_its_timeout(tmp_path:
     ro.refresh_from_db()
     assert ro.state == Rollout.State.FAILED and "gave up" in ro.outcome
     assert AnalyzerVersion.objects.get(pk=ro.version_id).state == S.WARM_FAILED
+
+
+def test_after_a_rollback_the_previous_results_are_served_as_stored(tmp_path: Path) -> None:
+    """Rollback after promote: the previous version is current again and its stored
+    results (and cached aggregates) are read back as they were: nothing recomputed."""
+    from dashboard.models import Commit, Summary
+    from dashboard.summaries import repository_summary
+
+    base = ensure_baseline(actor="setup")
+    repo, origin = analysed(tmp_path, "r")
+    before = repository_summary(repo, base.fingerprint)
+    cached_at = Summary.objects.get(repository=repo, fingerprint=base.fingerprint).computed_at
+    ro = rollouts.start_rollout(config=RENAMES, actor="ci", enqueue_driver=False)
+    driver = RolloutDriver(ro.pk, ttl=5.0)
+    driver.acquire(actor="ci")
+    DRIVERS.append(driver)
+    token = int(driver.token or 0)
+    new = AnalyzerVersion.objects.get(pk=ro.version_id)
+    analyse_as(new, repo, list(reversed(origin.shas())))
+    rollouts.begin_warming(rollout=ro, token=token, actor="ci")
+    rollouts.record_verdict(rollout=ro, verdict=PASSING, token=token, actor="ci")
+    rollouts.set_ramp(rollout=ro, percent=100, token=token, actor="ci")
+    rollouts.promote(rollout=ro, token=token, actor="ci")
+    driver.release()
+    assert rollouts.current_version().fingerprint == new.fingerprint
+    assert repository_summary(repo, new.fingerprint) != before  # renames counted once
+    from dashboard.deploylock import rollback_rollout
+
+    rollback_rollout(rollout=ro.pk, actor="ops", reason="regression", ttl=5.0)
+    current = rollouts.current_version()
+    assert current.fingerprint == base.fingerprint
+    assert repository_summary(repo, current.fingerprint) == before
+    row = Summary.objects.get(repository=repo, fingerprint=base.fingerprint)
+    assert row.computed_at == cached_at  # served from the cache: no recomputation
+    stored = Commit.objects.filter(repository=repo, fingerprint=base.fingerprint)
+    assert stored.count() == len(origin.shas()) == stored.values("sha").distinct().count()
