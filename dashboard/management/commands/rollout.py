@@ -1,0 +1,287 @@
+"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist``.
+
+Thin adapters over ``dashboard.rollouts`` / ``dashboard.deploylock``; every refusal is
+one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from dashboard import rollouts
+from dashboard.checklists import describe_rollout, rollout_checklist
+from dashboard.deploylock import (
+    RolloutDriver,
+    abort_rollout,
+    describe_lock,
+    rollback_rollout,
+    takeover_rollout,
+)
+from dashboard.models import AnalyzerVersion, Rollout
+
+TERMINAL = {"completed", "rolled_back", "failed", "aborted"}
+
+
+def parse_value(key: str, raw: str) -> Any:
+    if key == "exclude_paths":
+        return [p for p in raw.split(",") if p]
+    if raw.lower() in {"true", "yes", "1", "on"}:
+        return True
+    if raw.lower() in {"false", "no", "0", "off"}:
+        return False
+    raise CommandError(f"--set {key}: expected true or false, not {raw!r}")
+
+
+def parse_steps(raw: str | None) -> list[int] | None:
+    if raw is None:
+        return None
+    try:
+        return [int(s) for s in raw.split(",") if s.strip()]
+    except ValueError:
+        raise CommandError(f"--steps must be comma-separated percentages, not {raw!r}") from None
+
+
+class Command(BaseCommand):
+    help = "Roll out, inspect and roll back analyzer versions (DESIGN §7)."
+
+    def add_arguments(self, parser: Any) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        start = sub.add_parser("start", help="start a rollout of a new analyzer config")
+        start.add_argument("--queue", default=rollouts.QUEUE)
+        src = start.add_mutually_exclusive_group(required=True)
+        src.add_argument("--config", type=Path, help="a JSON file with the analyzer config")
+        src.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config key")
+        start.add_argument("--steps", help="ramp percentages, e.g. 10,50,100")
+        start.add_argument("--auto", action="store_true", help="advance steps by health check")
+        start.add_argument(
+            "--option",
+            action="append",
+            default=[],
+            metavar="KEY=SECONDS",
+            help="driver knob: step_pause, min_samples, warm_timeout",
+        )
+        start.add_argument("--warm-repositories", type=int, help="size of the warm set")
+        start.add_argument("--warm-commits", type=int, help="newest commits per repository")
+        start.add_argument("--warm-threshold", type=float, help="coverage needed, 0..1")
+        start.add_argument(
+            "--driver",
+            choices=["queue", "here", "none"],
+            default="queue",
+            help="who holds the deploy lock: an RQ job on the 'rollouts' queue (default), "
+            "this process in the foreground, or nobody yet (use `rollout drive ID`)",
+        )
+        start.add_argument("--wait", action="store_true", help="block until it ends")
+        start.add_argument("--timeout", type=float, default=30.0)
+        status = sub.add_parser("status", help="versions and rollouts")
+        status.add_argument("--queue", default=rollouts.QUEUE)
+        status.add_argument("--json", action="store_true")
+        for name, text in [
+            ("promote", "next ramp step, or make the version current after the last"),
+            ("rollback", "route back to the previous version and drain the new one"),
+            ("abort", "roll back a rollout whose driver died (or --force)"),
+            ("takeover", "take the deploy lock of a rollout whose driver died (or --force)"),
+            ("drive", "run a rollout's driver in the foreground"),
+            ("checklist", "the rollout's release checklist as Markdown"),
+        ]:
+            p = sub.add_parser(name, help=text)
+            p.add_argument("id", type=int)
+            if name in {"rollback", "abort", "takeover", "drive"}:
+                p.add_argument("--force", action="store_true", help="break a live lease")
+                p.add_argument("--reason", default="")
+            if name in {"promote", "rollback", "abort"}:
+                p.add_argument("--timeout", type=float, default=30.0)
+            if name == "drive":
+                p.add_argument("--takeover", action="store_true")
+        for p in sub.choices.values():
+            p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            getattr(self, f"do_{options['action']}")(options)
+        except rollouts.RolloutError as exc:
+            raise CommandError(str(exc)) from None
+        except Rollout.DoesNotExist:
+            raise CommandError(f"no rollout #{options.get('id')}") from None
+
+    # ------------------------------------------------------------------------ actions
+
+    def do_start(self, o: dict[str, Any]) -> None:
+        if o["config"] is not None:
+            try:
+                config = json.loads(o["config"].read_text())
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"--config {o['config']}: {exc}") from None
+            if not isinstance(config, dict):
+                raise CommandError("--config must hold a JSON object")
+        else:
+            config = {}
+            for item in o["set"]:
+                key, sep, raw = item.partition("=")
+                if not sep:
+                    raise CommandError(f"--set expects KEY=VALUE, not {item!r}")
+                config[key.strip()] = parse_value(key.strip(), raw.strip())
+        options: dict[str, float] = {}
+        for item in o["option"]:
+            key, sep, raw = item.partition("=")
+            try:
+                options[key.strip()] = float(raw)
+            except ValueError:
+                raise CommandError(f"--option expects KEY=NUMBER, not {item!r}") from None
+            if not sep:
+                raise CommandError(f"--option expects KEY=NUMBER, not {item!r}")
+        warm = {
+            k: o[f"warm_{name}"]
+            for k, name in [
+                ("repositories", "repositories"),
+                ("commits_per_repository", "commits"),
+                ("threshold", "threshold"),
+            ]
+            if o[f"warm_{name}"] is not None
+        }
+        if "threshold" in warm and not 0 < warm["threshold"] <= 1:
+            raise CommandError("--warm-threshold must be in (0, 1]")
+        if any(warm.get(k, 1) < 1 for k in ("repositories", "commits_per_repository")):
+            raise CommandError("--warm-repositories and --warm-commits must be at least 1")
+        from dashboard.rollouts import ensure_baseline
+
+        ensure_baseline(queue=o["queue"], actor=o["actor"])
+        ro = rollouts.start_rollout(
+            queue=o["queue"],
+            config=config,
+            steps=parse_steps(o["steps"]),
+            auto=o["auto"],
+            actor=o["actor"],
+            warm_set=warm,
+            options=options,
+            enqueue_driver=o["driver"] == "queue",
+        )
+        if o["driver"] == "here":
+            self.stdout.write(f"rollout {ro.pk}")
+            self._drive(RolloutDriver(ro.pk), o, takeover=False)
+            return
+        if o["driver"] == "queue":
+            ro = self._wait(ro.pk, lambda r: r.state != "pending", o["timeout"], "the deploy lock")
+        self.stdout.write(f"rollout {ro.pk} {ro.state}")
+        if o["wait"]:
+            ro = self._wait(ro.pk, lambda r: r.state in TERMINAL, None, "the end")
+            self.stdout.write(f"rollout {ro.pk} {ro.state}: {ro.outcome}")
+            if ro.state != "completed":
+                raise CommandError(f"rollout {ro.pk} {ro.state}: {ro.outcome}")
+
+    def _wait(self, pk: int, done: Any, timeout: float | None, what: str) -> Rollout:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ro = Rollout.objects.select_related("version").get(pk=pk)
+            if done(ro) or ro.state in TERMINAL:
+                return ro
+            if deadline is not None and time.monotonic() > deadline:
+                raise CommandError(
+                    f"rollout {pk}: no driver took {what} within {timeout:.0f}s "
+                    "(is a worker serving the 'rollouts' queue? or use `rollout drive "
+                    f"{pk}`)"
+                )
+            time.sleep(0.2)
+
+    def do_status(self, o: dict[str, Any]) -> None:
+        from dashboard import queues
+        from workers import lockkeys
+
+        versions = AnalyzerVersion.objects.filter(queue=o["queue"]).order_by("-created_at")
+        active = rollouts.active_rollout(o["queue"])
+        lock = queues.redlock().inspect(lockkeys.deploy(o["queue"]))
+        data = {
+            "queue": o["queue"],
+            "versions": [
+                {
+                    "fingerprint": v.fingerprint,
+                    "state": v.state,
+                    "ramp_percent": v.ramp_percent,
+                    "config": v.config,
+                    "queue": rollouts.physical_queue(v.queue, v.fingerprint),
+                    "verified_at": v.verified_at.isoformat() if v.verified_at else None,
+                }
+                for v in versions
+            ],
+            "rollout": describe_rollout(active) if active else None,
+            "deploy_lock": describe_lock(lock) if lock else None,
+        }
+        if o["json"]:
+            self.stdout.write(json.dumps(data))
+            return
+        for v in data["versions"]:
+            ramp = f" {v['ramp_percent']}%" if v["state"] == "ramping" else ""
+            self.stdout.write(f"{v['queue']}  {v['state']}{ramp}  {json.dumps(v['config'])}")
+        if active is None:
+            self.stdout.write("no active rollout")
+        else:
+            self.stdout.write(
+                f"rollout {active.pk} {active.state}: {active.version.fp12} by "
+                f"{active.started_by}; lock {data['deploy_lock'] or 'not held'}"
+            )
+
+    def do_promote(self, o: dict[str, Any]) -> None:
+        ro = rollouts.request_action(rollout=o["id"], action="promote", actor=o["actor"])
+        ro = self._wait(ro.pk, lambda r: r.pending_action is None, o["timeout"], "the request")
+        version = AnalyzerVersion.objects.get(pk=ro.version_id)
+        self.stdout.write(f"rollout {ro.pk} {ro.state}: {version.state} {version.ramp_percent}%")
+
+    def do_rollback(self, o: dict[str, Any]) -> None:
+        ro = rollback_rollout(
+            rollout=o["id"],
+            actor=o["actor"],
+            reason=o["reason"] or "rollback",
+            force=o["force"],
+            wait=o["timeout"],
+        )
+        self.stdout.write(f"rollout {ro.pk} {ro.state}")
+
+    def do_abort(self, o: dict[str, Any]) -> None:
+        ro = abort_rollout(
+            rollout=o["id"],
+            actor=o["actor"],
+            reason=o["reason"] or "abort",
+            force=o["force"],
+            wait=o["timeout"],
+        )
+        self.stdout.write(f"rollout {ro.pk} {ro.state}")
+
+    def do_takeover(self, o: dict[str, Any]) -> None:
+        driver = takeover_rollout(
+            rollout=o["id"], actor=o["actor"], reason=o["reason"] or "takeover", force=o["force"]
+        )
+        self.stdout.write(f"rollout {o['id']} taken over with token {driver.token}")
+        self._drive(driver, o, takeover=True, acquired=True)
+
+    def do_drive(self, o: dict[str, Any]) -> None:
+        self._drive(RolloutDriver(o["id"]), o, takeover=o["takeover"])
+
+    def _drive(
+        self, driver: RolloutDriver, o: dict[str, Any], *, takeover: bool, acquired: bool = False
+    ) -> None:
+        """Hold the lock in the foreground; SIGTERM/SIGINT release it and leave the
+        rollout for a takeover."""
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        if not acquired:
+            driver.acquire(
+                actor=o["actor"],
+                takeover=takeover,
+                force=o.get("force", False),
+                reason=o.get("reason") or "driver started",
+            )
+        self.stdout.write(f"holding the deploy lock with token {driver.token}")
+        self.stdout.flush()
+        final = driver.run(stop=stop)
+        self.stdout.write(f"rollout {driver.rollout_id} {final}")
+
+    def do_checklist(self, o: dict[str, Any]) -> None:
+        self.stdout.write(rollout_checklist(Rollout.objects.get(pk=o["id"])), ending="")
