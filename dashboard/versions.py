@@ -100,27 +100,11 @@ def fingerprint_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     ``workers.analyzer.AnalyzerConfig`` and asks it, so the fingerprint is the one a
     worker that loaded this config reports. Unknown keys and wrong types are refused.
     """
-    known = {"detect_renames", "ignore_whitespace", "exclude_paths"}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise InvalidConfig(f"unknown analyzer config key(s): {', '.join(unknown)}")
-    for key in ("detect_renames", "ignore_whitespace"):
-        if key in config and not isinstance(config[key], bool):
-            raise InvalidConfig(f"{key} must be true or false, not {config[key]!r}")
-    paths = config.get("exclude_paths", ())
-    if isinstance(paths, str) or not all(isinstance(p, str) and p for p in paths):
-        raise InvalidConfig("exclude_paths must be a list of non-empty glob patterns")
-    cfg = analyzer.AnalyzerConfig(
-        detect_renames=bool(config.get("detect_renames", False)),
-        ignore_whitespace=bool(config.get("ignore_whitespace", False)),
-        exclude_paths=tuple(paths),
-    )
-    normalised = {
-        "detect_renames": cfg.detect_renames,
-        "ignore_whitespace": cfg.ignore_whitespace,
-        "exclude_paths": list(cfg.exclude_paths),
-    }
-    return cfg.fingerprint(), normalised
+    try:
+        cfg = analyzer.AnalyzerConfig.from_mapping(dict(config))
+    except analyzer.InvalidConfig as exc:
+        raise InvalidConfig(str(exc)) from exc
+    return cfg.fingerprint(), cfg.to_dict()
 
 
 def physical_queue(queue: str, fingerprint: str) -> str:

@@ -26,6 +26,7 @@ from dashboard.repositories import submit_repository
 from dashboard.rollouts import ensure_baseline
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from workers.analyzer import AnalyzerConfig
 from workers.history import stream_commits
 from workers.mirror import mirror_path
 
@@ -142,9 +143,7 @@ def analyse_as(version: AnalyzerVersion, repo: Repository, shas: list[str]) -> i
         stream_commits(
             mirror_path(settings.WORKSPACE, repo.pk),
             shas,
-            detect_renames=cfg["detect_renames"],
-            ignore_whitespace=cfg["ignore_whitespace"],
-            exclude_paths=cfg["exclude_paths"],
+            config=AnalyzerConfig.from_mapping(cfg),
         )
     )
     return write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()))

@@ -233,9 +233,9 @@ def test_a_deploy_lock_held_outside_any_rollout_also_refuses_a_start(redis_nodes
 @pytest.mark.parametrize(
     ("config", "steps", "error", "message"),
     [
-        ({"renames": True}, None, InvalidConfig, "unknown analyzer config key"),
+        ({"renames": True}, None, InvalidConfig, "unknown key"),
         ({"detect_renames": "yes"}, None, InvalidConfig, "true or false"),
-        ({"exclude_paths": "*.md"}, None, InvalidConfig, "list of non-empty"),
+        ({"exclude_paths": "*.md"}, None, InvalidConfig, "not a string"),
         ({}, None, RolloutError, "already current"),
         (RENAMES, [], RolloutError, "at least one"),
         (RENAMES, [50, 10], RolloutError, "increase"),

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('dashboard', '0005_queue_pause_permission'),
+        ('dashboard', '0006_commit_parents_unbounded'),
     ]
 
     operations = [
