@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install run test lint bench browser clean
+.PHONY: install run test test-fast lint bench browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,19 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; }
 
+# `make test` runs everything; `make test-fast` skips the tests marked `slow` (chaos, up,
+# browser, crashes, the Redlock model: see pyproject.toml and tests/conftest.py).
+# Both spread the tests over TEST_JOBS pytest-xdist processes (TEST_JOBS=0: one process);
+# each process has its own Redis nodes, tmp dirs and test database. The slow tests share
+# one xdist group, so no two of them (each a whole system of processes) run at once.
+TEST_JOBS ?= 2
+XDIST := $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup,)
+
 test: install browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
