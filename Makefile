@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install run test lint bench browser clean deploy-check
+.PHONY: install run test test-fast lint bench browser clean deploy-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,20 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; }
 
+# `make test` runs everything; `make test-fast` skips the tests marked `slow` (chaos, up,
+# browser, crashes, the Redlock model: see pyproject.toml and tests/conftest.py).
+# TEST_JOBS=2 spreads either over two pytest-xdist processes, each with its own Redis
+# nodes, tmp dirs and test database; the slow tests share one xdist group, so no two of
+# them (each a whole system of processes) run at once. Off by default: not yet green
+# twice in a row under xdist (see README, "Tests").
+TEST_JOBS ?= 0
+XDIST := $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup,)
+
 test: install browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+# Imported for its effect: the module registers gitward's system checks (dashboard/checks.py).
+from dashboard import checks  # noqa: F401
+
 
 class DashboardConfig(AppConfig):
     name = "dashboard"

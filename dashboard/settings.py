@@ -1,21 +1,77 @@
 """gitward settings: environment only, with defaults that run on a fresh machine.
 
-Every variable is read through ``dashboard.env`` helpers (which raise
-``ImproperlyConfigured`` on bad values) and documented in README.md; a test checks the
+Every variable is read through ``dashboard.env`` helpers and parsed here, at start-up:
+a bad value raises ``ImproperlyConfigured`` naming the variable and the expected form
+(``manage.py`` prints it as one line and exits 1), never a bare ``ValueError`` or a
+failure at request time. Rules that relate several variables are Django system checks
+(``dashboard/checks.py``). Every variable is documented in README.md; a test checks the
 README table is complete.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.env import env_bool, env_float, env_int, env_list, env_str
+from workers.failpoints import parse_failpoints
+
+
+def _invalid(name: str, expected: str, got: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{name} must be {expected}, got {got!r}")
+
+
+def _seconds_list(name: str, items: list[str]) -> list[float]:
+    """Each comma-separated item a finite number of seconds >= 0."""
+    out = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise _invalid(name, "comma-separated seconds >= 0 (e.g. 2,10)", item)
+        out.append(value)
+    return out
+
+
+def _networks(name: str, items: list[str]) -> list[str]:
+    """Each item a CIDR (host bits allowed: ``10.1.2.3/8`` means ``10.0.0.0/8``)."""
+    out = []
+    for item in items:
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise _invalid(name, "comma-separated CIDRs (e.g. 10.0.0.0/8,fd00::/8)", item) from None
+    return out
+
+
+def _redis_urls(name: str, items: list[str], *, schemes: tuple[str, ...]) -> list[str]:
+    """Each item a URL with one of ``schemes``; no master listed twice."""
+    for item in items:
+        parts = urlsplit(item)
+        if parts.scheme not in schemes or not (parts.netloc or parts.path):
+            expected = "Redis URLs (" + ", ".join(f"{s}://…" for s in schemes) + ")"
+            raise _invalid(name, expected, item)
+    if len(set(items)) != len(items):
+        # A master listed twice would vote twice: two real nodes could make a "majority".
+        raise _invalid(name, "distinct Redis masters (each listed once)", ",".join(items))
+    return items
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _invalid(name, "one of " + ", ".join(choices), value)
+    return value
+
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GITWARD_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -52,6 +108,11 @@ if "*" in ALLOWED_HOSTS:
     # The websocket Origin check trusts ALLOWED_HOSTS: a wildcard would let any site in.
     raise ImproperlyConfigured("GITWARD_ALLOWED_HOSTS must list host names, not '*'")
 CSRF_TRUSTED_ORIGINS = env_list("GITWARD_CSRF_TRUSTED_ORIGINS", "")
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if urlsplit(_origin).scheme not in {"http", "https"} or not urlsplit(_origin).netloc:
+        raise _invalid(
+            "GITWARD_CSRF_TRUSTED_ORIGINS", "comma-separated origins (https://host)", _origin
+        )
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -94,8 +155,19 @@ TEMPLATES = [
 ]
 
 # ---------------------------------------------------------------------------- database
-DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'gitward.sqlite3'}")
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+_DEFAULT_DATABASE_URL = f"sqlite:///{VAR_DIR / 'gitward.sqlite3'}"
+DATABASE_URL = env_str("DATABASE_URL", _DEFAULT_DATABASE_URL) or _DEFAULT_DATABASE_URL
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+except ValueError:
+    DATABASES = {"default": {"NAME": ""}}
+if not DATABASES["default"].get("NAME"):
+    # Only the scheme is echoed: the URL may carry a password.
+    raise _invalid(
+        "DATABASE_URL",
+        "a database URL naming a database (postgres://user@host:5432/name or sqlite:///path)",
+        urlsplit(DATABASE_URL).scheme + "://…",
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several worker processes write to one file: WAL lets readers run beside the
     # writer, IMMEDIATE takes the write lock at BEGIN (no deadlocking lock upgrades),
@@ -124,8 +196,14 @@ def _embedded_redis_urls() -> list[str]:
     return [str(u) for u in urls] if isinstance(urls, list) else []
 
 
-REDIS_URLS = env_list("REDIS_URLS", "") or _embedded_redis_urls()
+REDIS_URLS = _redis_urls(
+    "REDIS_URLS",
+    env_list("REDIS_URLS", "") or _embedded_redis_urls(),
+    schemes=("redis", "rediss", "unix"),
+)
 REDIS_URL = env_str("REDIS_URL", "") or (REDIS_URLS[0] if REDIS_URLS else "")
+if REDIS_URL and "://" not in REDIS_URL:
+    raise _invalid("REDIS_URL", "a Redis URL (redis://host:6379/0)", REDIS_URL)
 EMBEDDED_REDIS_NODES = env_int("GITWARD_EMBEDDED_REDIS_NODES", 3, minimum=1)
 
 CHANNEL_LAYERS = {
@@ -141,11 +219,15 @@ LOCK_RETRY_COUNT = env_int("GITWARD_LOCK_RETRY_COUNT", 3, minimum=0)
 LOCK_RETRY_DELAY = env_float("GITWARD_LOCK_RETRY_DELAY", 0.2, minimum=0.0)
 LOCK_RETRY_JITTER = env_float("GITWARD_LOCK_RETRY_JITTER", 0.1, minimum=0.0)
 LOCK_DRIFT_FACTOR = env_float("GITWARD_LOCK_DRIFT_FACTOR", 0.01, minimum=0.0)
+if LOCK_DRIFT_FACTOR >= 1:
+    raise _invalid(
+        "GITWARD_LOCK_DRIFT_FACTOR", "a fraction of the TTL below 1", str(LOCK_DRIFT_FACTOR)
+    )
 LOCK_NODE_TIMEOUT = env_float("GITWARD_LOCK_NODE_TIMEOUT", 0.05, minimum=0.001)
 
 # ---------------------------------------------------------------------------- processes
 HOST = env_str("HOST", "127.0.0.1")
-PORT = env_int("PORT", 8000, minimum=0)
+PORT = env_int("PORT", 8000, minimum=0, maximum=65535)
 WORKERS = env_int("WORKERS", 2, minimum=0)
 WORKSPACE = Path(env_str("GITWARD_WORKSPACE", str(VAR_DIR / "workspace"))).resolve()
 ADMIN_PASSWORD = env_str("GITWARD_ADMIN_PASSWORD", "")
@@ -155,14 +237,28 @@ CHUNK_SIZE = env_int("GITWARD_CHUNK_SIZE", 1000, minimum=1)
 GIT_TIMEOUT = env_float("GITWARD_GIT_TIMEOUT", 900.0, minimum=1.0)
 JOB_TIMEOUT = env_int("GITWARD_JOB_TIMEOUT", 1800, minimum=10)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
-RETRY_BACKOFF = [float(x) for x in env_list("GITWARD_RETRY_BACKOFF", "2,10")]
+RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 RECONCILE_INTERVAL = env_float("GITWARD_RECONCILE_INTERVAL", 15.0, minimum=0.5)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
 LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]
-ALLOWED_HOSTS_NETS = env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
+ALLOWED_HOSTS_NETS = _networks(
+    "GITWARD_ALLOWED_HOSTS_NETS", env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
+)
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
+
+# ---------------------------------------------------------------------------- fault injection
+# workers/failpoints.py reads these at call time (it imports no Django, and a test arms a
+# point for one worker); parsing them here makes a typo stop the process at start-up.
+FAILPOINTS = env_str("GITWARD_FAILPOINTS", "")
+try:
+    parse_failpoints(FAILPOINTS)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"GITWARD_FAILPOINTS: {exc}") from None
+FAILPOINTS_ONCE = env_str("GITWARD_FAILPOINTS_ONCE", "")
+if FAILPOINTS_ONCE and not Path(FAILPOINTS_ONCE).is_dir():
+    raise _invalid("GITWARD_FAILPOINTS_ONCE", "an existing directory", FAILPOINTS_ONCE)
 
 # ---------------------------------------------------------------------------- auth, web
 LOGIN_URL = "login"
@@ -196,11 +292,16 @@ if PRODUCTION:
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+LOG_LEVEL = _choice(
+    "GITWARD_LOG_LEVEL",
+    env_str("GITWARD_LOG_LEVEL", "INFO").upper(),
+    ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("GITWARD_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"rq.worker": {"level": "WARNING"}},
 }

@@ -128,9 +128,11 @@ def test_a_whole_worker_killed_mid_job_is_detected_by_its_heartbeat(
             time.sleep(0.05)
         else:
             raise AssertionError("the analyze job never started")
-        time.sleep(0.3)  # inside the failpoint: git is streaming, the lock is held
-        workspace = Path(settings.WORKSPACE)
-        assert git_processes_under(mirror_path(workspace, repo.pk))
+        # Inside the failpoint: git is streaming (blocked on the full pipe), the lock held.
+        mirror = mirror_path(Path(settings.WORKSPACE), repo.pk)
+        while not git_processes_under(mirror) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert git_processes_under(mirror), "git never started streaming"
         # The host dies: worker and work horse are killed at once, no handler runs.
         victims = [worker.pid, *children(worker.pid)]
         for pid in victims:
@@ -151,8 +153,11 @@ def test_a_whole_worker_killed_mid_job_is_detected_by_its_heartbeat(
         time.sleep(0.05)
     assert git_processes_under(Path(settings.WORKSPACE)) == []
     assert reconcile()["crashed"] == 0  # the heartbeat is still fresh: not yet dead
-    time.sleep(2.5)
-    assert reconcile()["crashed"] == 1
+    # Once the heartbeat is older than GITWARD_WORKER_DEAD_AFTER (2 s) a round finds it.
+    deadline = time.monotonic() + 30
+    while (crashed := reconcile()["crashed"]) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert crashed == 1
     attempt = JobAttempt.objects.get(run__kind="analyze", number=1)
     assert attempt.outcome == "crashed" and "heartbeat lost" in attempt.error
     run_workers()  # the retry takes the lock once the dead holder's lease expired

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -344,12 +345,13 @@ def test_due_scheduled_jobs_are_promoted_once_without_rq_s_scheduler(tmp_path: P
     q = queues.queue(run.queue)
     q.remove(run.rq_id())
     queues.connection().delete(f"rq:job:{run.rq_id()}")
-    assert enqueue_run(run, delay=0.5)
+    assert enqueue_run(run, delay=2.0)
     assert q.count == 0
-    import time
-
-    time.sleep(1.6)
-    assert queues.promote_due_jobs([run.queue]) == 1
+    assert queues.promote_due_jobs([run.queue]) == 0  # not due yet: left scheduled
+    deadline = time.monotonic() + 30
+    while (promoted := queues.promote_due_jobs([run.queue])) == 0 and (time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert promoted == 1
     assert queues.promote_due_jobs([run.queue]) == 0  # ZREM made the first caller the only one
     assert q.get_job_ids() == [run.rq_id()]
 

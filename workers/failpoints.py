@@ -17,28 +17,48 @@ later ones pass, e.g. so that the retry of a crashed job can succeed. ``action*N
 (e.g. ``raise*3``) fires N times instead of once (markers ``<name>.1`` … ``<name>.N``).
 
 Unset (the default) every point is a dictionary lookup and nothing else. The variables
-are read from the environment at call time so a test can set them for one worker.
+are read from the environment at call time so a test can set them for one worker;
+``dashboard/settings.py`` validates them at start-up with ``parse_failpoints`` (this module
+imports no Django), so a typo stops the process before any job runs.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+
+#: ``name`` or ``name#tag``: dotted point names; a tag is anything but ``,`` and ``=``.
+_POINT = re.compile(r"[A-Za-z0-9_.-]+(?:#[^,=]+)?")
+_ACTION = re.compile(r"(?:stop|kill|raise|sleep:(?:\d+(?:\.\d*)?|\.\d+))(?:\*[1-9]\d*)?")
+EXPECTED = "name[#tag][=stop|kill|raise|sleep:SECONDS][*N], comma-separated"
 
 
 class FailpointError(RuntimeError):
     """Raised by a ``raise`` failpoint."""
 
 
-def _actions() -> dict[str, str]:
-    raw = os.environ.get("GITWARD_FAILPOINTS", "")
+def parse_failpoints(raw: str) -> dict[str, str]:
+    """``{point: action}`` from a ``GITWARD_FAILPOINTS`` value; a bare name means ``raise``.
+
+    Raises ``ValueError`` naming the first malformed item (empty items are skipped).
+    """
     out: dict[str, str] = {}
     for item in raw.split(","):
-        name, _, action = item.strip().partition("=")
-        if name:
-            out[name] = action or "raise"
+        item = item.strip()
+        if not item:
+            continue
+        name, _, action = item.partition("=")
+        action = action or "raise"
+        if not _POINT.fullmatch(name) or not _ACTION.fullmatch(action):
+            raise ValueError(f"malformed item {item!r} (expected {EXPECTED})")
+        out[name] = action
     return out
+
+
+def _actions() -> dict[str, str]:
+    return parse_failpoints(os.environ.get("GITWARD_FAILPOINTS", ""))
 
 
 def _claim(once_dir: str, key: str, times: int) -> bool:
