@@ -26,18 +26,18 @@ ref, so a reader sees the old or the new head, each complete.  Readers take no l
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import re
 import shutil
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workers.gitproc import GitError, Runner, _killpg, first_error_line
 from workers.hostlock import Check, MirrorBusy, hold_mirror, unchecked
-from workers.leftovers import remove_stale_files, remove_stale_temporaries
+from workers.leftovers import STALE_AFTER, remove_stale_files, remove_stale_temporaries
 from workers.workspace import host_lock_path, mirror_path, new_temporary
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
     "DEFAULT_MAX_REPO_BYTES",
     "HEAD_REF",
+    "STALE_AFTER",
     "Check",
     "MirrorBusy",
     "RepositoryTooLarge",
@@ -75,8 +76,6 @@ DEFAULT_MAX_REPO_BYTES = 2 * 1024**3
 #: Default bound on the (uncompressed) size of any one object: a 100 MB blob of zeros
 #: packs to ~100 KB, so the pack size alone does not bound what analysis reads, G20.
 DEFAULT_MAX_OBJECT_BYTES = 256 * 1024**2
-
-log = logging.getLogger(__name__)
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _BRANCH_OK = re.compile(r"[A-Za-z0-9._/+@=,-]+")
@@ -499,15 +498,17 @@ def sanitize_mirror(
     runner: Runner,
     check: Check | None = None,
     wait: float | None = None,
+    stale_after: float = STALE_AFTER,
+    clock: Callable[[], float] = time.time,
 ) -> dict[str, object]:
     """Repair a repository's workspace before writing to it (DESIGN §6). Call under the
     Redis mirror lock, with its ``check``; takes the host lock itself (waiting at most
     ``wait``, then :class:`MirrorBusy`) and holds it throughout.
 
     1. Delete half-finished clones left in ``workspace/tmp`` by a dead holder.
-    2. Delete lock files, git temporaries and incomplete packs of dead git processes
-       (:func:`~workers.leftovers.remove_stale_files`: with the host lock held, every
-       one of them is a dead writer's, however young).
+    2. Delete what dead git processes left in the mirror
+       (:func:`~workers.leftovers.remove_stale_files`): lock files however young,
+       object leftovers once ``stale_after`` old.
     3. Verify the mirror opens and its packs are intact; a corrupt mirror is removed
        so that the sync re-clones it (the clone is built aside and renamed in).
     ``check`` runs before every deletion: a lost lease raises there, and what is left
@@ -518,7 +519,9 @@ def sanitize_mirror(
     with hold_mirror(workspace, repo_id, check=check, wait=wait):
         report: dict[str, object] = {
             "temporaries": remove_stale_temporaries(workspace, repo_id, check=check),
-            "stale": remove_stale_files(workspace, repo_id, check=check),
+            "stale": remove_stale_files(
+                workspace, repo_id, check=check, stale_after=stale_after, clock=clock
+            ),
             "recloned": False,
         }
         if path.exists() and not (packs_intact(path) and is_valid(path, runner)):
