@@ -9,7 +9,9 @@ process can make two Redis holders, never two writers.
 The lock belongs to the holding process's open file description (``O_CLOEXEC``: no git
 child inherits it) and ends when the body ends or the process dies.  Every git gitward
 starts dies with the process that started it (``setpriv --pdeathsig KILL``,
-``workers.gitproc``), so once the lock is ours no git of an earlier holder is writing.
+``workers.gitproc``), so once the lock is ours no git of an earlier holder is writing;
+only git's own helpers (``index-pack``), which do not inherit that signal, may still be
+finishing a pack (what that means for leftovers: ``workers.leftovers``).
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def hold_mirror(
     other threads and processes wait.  The lock belongs to this process's open file
     description (``O_CLOEXEC``: git children do not inherit it) and ends when the body
     ends or the process dies; git dies with its worker (``setpriv --pdeathsig``), so no
-    git of a dead holder can still be writing when the next holder gets in.
+    git of a dead holder can still be writing when the next holder gets in (its helpers
+    aside: module docstring).
     """
     lock_path = host_lock_path(workspace, repo_id)
     name = os.path.abspath(lock_path)
