@@ -16,6 +16,7 @@ from django.conf import settings
 from rq import SimpleWorker
 
 from tests.gitrepo import GitRepo
+from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
 from workers.redisnode import RedisNode
 
 

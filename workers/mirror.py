@@ -5,15 +5,16 @@ Two locks guard every write to a mirror:
 * the repository's Redis lock (``locks:git:repo:{id}:mirror``), taken by the job layer:
   one holder across hosts, and a lease whose loss must stop the writer;
 * the mirror's **host lock**, an exclusive ``flock(2)`` on
-  ``workspace/mirrors/{id}.flock`` (beside the mirror, never inside it), taken here by
-  every function that writes (:func:`hold_mirror`).  Each host has its own workspace, so
-  the processes that can touch one mirror all run on one host, and the host lock excludes
-  them from each other whatever Redis says: a master restarted empty, a force release of
-  a live holder or a paused process can make two Redis holders, never two writers.
+  ``workspace/mirrors/{id}.flock`` (beside the mirror, never inside it), taken by every
+  function that writes (:func:`workers.hostlock.hold_mirror`): it makes two Redis holders
+  of one lease, should there be two, never two writers.
 
 Functions that delete or replace anything also take ``check`` (``Lock.check``): it is
 called before every destructive step, so a writer that has lost its lease stops before
 it removes or renames anything.
+
+What dead writers leave behind is removed by :mod:`workers.leftovers`, before each sync
+(:func:`sanitize_mirror`).  Where each file lives: :mod:`workers.workspace`.
 
 Reads of a mirror need no lock, even during a fetch: git adds objects in new packs
 (visible only once their ``.idx`` is renamed in, after the ``.pack``) or as loose objects
@@ -24,27 +25,47 @@ ref, so a reader sees the old or the new head, each complete.  Readers take no l
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import ipaddress
-import logging
 import os
 import re
 import shutil
 import signal
-import socket
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workers.gitproc import GitError, Runner, _killpg, first_error_line
-from workers.locks import LockNotAcquired
+from workers.hostlock import Check, MirrorBusy, hold_mirror, unchecked
+from workers.leftovers import STALE_AFTER, remove_stale_files, remove_stale_temporaries
+from workers.workspace import host_lock_path, mirror_path, new_temporary
 
 if TYPE_CHECKING:
     from workers.remotes import Remote
+
+# Other modules import these from here (workers.jobs, tests): the names stay public.
+__all__ = [
+    "DEFAULT_MAX_OBJECT_BYTES",
+    "DEFAULT_MAX_REPO_BYTES",
+    "HEAD_REF",
+    "STALE_AFTER",
+    "Check",
+    "MirrorBusy",
+    "RepositoryTooLarge",
+    "RepositoryUnavailable",
+    "check_limits",
+    "hold_mirror",
+    "host_lock_path",
+    "is_valid",
+    "mirror_path",
+    "packs_intact",
+    "pins_for",
+    "remove_stale_files",
+    "remove_stale_temporaries",
+    "sanitize_mirror",
+    "sync_mirror",
+    "update_mirror",
+]
 
 #: The ref every sync writes: the analysed branch head, whatever its remote name.
 HEAD_REF = "refs/gitward/head"
@@ -56,22 +77,6 @@ DEFAULT_MAX_REPO_BYTES = 2 * 1024**3
 #: packs to ~100 KB, so the pack size alone does not bound what analysis reads, G20.
 DEFAULT_MAX_OBJECT_BYTES = 256 * 1024**2
 
-#: How long a writer waits for another process on this host to let go of a mirror's host
-#: lock before giving up with :class:`MirrorBusy` (the job defers and retries).  Outside
-#: faults the Redis lock already serialises writers and the host lock is free; it is held
-#: by someone else only while two processes believe they hold the lease, until the stale
-#: one notices (its heartbeat fails, its git is killed, it lets go) or finishes.
-HOST_LOCK_WAIT = 30.0
-
-#: Sanitation removes a leftover (lock file, temporary or orphaned pack file) only when
-#: nothing has written or renamed it for this many seconds, as well as under the host lock.
-STALE_AFTER = 10.0
-
-#: A lease check: returns while the caller's lease is valid, raises (``LockLost``) after.
-Check = Callable[[], None]
-
-log = logging.getLogger(__name__)
-
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _BRANCH_OK = re.compile(r"[A-Za-z0-9._/+@=,-]+")
 
@@ -82,116 +87,6 @@ class RepositoryUnavailable(GitError):
 
 class RepositoryTooLarge(RepositoryUnavailable):
     """The repository exceeds a size limit (whole mirror or one object): not retried."""
-
-
-class MirrorBusy(LockNotAcquired):
-    """Another process on this host held the mirror's host lock for the whole wait.
-
-    A :class:`~workers.locks.LockNotAcquired`: the job layer defers the attempt and retries
-    it later, as for a contended Redis lock (no attempt is spent, nothing was touched)."""
-
-    def __init__(self, lock_path: Path, holder: str, waited: float) -> None:
-        super().__init__([str(lock_path)], {"host": f"busy, held by {holder}"}, attempts=1)
-        self.lock_path = lock_path
-        self.holder = holder
-        self.args = (
-            f"mirror host lock {lock_path} still held by {holder} after waiting {waited:.1f}s",
-        )
-
-
-def _unchecked() -> None:
-    """The check of a caller without a lease (tools, tests): never raises."""
-
-
-def host_lock_path(workspace: Path, repo_id: int) -> Path:
-    """The file a mirror's host lock is taken on: beside the mirror, so that removing or
-    replacing the mirror directory never removes the lock.  It is never deleted: a
-    process that opened the old file would lock a different inode than the next one."""
-    return workspace / "mirrors" / f"{repo_id}.flock"
-
-
-#: Host-lock files this thread holds (``hold_mirror`` is re-entrant per thread).
-_held = threading.local()
-
-
-@contextlib.contextmanager
-def hold_mirror(
-    workspace: Path, repo_id: int, *, check: Check | None = None, wait: float | None = None
-) -> Iterator[Path]:
-    """Hold the mirror's host lock (an exclusive ``flock``) for the ``with`` body.
-
-    Waits at most ``wait`` seconds (default :data:`HOST_LOCK_WAIT`), polling, and calls
-    ``check`` before every try and once more after acquiring, so a lease lost while
-    waiting raises ``LockLost`` instead of going on; after the wait: :class:`MirrorBusy`.
-    Re-entrant within one thread (an inner ``hold_mirror`` of the same mirror is free);
-    other threads and processes wait.  The lock belongs to this process's open file
-    description (``O_CLOEXEC``: git children do not inherit it) and ends when the body
-    ends or the process dies; git dies with its worker (``setpriv --pdeathsig``), so no
-    git of a dead holder can still be writing when the next holder gets in.
-    """
-    lock_path = host_lock_path(workspace, repo_id)
-    name = os.path.abspath(lock_path)
-    held: set[str] = _held.__dict__.setdefault("paths", set())
-    if name in held:
-        yield lock_path
-        return
-    fd = _acquire_host_lock(
-        lock_path, check or _unchecked, HOST_LOCK_WAIT if wait is None else wait
-    )
-    held.add(name)
-    try:
-        yield lock_path
-    finally:
-        held.discard(name)
-        os.close(fd)  # releases the flock
-
-
-def _acquire_host_lock(lock_path: Path, check: Check, wait: float) -> int:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        start = time.monotonic()
-        pause = 0.005
-        announced = False
-        while True:
-            check()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                pass
-            waited = time.monotonic() - start
-            if waited >= wait:
-                raise MirrorBusy(lock_path, _read_holder(fd), waited)
-            if not announced:
-                log.info(
-                    "mirror host lock %s held by %s: waiting up to %.1fs",
-                    lock_path,
-                    _read_holder(fd),
-                    wait,
-                )
-                announced = True
-            time.sleep(min(pause, wait - waited))
-            pause = min(pause * 2, 0.1)
-        # The lease may have run out while we waited: nothing may be written without it.
-        check()
-        # Who holds it, for the next waiter's message (diagnostics only: a waiter may
-        # read it half-written, which costs nothing but a less helpful message).
-        os.ftruncate(fd, 0)
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode(), 0)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
-    except OSError:
-        text = ""
-    return text or "another process"
 
 
 def pins_for(remote: Remote) -> dict[str, list[str]]:
@@ -227,14 +122,6 @@ def _resolve_config(pinned: Mapping[str, Sequence[str]] | None) -> list[str]:
             shown.append(f"[{ip}]" if ip.version == 6 else str(ip))
         args += ["-c", f"http.curloptResolve={host}:{port}:{','.join(shown)}"]
     return args
-
-
-def mirror_path(workspace: Path, repo_id: int) -> Path:
-    return workspace / "mirrors" / f"{repo_id}.git"
-
-
-def _tmp_dir(workspace: Path) -> Path:
-    return workspace / "tmp"
 
 
 def is_valid(path: Path, runner: Runner | None = None) -> bool:
@@ -503,7 +390,7 @@ def sync_mirror(
         raise RepositoryUnavailable(f"invalid repository URL {git_url[:80]!r}")
     pin_args = _resolve_config(pinned)
     fetcher = runner.limited(max_repo_bytes)
-    check = check or _unchecked
+    check = check or unchecked
 
     def fetch_checked(git_dir: Path) -> None:
         try:
@@ -540,9 +427,7 @@ def sync_mirror(
                 _discard(workspace, repo_id, path)
                 raise
         else:
-            tmp_root = _tmp_dir(workspace)
-            tmp_root.mkdir(parents=True, exist_ok=True)
-            tmp = tmp_root / f"{repo_id}-{uuid.uuid4().hex}.git"
+            tmp = new_temporary(workspace, repo_id)
             try:
                 runner.run(["init", "--quiet", "--bare", "--template=", str(tmp)], timeout=60)
                 # HEAD names the analysed ref: git reads .mailmap from HEAD in a bare repo.
@@ -595,18 +480,10 @@ def update_mirror(
         )
 
 
-def _aside(workspace: Path, repo_id: int) -> Path:
-    """A fresh name in ``workspace/tmp`` that ``remove_stale_temporaries`` matches, so a
-    crash between moving a directory aside and deleting it leaves nothing for good."""
-    tmp_root = _tmp_dir(workspace)
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    return tmp_root / f"{repo_id}-{uuid.uuid4().hex}.git"
-
-
 def _discard(workspace: Path, repo_id: int, path: Path) -> None:
     """Remove a mirror: first move it aside (one rename), then delete it.  A reader that
     has files open keeps reading them; a new reader finds no mirror, never half of one."""
-    old = _aside(workspace, repo_id)
+    old = new_temporary(workspace, repo_id)
     try:
         os.rename(path, old)
     except OSError:
@@ -617,108 +494,12 @@ def _discard(workspace: Path, repo_id: int, path: Path) -> None:
 def _replace(workspace: Path, repo_id: int, new: Path, path: Path) -> None:
     """Put the complete clone ``new`` at ``path``, moving a (corrupt or foreign) leftover
     aside first: the real path is empty only between two renames."""
-    old = _aside(workspace, repo_id) if path.exists() else None
+    old = new_temporary(workspace, repo_id) if path.exists() else None
     if old is not None:
         os.rename(path, old)
     os.rename(new, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def remove_stale_temporaries(workspace: Path, repo_id: int, *, check: Check | None = None) -> int:
-    """Delete half-finished clones of one repository (and mirrors moved aside), under the
-    host lock.
-
-    Only :func:`sync_mirror` writes them, and only while it holds the host lock, so with
-    the lock held here every one of them belongs to a holder that has finished or died
-    (its git died with it): no age is needed.  ``check`` runs before each deletion."""
-    check = check or _unchecked
-    tmp_root = _tmp_dir(workspace)
-    if not tmp_root.is_dir():
-        return 0
-    removed = 0
-    with hold_mirror(workspace, repo_id, check=check):
-        for entry in tmp_root.glob(f"{repo_id}-*.git"):
-            check()
-            shutil.rmtree(entry, ignore_errors=True)
-            removed += 1
-    return removed
-
-
-#: Lock files git leaves behind when a writer dies mid-update (index, refs, config, …).
-_LOCK_SUFFIX = ".lock"
-#: Temporary files of git's object writers: packs and their indexes being received
-#: (index-pack, pack-objects) and loose objects being written.
-_TMP_PREFIXES = ("tmp_pack_", "tmp_idx_", "tmp_rev_", "tmp_obj_")
-#: The files of one pack ``pack-<hash>.*``.
-_PACK_EXTS = frozenset({"pack", "idx", "keep", "rev", "bitmap", "mtimes", "promisor"})
-
-
-def _stale_candidates(path: Path) -> set[Path]:
-    """Lock files, git temporaries, and every file of an incomplete pack (one without
-    both its ``.pack`` and its ``.idx``: git uses a pack only through its index, so it
-    ignores such a pack, and its ``.keep``/``.rev``/``.bitmap`` with it)."""
-    found: set[Path] = set()
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            if name.endswith(_LOCK_SUFFIX) or name.startswith(_TMP_PREFIXES):
-                found.add(Path(dirpath) / name)
-    pack_dir = path / "objects" / "pack"
-    if pack_dir.is_dir():
-        stems: dict[str, set[str]] = {}
-        for name in os.listdir(pack_dir):
-            stem, dot, ext = name.rpartition(".")
-            if dot and stem.startswith("pack-") and ext in _PACK_EXTS:
-                stems.setdefault(stem, set()).add(ext)
-        for stem, exts in stems.items():
-            if not {"pack", "idx"} <= exts:
-                found.update(pack_dir / f"{stem}.{ext}" for ext in exts)
-    return found
-
-
-def remove_stale_files(
-    path: Path,
-    *,
-    check: Check | None = None,
-    stale_after: float = STALE_AFTER,
-    clock: Callable[[], float] = time.time,
-) -> list[str]:
-    """Delete what dead git writers left in a mirror; return the relative paths removed.
-
-    Call under the mirror's host lock (:func:`hold_mirror`).  An entry is removed only
-    when its writer is gone:
-
-    1. The host lock is ours, so no gitward process on this host is writing the mirror:
-       every gitward writer holds the lock for as long as its git runs, and git dies
-       with its worker.
-    2. Nothing has written or renamed the entry for ``stale_after`` seconds (the later of
-       its mtime and ctime: git's rename of a finished ``.pack`` into place sets its
-       ctime).  This fences off writers outside gitward's lock (an operator's git, a
-       git orphaned on a host without ``setpriv``): a live git holds a lock file for
-       milliseconds, appends to its temporary pack as data arrives, and renames the
-       ``.idx`` in right after the ``.pack`` — a ``.pack`` without its ``.idx`` is
-       what a fetch looks like for that instant.  A young leftover is kept; a later
-       sanitation removes it.
-
-    Readers are unaffected: they take no lock files and never open a pack without its
-    index.  ``check`` runs before each deletion.
-    """
-    check = check or _unchecked
-    removed: list[str] = []
-    if not path.is_dir():
-        return removed
-    now = clock()
-    for target in sorted(_stale_candidates(path)):
-        try:
-            st = target.lstat()
-        except FileNotFoundError:
-            continue  # its writer finished meanwhile (a writer outside our lock)
-        if now - max(st.st_mtime, st.st_ctime) < stale_after:
-            continue
-        check()
-        target.unlink(missing_ok=True)
-        removed.append(str(target.relative_to(path)))
-    return removed
 
 
 def packs_intact(path: Path) -> bool:
@@ -762,19 +543,22 @@ def sanitize_mirror(
     ``wait``, then :class:`MirrorBusy`) and holds it throughout.
 
     1. Delete half-finished clones left in ``workspace/tmp`` by a dead holder.
-    2. Delete stale lock files, git temporaries and orphaned pack files of dead git
-       processes (:func:`remove_stale_files`: young ones are kept).
+    2. Delete what dead git processes left in the mirror
+       (:func:`~workers.leftovers.remove_stale_files`): lock files however young,
+       object leftovers once ``stale_after`` old.
     3. Verify the mirror opens and its packs are intact; a corrupt mirror is removed
        so that the sync re-clones it (the clone is built aside and renamed in).
     ``check`` runs before every deletion: a lost lease raises there, and what is left
     is as it was.  Mirrors are bare, so there is no work tree to clean or reset.
     """
-    check = check or _unchecked
+    check = check or unchecked
     path = mirror_path(workspace, repo_id)
     with hold_mirror(workspace, repo_id, check=check, wait=wait):
         report: dict[str, object] = {
             "temporaries": remove_stale_temporaries(workspace, repo_id, check=check),
-            "stale": remove_stale_files(path, check=check, stale_after=stale_after, clock=clock),
+            "stale": remove_stale_files(
+                workspace, repo_id, check=check, stale_after=stale_after, clock=clock
+            ),
             "recloned": False,
         }
         if path.exists() and not (packs_intact(path) and is_valid(path, runner)):
