@@ -196,3 +196,30 @@ def test_a_set_delayed_past_a_failed_attempt_is_deleted_right_behind_it(
         assert stored(masters[2], "locks:late") == b"someone else"  # (master 1 is dead)
     finally:
         rl.close()
+
+
+def test_a_set_pending_on_a_stalled_master_is_released_as_soon_as_it_resumes(
+    masters: list[RedisNode],
+) -> None:
+    key = "locks:stalled"
+    a = make(masters)  # never talks to master 0 before it stalls
+    b = make(masters)
+    try:
+        b.inspect(key)  # a pooled connection to every master
+        before = set_calls(masters[0])
+        masters[0].pause()  # SIGSTOP
+        try:
+            held = a.acquire(key, ttl=10.0)  # granted by masters 1 and 2
+            with pytest.raises(LockNotAcquired) as failure:
+                b.acquire(key, ttl=10.0)  # its SET waits, unread, in master 0's socket
+            assert failure.value.reasons[b.nodes[0].name] != "acquired"
+        finally:
+            masters[0].resume()
+        # Master 0 now runs b's SET (nothing held there, so it succeeds) ...
+        assert eventually(lambda: set_calls(masters[0]) > before)
+        # ... and the release b queued behind it, at once: no key for the 10 s TTL.
+        assert eventually(lambda: masters[0].client().get(key) is None, timeout=2.0)
+        held.release()
+    finally:
+        a.close()
+        b.close()
