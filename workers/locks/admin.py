@@ -88,9 +88,9 @@ def list_locks(transport: Transport, prefix: str) -> list[dict[str, Any]]:
 def force_release(transport: Transport, key: str, nonce: str) -> int:
     """Delete ``key`` on every master where ``nonce`` still holds it; return on how many.
 
-    Compare-and-delete: a newer holder's lease is never touched. The caller bumps the
-    fencing token (before calling this, so a job acquiring in between gets a newer token
-    than the bump and is not fenced out) so the old holder's late writes are rejected.
+    Compare-and-delete: a newer holder's lease is never touched. The caller must bump the
+    fencing token so the old holder's late writes are rejected, and should bump it *before*
+    calling this: a job that acquires in between then gets a token newer than the bump.
     """
     rnd = transport.broadcast_script(
         "release",
