@@ -301,6 +301,10 @@ class Transport:
                 take_connection(i, fut)
             else:
                 break
+        if pending:
+            # Replies already waiting are read now (one poll, no wait): their connections go
+            # straight back to the pool instead of through another thread.
+            self._read_ready(pending, by_fd, poller, 0.0, keys, args, judge, vote_now)
         for i, p in pending.items():
             if keep_late:
                 late[i] = p
