@@ -403,8 +403,22 @@ class Transport:
                     node.pool.release(p.conn)
                     self.release_later(node, keys, prefix)
                     continue
-            self.late.add(node, p, replies=replies, until=until, release=release)
+            if release is None:
+                # Nothing queued behind it: a pool thread reads the reply (bounded by the
+                # socket timeout) and hands the connection back, as for any other round.
+                self.pool.submit(self._drain_quietly, node, p)
+            else:
+                self.late.add(node, p, replies=replies, until=until, release=release)
         rnd.late.clear()
+
+    def _drain_quietly(self, node: Node, p: Pending) -> None:
+        try:
+            p.conn.read_response()
+        except redis.ResponseError:
+            pass  # an error reply (NOSCRIPT): the connection is fine
+        except Exception:
+            p.conn.disconnect()  # read_response has usually done so already
+        node.pool.release(p.conn)
 
     def collect_late(self, rnd: Round, judge: Callable[[object], Vote], *, wait: float) -> None:
         """Wait up to ``wait`` seconds for the replies still pending in ``rnd.late``; each one
