@@ -57,7 +57,7 @@ class Redlock:
         drift_factor: float = 0.01,
         node_timeout: float = 0.05,
         token_source: TokenSource | None = None,
-        min_validity: float = 0.5,
+        min_validity: float = 0.25,
         max_workers: int | None = None,
     ) -> None:
         if not masters:

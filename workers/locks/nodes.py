@@ -56,6 +56,7 @@ class Round:
     yes: int
     late: dict[int, Pending] = field(default_factory=dict)
     stragglers: Any = None  # transport.Stragglers, settled with the round
+    targets: tuple[int, ...] = ()  # the masters asked (all when empty)
 
 
 class Node:

@@ -61,7 +61,7 @@ class Transport:
         # Budget for calls that have no lease to bound them (release, inspect): every call
         # is already bounded by its socket timeouts; this only guards against pool queueing.
         self.call_budget = max(1.0, 20 * node_timeout)
-        self._max_workers = max_workers or max(8, 8 * len(self.nodes))
+        self.max_workers = max_workers or max(8, 8 * len(self.nodes))
         self.pool = self._new_pool()
         self.stats_lock = threading.Lock()
         self.late = LateReplies(self)
@@ -75,7 +75,7 @@ class Transport:
         os.register_at_fork(after_in_child=functools.partial(_after_fork_in_child, ref))
 
     def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="redlock")
+        return ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="redlock")
 
     def after_fork(self) -> None:
         self.pool = self._new_pool()
@@ -315,7 +315,7 @@ class Transport:
                 # Nothing was sent on it yet: the script goes out once it is open (unless the
                 # caller settles the round with a release first), see Stragglers.
                 fut.add_done_callback(functools.partial(stragglers.opened, i))
-        return Round(votes, futures, yes, late, stragglers)
+        return Round(votes, futures, yes, late, stragglers, tuple(targets))
 
     def _read_ready(
         self,
@@ -468,7 +468,7 @@ class Transport:
                     ).reason
                 except Exception:
                     out[node.name] = "timeout"
-            elif fut is not None or i in rnd.late:
+            elif fut is not None or i in rnd.late or i in rnd.targets:
                 out[node.name] = "no answer yet (outcome already decided)"
         return out
 
