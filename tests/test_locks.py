@@ -453,7 +453,7 @@ def test_it_reloads_its_scripts_after_every_master_restarted_empty(
 def test_a_slow_master_is_outvoted_without_waiting_for_it(
     redlock: Redlock, masters: list[RedisNode]
 ) -> None:
-    sleep = 0.5
+    sleep = 2.0  # long enough to be seen busy even on a loaded machine
     sleeper = threading.Thread(
         target=lambda: masters[0].client().execute_command("DEBUG", "SLEEP", sleep)
     )

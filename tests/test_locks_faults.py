@@ -66,7 +66,7 @@ def test_an_observer_stuck_on_a_stalled_master_stops_neither_extensions_nor_loss
     try:
         with (
             pytest.raises(LockLost),
-            rl.hold("locks:cb", ttl=0.6, on_lost=on_lost, on_extended=on_extended) as lock,
+            rl.hold("locks:cb", ttl=1.5, on_lost=on_lost, on_extended=on_extended) as lock,
         ):
             masters[0].pause()  # SIGSTOP: the observer's hset will hang on it
             assert eventually(in_callback.is_set)
