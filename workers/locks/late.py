@@ -1,5 +1,6 @@
-"""Replies nobody waits for: read by one thread per Redlock, then the connection goes back
-to its pool (or is closed at its deadline or on an error, and a queued release retried)."""
+"""What a round leaves behind: replies nobody waits for (read by one thread per Redlock,
+then the connection goes back to its pool, or is closed at its deadline or on an error and
+a queued release retried), and masters whose connection was still opening (``Stragglers``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import select
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from workers.locks.nodes import Node, Pending
+from workers.locks.nodes import Node, Pending, Round, fileno
+from workers.locks.scripts import SCRIPTS
 
 if TYPE_CHECKING:
     from workers.locks.transport import Transport
@@ -143,3 +147,66 @@ class LateReplies:
                     poller.unregister(fd)
                     del entries[fd]
                     self._finish(entry, broken=broken)
+
+
+class Stragglers:
+    """Masters whose connection was still opening when a round's outcome was decided.
+
+    The script is still sent once the connection is up, so a lock (or an extension) ends up
+    on every master that can take it; the reply is read by the late-reply reader. An
+    ``acquire`` round is *undecided* until the caller settles it: a connection that opens
+    before that is sent the SET and held; settling with a release then writes the release
+    behind it, and a connection that opens after a release-settle sends nothing at all.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        name: str,
+        keys: tuple[str, ...],
+        args: Sequence[str | int],
+        *,
+        decided: bool,
+    ) -> None:
+        self._transport = transport
+        self._script = SCRIPTS[name]
+        self._keys = keys
+        self._args = list(args)
+        self._mutex = threading.Lock()
+        self._decided = decided
+        self._release: tuple[tuple[str, ...], str] | None = None
+        self._until = time.monotonic() + transport.call_budget
+        self._held: list[tuple[int, Pending]] = []
+
+    def opened(self, i: int, fut: Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        node = self._transport.nodes[i]
+        conn = fut.result()
+        with self._mutex:
+            if self._decided and self._release is not None:
+                node.pool.release(conn)  # the attempt failed before we sent anything
+                return
+            try:
+                # EVAL, not EVALSHA: a fresh connection may lead to a restarted master.
+                conn.send_command("EVAL", self._script, len(self._keys), *self._keys, *self._args)
+                fd = fileno(conn)
+            except Exception:
+                conn.disconnect()
+                node.pool.release(conn)
+                return
+            now = time.monotonic()
+            p = Pending(conn, node.scripts["release"], now, now, fd)
+            if not self._decided:
+                self._held.append((i, p))
+                return
+        self._transport.late.add(node, p, replies=1, until=self._until)
+
+    def settle(self, *, release: tuple[tuple[str, ...], str] | None, until: float) -> None:
+        with self._mutex:
+            self._decided = True
+            self._release = release
+            self._until = until
+            held, self._held = self._held, []
+        for i, p in held:
+            self._transport.settle_late(Round({}, {}, 0, {i: p}), release=release, until=until)

@@ -26,7 +26,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 from workers.locks.errors import LockError, describe
-from workers.locks.late import LateReplies
+from workers.locks.late import LateReplies, Stragglers
 from workers.locks.nodes import (
     CANCELLED,
     Node,
@@ -39,7 +39,7 @@ from workers.locks.nodes import (
     judge_any,
     releaser,
 )
-from workers.locks.scripts import RELEASE, SCRIPTS
+from workers.locks.scripts import RELEASE
 
 T = TypeVar("T")
 
@@ -471,69 +471,6 @@ class Transport:
             elif fut is not None or i in rnd.late or i in rnd.targets:
                 out[node.name] = "no answer yet (outcome already decided)"
         return out
-
-
-class Stragglers:
-    """Masters whose connection was still opening when a round's outcome was decided.
-
-    The script is still sent once the connection is up, so a lock (or an extension) ends up
-    on every master that can take it; the reply is read by the late-reply reader. An
-    ``acquire`` round is *undecided* until the caller settles it: a connection that opens
-    before that is sent the SET and held; settling with a release then writes the release
-    behind it, and a connection that opens after a release-settle sends nothing at all.
-    """
-
-    def __init__(
-        self,
-        transport: Transport,
-        name: str,
-        keys: tuple[str, ...],
-        args: Sequence[str | int],
-        *,
-        decided: bool,
-    ) -> None:
-        self._transport = transport
-        self._script = SCRIPTS[name]
-        self._keys = keys
-        self._args = list(args)
-        self._mutex = threading.Lock()
-        self._decided = decided
-        self._release: tuple[tuple[str, ...], str] | None = None
-        self._until = time.monotonic() + transport.call_budget
-        self._held: list[tuple[int, Pending]] = []
-
-    def opened(self, i: int, fut: Future[Any]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        node = self._transport.nodes[i]
-        conn = fut.result()
-        with self._mutex:
-            if self._decided and self._release is not None:
-                node.pool.release(conn)  # the attempt failed before we sent anything
-                return
-            try:
-                # EVAL, not EVALSHA: a fresh connection may lead to a restarted master.
-                conn.send_command("EVAL", self._script, len(self._keys), *self._keys, *self._args)
-                fd = fileno(conn)
-            except Exception:
-                conn.disconnect()
-                node.pool.release(conn)
-                return
-            now = time.monotonic()
-            p = Pending(conn, node.scripts["release"], now, now, fd)
-            if not self._decided:
-                self._held.append((i, p))
-                return
-        self._transport.late.add(node, p, replies=1, until=self._until)
-
-    def settle(self, *, release: tuple[tuple[str, ...], str] | None, until: float) -> None:
-        with self._mutex:
-            self._decided = True
-            self._release = release
-            self._until = until
-            held, self._held = self._held, []
-        for i, p in held:
-            self._transport.settle_late(Round({}, {}, 0, {i: p}), release=release, until=until)
 
 
 def _after_fork_in_child(ref: weakref.ReferenceType[Transport]) -> None:
