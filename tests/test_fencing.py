@@ -4,16 +4,20 @@ is rejected with nothing written."""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, transaction
 
 from dashboard.commits import write_chunk
 from dashboard.fencing import StaleToken, check_token, next_token
-from dashboard.models import Chunk, Commit, FileChange, Repository
+from dashboard.models import Chunk, Commit, FenceToken, FileChange, Repository
 from dashboard.repositories import current_fingerprint
 from tests.gitrepo import GitRepo
 from workers.history import stream_commits
+from workers.locks import Lock, LockNotAcquired, Redlock
+from workers.redisnode import RedisNode
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,3 +83,51 @@ def test_a_stale_holder_writes_nothing(git_repo: GitRepo, tmp_path) -> None:
     assert set(Commit.objects.values_list("token", flat=True)) == {second}
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DONE and chunk.token == second
+
+
+def test_a_token_fetched_after_the_lease_lapsed_does_not_fence_out_the_next_holder(
+    redis_nodes: list[RedisNode],
+) -> None:
+    """Issue 9, item 6. A's token fetch is slow (a busy database): it finishes only after
+    A's lease lapsed and B took the lock and its token. A's late increment must not be
+    committed, or B's legitimate writes would be rejected as stale."""
+    key = "locks:test:late-token"
+    urls = [n.url for n in redis_nodes]
+    b_holds = threading.Event()
+    b_lock: list[Lock] = []
+
+    def slow_source(resource: str, confirm: Callable[[int], None]) -> int:
+        assert b_holds.wait(20), "B never took the lock"
+        return next_token(resource, confirm)
+
+    a = Redlock(urls, retry_count=0, token_source=slow_source)
+    b = Redlock(urls, retry_count=200, retry_delay=0.05, retry_jitter=0.02, token_source=next_token)
+
+    def take_over() -> None:
+        try:
+            deadline = time.monotonic() + 10
+            while b.inspect(key) is None and time.monotonic() < deadline:
+                time.sleep(0.005)  # wait for A's quorum
+            b_lock.append(b.acquire(key, ttl=10.0))  # granted once A's 0.5 s lease lapsed
+        finally:
+            b_holds.set()
+            connection.close()
+
+    thief = threading.Thread(target=take_over)
+    thief.start()
+    try:
+        with pytest.raises(LockNotAcquired) as failure:
+            a.acquire(key, ttl=0.5)
+        thief.join(20)
+        assert "validity" in failure.value.reasons  # A's late token was refused ...
+        (holder,) = b_lock
+        # ... and rolled back: B's token is still the newest, so B's write is accepted.
+        assert FenceToken.objects.get(resource=key).token == holder.token
+        with transaction.atomic():
+            check_token(key, holder.token)
+        info = b.inspect(key)
+        assert info is not None and info["holder"]["token"] == holder.token
+        holder.release()
+    finally:
+        a.close()
+        b.close()

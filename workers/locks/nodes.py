@@ -1,0 +1,130 @@
+"""One master (``Node``), a vote, a pending reply, a fan-out round, and the two redis-py
+internals the transport relies on.
+
+redis-py internals used (here and nowhere else), checked by tests/test_redis_internals.py
+against the pinned redis-py range: ``ConnectionPool._available_connections`` (peeked, never
+modified) and ``Connection._sock`` (its file descriptor, for poll()).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from workers.locks.scripts import SCRIPTS
+
+
+class Vote(NamedTuple):
+    ok: bool
+    reason: str
+    result: object
+
+
+@dataclass
+class NodeStats:
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    latency_total: float = 0.0
+    latency_max: float = 0.0
+
+
+class Pending(NamedTuple):
+    """A script sent on ``conn`` whose reply has not been read yet."""
+
+    conn: Any  # a redis-py Connection (its I/O methods are untyped)
+    script: Script
+    sent: float
+    node_deadline: float
+    fd: int
+
+
+@dataclass
+class Round:
+    """One fan-out: the votes counted, futures for masters answered off-thread, how many
+    said yes, and (``keep_late``) connections whose reply is still outstanding."""
+
+    votes: dict[int, Vote]
+    futures: dict[int, Future[Vote]]
+    yes: int
+    late: dict[int, Pending] = field(default_factory=dict)
+    stragglers: Any = None  # transport.Stragglers, settled with the round
+    targets: tuple[int, ...] = ()  # the masters asked (all when empty)
+
+
+class Node:
+    """One master: a private client with the per-node timeout, and its scripts."""
+
+    def __init__(self, target: str | redis.Redis, node_timeout: float) -> None:
+        if isinstance(target, str):
+            base = redis.ConnectionPool.from_url(target)
+        else:
+            base = target.connection_pool
+        kwargs = dict(base.connection_kwargs)
+        # Our own pool, so the caller's client keeps its settings. One immediate retry on a
+        # dropped connection (a restarted master leaves stale pooled sockets) but never on a
+        # timeout: a retry would double the per-node budget. Every script is idempotent for
+        # our own nonce, so a re-sent command is harmless.
+        kwargs.update(
+            socket_timeout=node_timeout,
+            socket_connect_timeout=node_timeout,
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+            retry_on_error=[],
+            retry_on_timeout=False,
+        )
+        kwargs.pop("decode_responses", None)
+        self.pool = redis.ConnectionPool(connection_class=base.connection_class, **kwargs)
+        self.client = redis.Redis(connection_pool=self.pool)
+        host = kwargs.get("host", kwargs.get("path", "?"))
+        self.name = f"{host}:{kwargs.get('port', '')}/{kwargs.get('db', 0)}"
+        self.scripts: dict[str, Script] = {
+            name: self.client.register_script(src) for name, src in SCRIPTS.items()
+        }
+        self.stats = NodeStats()
+
+
+# redis-py internals (see the module docstring) --------------------------------------------
+
+
+def has_idle_connection(pool: redis.ConnectionPool) -> bool:
+    """Whether ``pool`` has an idle connection that is already connected.
+
+    Racy by nature (another thread may take it first, and get_connection() then connects
+    in the calling thread); that only costs time, bounded by the timeouts.
+    """
+    idle = getattr(pool, "_available_connections", None)
+    if not idle:
+        return False
+    return getattr(idle[-1], "_sock", None) is not None
+
+
+def fileno(conn: Any) -> int:
+    """The socket descriptor of a connected redis-py connection."""
+    return int(conn._sock.fileno())
+
+
+CANCELLED = Vote(False, "cancelled", None)
+
+
+def done_future(vote: Vote) -> Future[Vote]:
+    fut: Future[Vote] = Future()
+    fut.set_result(vote)
+    return fut
+
+
+def judge_any(result: object) -> Vote:
+    return Vote(True, "ok", result)
+
+
+def releaser(keys: tuple[str, ...], prefix: str) -> Callable[[Node], object]:
+    def call(node: Node) -> object:
+        return node.scripts["release"](keys=keys, args=[prefix])
+
+    return call
