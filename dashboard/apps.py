@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.contrib.auth.signals import user_logged_out
+
+from dashboard.live import close_user_sockets
 
 
 class DashboardConfig(AppConfig):
@@ -8,10 +11,6 @@ class DashboardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.contrib.auth.signals import user_logged_out
-
-        from dashboard.live import close_user_sockets
-
         def on_logout(sender: object, request: object, user: object, **kwargs: object) -> None:
             if user is not None and getattr(user, "pk", None):
                 close_user_sockets(user.pk)  # type: ignore[attr-defined]
