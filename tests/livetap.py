@@ -11,7 +11,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from dashboard.live import OPS_GROUP
+from dashboard.live import OPS_GROUP, repo_group
 
 Event = dict[str, Any]
 
@@ -45,3 +45,8 @@ class Tap:
 
     def types(self) -> list[str]:
         return [e["type"] for e in self.events]
+
+
+def repo_tap(repo_id: int) -> Tap:
+    """A tap on one repository's watchers' group."""
+    return Tap(repo_group(repo_id))
