@@ -77,8 +77,10 @@ def test_a_held_lease_is_reported_acquired_extended_then_released(settings) -> N
     ) as lock:
         assert acquired == [lock.token] and lock.token is not None
         tap.until(lambda evs: any(e["type"] == "lock.extended" for e in evs))
-        wait_for(lambda: queues.connection().hget(leases.EXTENSIONS_HASH, key) is not None,
-                 what="the extension count")  # fmt: skip
+        wait_for(
+            lambda: queues.connection().hget(leases.EXTENSIONS_HASH, key) is not None,
+            what="the extension count",
+        )
         assert int(queues.connection().hget(leases.EXTENSIONS_HASH, key)) >= 1
     tap.until(lambda evs: any(e["type"] == "lock.released" for e in evs))
     first = next(e for e in tap.events if e["type"] == "lock.acquired")
@@ -188,8 +190,11 @@ def test_a_job_that_acquires_during_a_forced_release_keeps_its_writes(
         [sys.executable, "-c", script, key], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
-        wait_for(lambda: proc_state(operator.pid) == "T", timeout=60,
-                 what="the release to reach its midpoint")  # fmt: skip
+        wait_for(
+            lambda: proc_state(operator.pid) == "T",
+            timeout=60,
+            what="the release to reach its midpoint",
+        )
         # The gap: a job tries to take the lock while the release is half done.
         try:
             job = rl.acquire([key], ttl=30.0, holder={"worker": "next-job"})

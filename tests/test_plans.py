@@ -26,18 +26,32 @@ def a_repo(status: str = Repository.Status.SYNCING) -> Repository:
 def plan(repo: Repository, shas: list[str] = SHAS, token: int | None = None) -> list[int]:
     key = repo.lock_key()
     return plans.plan_repository(
-        repo_id=repo.pk, generation=repo.generation, fingerprint=FP, head=shas[-1], shas=shas,
-        lock_key=key, token=token if token is not None else next_token(key),
-    )  # fmt: skip
+        repo_id=repo.pk,
+        generation=repo.generation,
+        fingerprint=FP,
+        head=shas[-1],
+        shas=shas,
+        lock_key=key,
+        token=token if token is not None else next_token(key),
+    )
 
 
 def store(repo: Repository, sha: str) -> None:
     now = datetime(2024, 1, 1, tzinfo=UTC)
     Commit.objects.create(
-        repository=repo, fingerprint=FP, sha=sha, author_name="a", author_email="a@x",
-        author_canonical_name="a", author_canonical_email="a@x", authored_at=now,
-        committer_name="a", committer_email="a@x", committed_at=now, subject="s",
-    )  # fmt: skip
+        repository=repo,
+        fingerprint=FP,
+        sha=sha,
+        author_name="a",
+        author_email="a@x",
+        author_canonical_name="a",
+        author_canonical_email="a@x",
+        authored_at=now,
+        committer_name="a",
+        committer_email="a@x",
+        committed_at=now,
+        subject="s",
+    )
 
 
 def test_a_stale_token_plans_nothing() -> None:
