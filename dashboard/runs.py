@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from dashboard import queues
 from dashboard.live import publish_event
-from dashboard.models import Chunk, JobAttempt, JobRun, Repository, WorkerBeat
+from dashboard.models import Chunk, JobAttempt, JobRun, WorkerBeat
 from workers.analyzer import DEFAULT
 from workers.remotes import redact
 
@@ -304,13 +304,16 @@ def _dead_letter(run: JobRun, text: str) -> None:
         Chunk.objects.filter(pk=run.chunk_id).exclude(state=Chunk.State.DONE).update(
             state=Chunk.State.FAILED, error=reason
         )
-    failed = run.repository.fail(
-        reason, generation=run.generation if run.kind == JobRun.Kind.SYNC else None
+    repo = run.repository
+    repo.fail(reason, generation=run.generation if run.kind == JobRun.Kind.SYNC else None)
+    # Race: if ``fail`` changed nothing (ready, or a newer generation), the status read
+    # here may be overtaken by a concurrent commit; harmless, since watchers fetch a
+    # fresh snapshot on every ``repo.changed``. If it failed the row, it is exact.
+    publish_event(
+        "repo.changed",
+        {"repo": repo.pk, "status": repo.status, "error": repo.error or None},
+        repo_id=repo.pk,
     )
-    change: dict[str, Any] = {"repo": run.repository_id}
-    if failed:
-        change.update(status=Repository.Status.FAILED, error=reason)
-    publish_event("repo.changed", change, repo_id=run.repository_id)
 
 
 # ---------------------------------------------------------------------------- causes
