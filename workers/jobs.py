@@ -32,7 +32,7 @@ from dashboard.repositories import (
 )
 from workers.failpoints import failpoint
 from workers.gitproc import GitError, ProcessGroups, Runner
-from workers.history import CommitRecord, CommitTooLarge, list_commits, stream_commits
+from workers.history import CommitTooLarge, list_commits, stream_commits
 from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.mirror import (
     HEAD_REF,
@@ -118,7 +118,11 @@ def _analyze(attempt: runs.Attempt) -> str:
     path = _ensure_mirror(repo, attempt=attempt, groups=groups, need=shas[-1])
     with _locked(chunk.lock_key(), attempt, groups) as lock:
         failpoint("analyze.locked", repo.name)
-        records = _read_commits(path, shas, groups, tag=repo.name)
+        records = []
+        for record in stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)):
+            records.append(record)
+            if len(records) == 1:
+                failpoint("analyze.parsing", repo.name)
         runs.record_phase(attempt, analysed_at=timezone.now())
         lock.check()
         failpoint("analyze.before_write", repo.name)
@@ -233,19 +237,6 @@ def _ensure_mirror(
         _fetch(repo, remote, groups)
         lock.check()
     return path
-
-
-def _read_commits(
-    path: Path, shas: list[str], groups: ProcessGroups, *, tag: str
-) -> list[CommitRecord]:
-    """Every commit of the chunk, parsed from one streaming git process (killed with
-    ``groups`` if the lease is lost)."""
-    records: list[CommitRecord] = []
-    for record in stream_commits(path, shas, git=Runner(git_dir=path, groups=groups)):
-        records.append(record)
-        if len(records) == 1:
-            failpoint("analyze.parsing", tag)
-    return records
 
 
 def _has_commit(runner: Runner, path: Path, sha: str) -> bool:
