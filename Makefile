@@ -46,6 +46,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy workers dashboard
+	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 
 # The deployment files, offline (no Docker engine needed): hadolint on the Dockerfile,

@@ -12,21 +12,32 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from django.views.defaults import page_not_found
 
+from dashboard import queues
+from dashboard.audit import record_audit
 from dashboard.commits import BadCursor, commit_dict, commit_page
-from dashboard.models import ApiToken, Repository
+from dashboard.deadletters import act_now, group_runs, list_groups, run_dict, start_bulk
+from dashboard.leases import force_release_lock
+from dashboard.live import publish_event
+from dashboard.metrics import metrics_text
+from dashboard.models import ApiToken, BulkAction, JobRun, Repository
 from dashboard.queues import RedisUnavailable
+from dashboard.ratelimits import check
 from dashboard.repositories import (
     InvalidRemote,
     current_fingerprint,
     repository_status,
     submit_repository,
 )
+from dashboard.snapshots import ops_snapshot
 from dashboard.summaries import repository_summary
+from workers import lockkeys
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +109,6 @@ def api_view(
 
 def _rate_limited(request: HttpRequest, scope: str) -> JsonResponse | None:
     """A JSON 429 with Retry-After when the user is over the scope's limit."""
-    from dashboard.ratelimits import check
 
     verdict = check(scope, request.user)
     if verdict.allowed:
@@ -186,7 +196,6 @@ def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
 
 @api_view(("GET",))
 def status(request: HttpRequest) -> HttpResponse:
-    from dashboard.operations import ops_snapshot
 
     if (refused := _operator(request)) is not None:
         return refused
@@ -197,8 +206,6 @@ def status(request: HttpRequest) -> HttpResponse:
 def lock_release(request: HttpRequest) -> HttpResponse:
     """Force-release a lock (staff with ``dashboard.force_release_lock``); the fencing
     token is bumped so the old holder's later writes are rejected. Audited."""
-    from dashboard.audit import record_audit
-    from dashboard.operations import force_release_lock
 
     if not _permitted(request, "dashboard.force_release_lock"):
         record_audit(
@@ -213,15 +220,14 @@ def lock_release(request: HttpRequest) -> HttpResponse:
     except ValueError as exc:
         return error(str(exc), 400)
     key = data.get("key")
-    if not isinstance(key, str) or not key.startswith("locks:") or len(key) > 255:
-        return error('"key" must be a lock key (locks:…)', 400)
+    if not isinstance(key, str) or not key.startswith(lockkeys.PREFIX) or len(key) > 255:
+        return error(f'"key" must be a lock key ({lockkeys.PREFIX}…)', 400)
     return JsonResponse(force_release_lock(key=key, user=request.user))
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if request.path.startswith("/api/"):
         return error("not found", 404)
-    from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Exception())
 
@@ -245,7 +251,6 @@ def _permitted(request: HttpRequest, perm: str) -> bool:
 
 @api_view(("GET",))
 def dlq(request: HttpRequest) -> HttpResponse:
-    from dashboard.deadletters import list_groups
 
     if (refused := _operator(request)) is not None:
         return refused
@@ -255,7 +260,6 @@ def dlq(request: HttpRequest) -> HttpResponse:
 
 @api_view(("GET",))
 def dlq_group(request: HttpRequest, group: str) -> HttpResponse:
-    from dashboard.deadletters import group_runs
 
     if (refused := _operator(request)) is not None:
         return refused
@@ -274,8 +278,6 @@ def _int_param(request: HttpRequest, name: str, default: int, lo: int, hi: int) 
 
 
 def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
-    from dashboard.audit import record_audit
-    from dashboard.deadletters import act_now, start_bulk
 
     if not _permitted(request, f"dashboard.{kind}_jobrun"):
         record_audit(
@@ -333,7 +335,6 @@ def _action_dict(action: Any) -> dict[str, Any]:
 
 @api_view(("GET",))
 def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
-    from dashboard.models import BulkAction
 
     if (refused := _operator(request)) is not None:
         return refused
@@ -346,7 +347,6 @@ def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
 @api_view(("GET",))
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus scrape endpoint (an operator's session or bearer token)."""
-    from dashboard.operations import metrics_text
 
     if (refused := _operator(request)) is not None:
         return refused
@@ -354,9 +354,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 
 def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
-    from dashboard import queues as gw
-    from dashboard.audit import record_audit
-    from dashboard.operations import queue_names
 
     verb = "pause" if paused else "resume"
     if not _permitted(request, "dashboard.pause_queue"):
@@ -371,16 +368,15 @@ def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
         name = _json_body(request).get("queue")
     except ValueError as exc:
         return error(str(exc), 400)
-    if name not in queue_names():
-        return error(f'"queue" must be one of {", ".join(queue_names())}', 400)
-    changed = gw.set_paused(name, paused)
+    if name not in queues.queue_names():
+        return error(f'"queue" must be one of {", ".join(queues.queue_names())}', 400)
+    changed = queues.set_paused(name, paused)
     record_audit(
         user=request.user,
         action=f"queue.{verb}",
         target=name,
         outcome="done" if changed else "no change",
     )
-    from dashboard.live import publish_event
 
     publish_event("job.queued", {"queue": name, "paused": paused})
     return JsonResponse({"queue": name, "paused": paused, "changed": changed})
@@ -400,10 +396,6 @@ def queue_resume(request: HttpRequest) -> HttpResponse:
 def runs(request: HttpRequest) -> HttpResponse:
     """Search job runs: ``state``, ``kind``, ``repo`` (id), ``q`` (text in job id, cause,
     error, repository URL), newest first, keyset-paginated with ``before`` (a run id)."""
-    from django.db.models import Q
-
-    from dashboard.deadletters import run_dict
-    from dashboard.models import JobRun
 
     if (refused := _operator(request)) is not None:
         return refused

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from dashboard.models import AnalyzerVersion
+from dashboard.models import AnalyzerVersion, JobAttempt, JobRun
+from dashboard.models import AnalyzerVersion as AV
 from dashboard.rollouts import QUEUE, ROUTABLE, RolloutError, physical_queue
 
 S = AnalyzerVersion.State
@@ -83,7 +84,6 @@ def queue_for(queue: str, key: str, attempt_version: str | None = None) -> str:
 
 
 def _attempt_stats(fingerprint: str, since: Any) -> dict[str, Any]:
-    from dashboard.models import JobAttempt, JobRun
 
     rows = list(
         JobAttempt.objects.filter(
@@ -123,7 +123,6 @@ def canary_health(*, rollout: Any, since: Any, min_samples: int = 20) -> dict[st
       dead letters than the baseline, or mean run time > 1.5 × baseline (+1 s);
     * pass — otherwise.
     """
-    from dashboard.models import AnalyzerVersion as AV
 
     canary = _attempt_stats(rollout.version.fingerprint, since)
     current = AV.objects.filter(queue=rollout.queue, state=S.CURRENT).first()

@@ -15,6 +15,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard import live
+from dashboard.models import Repository
+from dashboard.snapshots import ops_snapshot, repository_live
 
 FLUSH_SECONDS = 0.1
 MAX_PENDING = 2000
@@ -112,8 +114,6 @@ class OpsConsumer(_Coalescing):
         await self._start([live.OPS_GROUP])
 
     async def send_snapshot(self) -> None:
-        from dashboard.operations import ops_snapshot
-
         user = self.scope["user"]
         # Only the dead-letter page asks for the grouping (?dlq=groups): it is the
         # costliest part of the snapshot at 100,000 dead letters.
@@ -132,8 +132,6 @@ class RepositoryConsumer(_Coalescing):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.repo_id = int(self.scope["url_route"]["kwargs"]["repo_id"])
-        from dashboard.models import Repository
-
         exists = await database_sync_to_async(Repository.objects.filter(pk=self.repo_id).exists)()
         if not exists:
             await self.close(code=CLOSE_NOT_FOUND)
@@ -141,8 +139,6 @@ class RepositoryConsumer(_Coalescing):
         await self._start([live.repo_group(self.repo_id)])
 
     async def send_snapshot(self) -> None:
-        from dashboard.operations import repository_live
-
         data = await database_sync_to_async(repository_live)(self.repo_id)
         self.last_snapshot = asyncio.get_running_loop().time()
         await self.send_json({"type": "snapshot", "data": data})

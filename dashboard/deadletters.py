@@ -21,7 +21,6 @@ from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.runs import enqueue_run
 
 BATCH = 500
-MAINTENANCE_QUEUE = "maintenance"
 
 
 def dead_runs() -> QuerySet[JobRun]:
@@ -174,18 +173,22 @@ def discard_runs(run_ids: list[int]) -> int:
 # ---------------------------------------------------------------------------- bulk
 
 
-def start_bulk(*, kind: str, selector: dict[str, Any], user: Any) -> BulkAction:
-    """Create a tracked bulk action and enqueue it (never run inside a web request)."""
+def new_bulk(*, kind: str, selector: dict[str, Any], actor: str) -> BulkAction:
+    """Create a tracked bulk action over the dead letters ``selector`` picks (not yet
+    run: ``start_bulk`` enqueues it, the CLI runs it inline with ``run_bulk``)."""
     if kind not in {"retry", "discard"}:
         raise ValueError("kind must be retry or discard")
-    action = BulkAction.objects.create(
-        kind=kind,
-        selector=selector,
-        total=_selected(selector).count(),
-        actor=user if isinstance(user, str) else getattr(user, "username", "") or "system",
+    return BulkAction.objects.create(
+        kind=kind, selector=selector, total=_selected(selector).count(), actor=actor
     )
+
+
+def start_bulk(*, kind: str, selector: dict[str, Any], user: Any) -> BulkAction:
+    """Create a tracked bulk action and enqueue it (never run inside a web request)."""
+    actor = user if isinstance(user, str) else getattr(user, "username", "") or "system"
+    action = new_bulk(kind=kind, selector=selector, actor=actor)
     transaction.on_commit(
-        lambda: queues.queue(MAINTENANCE_QUEUE).enqueue(
+        lambda: queues.queue(queues.MAINTENANCE_QUEUE).enqueue(
             "workers.jobs.run_bulk_action",
             action.pk,
             job_id=f"bulk-{action.pk}",

@@ -36,7 +36,8 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from dashboard import rollouts
+from dashboard import leases, rollouts, warming
+from dashboard.canary import canary_health
 from dashboard.fencing import check_token
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import RolloutBusy, RolloutError, describe_lock
@@ -50,9 +51,8 @@ R = Rollout.State
 
 
 def _redlock() -> Redlock:
-    from dashboard import queues
 
-    return queues.redlock()
+    return leases.redlock()
 
 
 class RolloutDriver:
@@ -349,8 +349,6 @@ class RolloutDriver:
             raise RolloutError(f"{ro.version} is {state}: nothing to promote yet")
 
     def _advance(self, ro: Rollout, token: int) -> None:
-        from dashboard import warming
-        from dashboard.canary import canary_health
 
         actor = self.name
         version = AnalyzerVersion.objects.get(pk=ro.version_id)

@@ -1,9 +1,11 @@
 """Live events: the only place that names channel groups and event types.
 
 Events are published **after commit** through ``publish_event``, which checks the type
-is known and the payload is JSON-safe. Consumers (``dashboard.consumers``) coalesce
-bursts per client. Publishing never fails the caller: if the channel layer is down the
-live view misses an event, the job does not.
+is known and the payload is JSON-safe. This module knows Channels and JSON and nothing
+of the domain: callers build the payload (``dashboard.repositories`` the repository
+state, ``dashboard.leases`` the lock rows) and this module delivers what it is given.
+Consumers (``dashboard.consumers``) coalesce bursts per client. Publishing never fails
+the caller: if the channel layer is down the live view misses an event, the job does not.
 """
 
 from __future__ import annotations
@@ -96,14 +98,3 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
             log.debug("live event %s not sent: %s", kind, exc)
 
     transaction.on_commit(send)
-
-
-def publish_repo_changed(repo_id: int) -> None:
-    """The repository's status/progress changed: watchers and operators refresh it."""
-    from dashboard.models import Repository
-    from dashboard.repositories import repository_status
-
-    repo = Repository.objects.filter(pk=repo_id).first()
-    if repo is not None:
-        state = repository_status(repo)
-        publish_event("repo.changed", {"repo": repo_id, **state}, repo_id=repo_id)

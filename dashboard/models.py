@@ -8,6 +8,9 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
+
+from workers import lockkeys
 
 
 class Repository(models.Model):
@@ -62,6 +65,29 @@ class Repository(models.Model):
     def sync_job_id(self) -> str:
         return f"sync-{self.pk}-g{self.generation}"
 
+    def lock_key(self) -> str:
+        """The mirror lock: held by every write to this repository's mirror."""
+        return lockkeys.mirror(self.pk)
+
+    def fail(self, reason: str, *, generation: int | None = None) -> bool:
+        """Mark the repository failed with a readable reason; True if it changed.
+
+        A ready repository is left alone, and with ``generation`` only that generation
+        is failed (a newer submission is not failed by an old job). One conditional
+        UPDATE: a concurrent re-submission (which bumps the generation) or completion
+        either happened before it, and the row does not match, or after it, and wins.
+        """
+        qs = Repository.objects.filter(pk=self.pk)
+        if generation is not None:
+            qs = qs.filter(generation=generation)
+        now = timezone.now()
+        updated = qs.exclude(status=self.Status.READY).update(
+            status=self.Status.FAILED, error=reason[:2000], updated_at=now
+        )
+        if updated:
+            self.status, self.error, self.updated_at = self.Status.FAILED, reason[:2000], now
+        return bool(updated)
+
 
 class Chunk(models.Model):
     """A planned slice of one repository's history for one analyzer fingerprint.
@@ -101,7 +127,7 @@ class Chunk(models.Model):
         return self.shas.split()
 
     def lock_key(self) -> str:
-        return f"locks:git:repo:{self.repository_id}:commit:{self.key}"
+        return lockkeys.chunk(self.repository_id, self.key)
 
     def job_id(self) -> str:
         # RQ ids allow letters, digits, "-" and "_" only: "first..last" becomes "first-last".

@@ -1,4 +1,9 @@
-"""Planning a repository's chunks and moving it between statuses."""
+"""A repository's planned work: chunks planned from a sync, and each chunk's states
+(``queued → running → done | failed``) as analyze jobs take them.
+
+Emits ``job.progress`` when a chunk is stored and ``repo.changed`` when the
+repository's analysis completes.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,12 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
+from dashboard.fencing import check_token
+from dashboard.live import publish_event
 from dashboard.models import Chunk, Commit, JobRun, Repository
+from dashboard.repositories import complete_repository, publish_repo_changed
 from dashboard.runs import enqueue_after_commit, ensure_run
+from dashboard.summaries import repository_summary
 from workers.analyzer import queue_name
 from workers.chunks import chunk_key, plan_chunks
 
@@ -18,11 +27,20 @@ OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
 
 
 def plan_repository(
-    *, repo_id: int, generation: int, fingerprint: str, head: str, shas: Sequence[str]
+    *,
+    repo_id: int,
+    generation: int,
+    fingerprint: str,
+    head: str,
+    shas: Sequence[str],
+    lock_key: str,
+    token: int | None,
 ) -> list[int]:
     """Record the new head and plan chunks for commits not yet analysed; return the ids
-    of the analyze runs enqueued after commit. Runs inside the caller's transaction
-    (which has checked the mirror lock's fencing token).
+    of the analyze runs enqueued after commit.
+
+    One transaction, guarded by the mirror lock ``lock_key``: its fencing ``token`` is
+    checked first (``StaleToken`` if a newer holder exists), then:
 
     1. Lock the repository row (serialises with ``complete_repository``).
     2. Pending = reachable commits − stored for this fingerprint − already in an open
@@ -31,6 +49,16 @@ def plan_repository(
        failed one is reset to queued: a re-submission retries it).
     4. Status: analyzing while any chunk is open, else ready.
     """
+    with transaction.atomic():
+        check_token(lock_key, token)
+        return _plan(
+            repo_id=repo_id, generation=generation, fingerprint=fingerprint, head=head, shas=shas
+        )
+
+
+def _plan(
+    *, repo_id: int, generation: int, fingerprint: str, head: str, shas: Sequence[str]
+) -> list[int]:
     repo = Repository.objects.select_for_update().get(pk=repo_id)
     stored = set(
         Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint).values_list(
@@ -123,43 +151,47 @@ def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
     return ids
 
 
-def complete_repository(*, repo_id: int, fingerprint: str) -> bool:
-    """Mark the repository ready if no chunk of this fingerprint is open or failed.
+def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
+    """Start analysing a chunk: ``(chunk, None)`` with the chunk marked running, or
+    ``(chunk, reason)`` when nothing is left to do (done already, or every commit of
+    it stored by an earlier attempt), after checking whether the repository is
+    complete.
 
-    Race: the last two chunks finish at once. Each runs this after its own commit, with
-    the repository row locked, so the later one always sees both chunks done. A sync
-    planning new chunks holds the same row lock (``plan_repository``), so a completion
-    check never sees a half-written plan.
+    Race: a redelivered or retried job whose earlier attempt committed. The commits'
+    unique constraint and this check make the second run a no-op; marking running
+    never moves a done chunk back (``exclude(state=done)``).
     """
-    with transaction.atomic():
-        repo = Repository.objects.select_for_update().filter(pk=repo_id).first()
-        if repo is None or repo.status != Repository.Status.ANALYZING:
-            return False
-        if repo.fingerprint != fingerprint:
-            return False
-        chunks = Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
-        if chunks.filter(state__in=OPEN_STATES).exists():
-            return False
-        now = timezone.now()
-        failed = chunks.filter(state=Chunk.State.FAILED).first()
-        if failed is not None:
-            # Every chunk has ended and one is dead: the repository shows why.
-            Repository.objects.filter(pk=repo_id).update(
-                status=Repository.Status.FAILED, error=failed.error, updated_at=now
-            )
-            return False
-        Repository.objects.filter(pk=repo_id).update(
-            status=Repository.Status.READY, analyzed_at=now, updated_at=now, error=""
-        )
-        return True
-
-
-def fail_repository(*, repo_id: int, generation: int | None, reason: str) -> None:
-    """Mark the repository failed with a readable reason (only the same generation,
-    when given: a newer submission is not failed by an old job)."""
-    qs = Repository.objects.filter(pk=repo_id)
-    if generation is not None:
-        qs = qs.filter(generation=generation)
-    qs.exclude(status=Repository.Status.READY).update(
-        status=Repository.Status.FAILED, error=reason[:2000], updated_at=timezone.now()
+    chunk = Chunk.objects.select_related("repository").get(pk=chunk_id)
+    if chunk.state == Chunk.State.DONE:
+        complete_repository(repo_id=chunk.repository_id, fingerprint=chunk.fingerprint)
+        return chunk, "already done"
+    shas = chunk.sha_list()
+    stored = Commit.objects.filter(
+        repository_id=chunk.repository_id, fingerprint=chunk.fingerprint, sha__in=shas
+    ).count()
+    if stored == len(shas):
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE, finished_at=timezone.now())
+        complete_repository(repo_id=chunk.repository_id, fingerprint=chunk.fingerprint)
+        return chunk, "already stored"
+    Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
+        state=Chunk.State.RUNNING
     )
+    return chunk, None
+
+
+def finish_chunk(chunk: Chunk) -> bool:
+    """After a chunk's commits are stored: publish progress and, if it was the last
+    open chunk, mark the repository ready, compute its aggregates once (so no page load
+    pays for them) and publish the change. True if the repository completed."""
+    repo = chunk.repository
+    analyzed = Commit.objects.filter(repository=repo, fingerprint=chunk.fingerprint).count()
+    publish_event(
+        "job.progress",
+        {"repo": repo.pk, "analyzed": analyzed, "total": repo.commits_total},
+        repo_id=repo.pk,
+    )
+    if not complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint):
+        return False
+    repository_summary(Repository.objects.get(pk=repo.pk), chunk.fingerprint)
+    publish_repo_changed(repo.pk)
+    return True

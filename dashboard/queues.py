@@ -1,4 +1,7 @@
-"""Redis connections, RQ queues and the process-wide Redlock."""
+"""Redis connections and RQ queues: names, enqueueing, scheduled jobs, pauses.
+
+The process-wide Redlock lives in ``dashboard.leases``; this module knows no lock.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +18,19 @@ from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from workers.analyzer import queue_name
-from workers.locks import Redlock
+from workers.analyzer import DEFAULT, queue_name
 
 log = logging.getLogger(__name__)
 
 SYNC_QUEUE = "sync"
+#: Bulk dead-letter actions (``dashboard.deadletters``) run here, never in a request.
+MAINTENANCE_QUEUE = "maintenance"
+
+
+def queue_names() -> list[str]:
+    """The queues this version's workers listen on (and the operations view shows):
+    sync, the current analyzer fingerprint's queue, maintenance."""
+    return [SYNC_QUEUE, queue_name(DEFAULT.fingerprint()), MAINTENANCE_QUEUE]
 
 
 class RedisUnavailable(ImproperlyConfigured):
@@ -47,36 +57,6 @@ def _connection(url: str) -> redis.Redis:
 
 def connection() -> redis.Redis:
     return _connection(redis_url())
-
-
-@functools.cache
-def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
-    from dashboard.fencing import next_token
-
-    count, delay, jitter, drift, node_timeout = settings_key
-    return Redlock(
-        list(urls),
-        retry_count=int(count),
-        retry_delay=delay,
-        retry_jitter=jitter,
-        drift_factor=drift,
-        node_timeout=node_timeout,
-        token_source=next_token,
-    )
-
-
-def redlock() -> Redlock:
-    """The Redlock over the configured masters, with database fencing tokens."""
-    return _redlock(
-        tuple(redis_urls()),
-        (
-            settings.LOCK_RETRY_COUNT,
-            settings.LOCK_RETRY_DELAY,
-            settings.LOCK_RETRY_JITTER,
-            settings.LOCK_DRIFT_FACTOR,
-            settings.LOCK_NODE_TIMEOUT,
-        ),
-    )
 
 
 def queue(name: str) -> Queue:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 
+from rq import Queue
 from rq.job import Job
+from rq.registry import ScheduledJobRegistry
 
 from dashboard import queues
 from dashboard.models import JobRun, Repository
-from dashboard.plans import complete_repository
-from dashboard.runs import crash_attempt, enqueue_run, orphaned_runs
+from dashboard.repositories import complete_repository
+from dashboard.runs import crash_attempt, enqueue_run
+from dashboard.workerbeats import live_worker_names, orphaned_runs
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,7 @@ def reconcile() -> dict[str, int]:
         )
     )
     pending = JobRun.objects.filter(state__in=[JobRun.State.QUEUED, JobRun.State.FAILED])
-    live = _live_workers()
+    live = live_worker_names()
     in_queue: dict[str, set[bytes]] = {}
     last = 0
     while True:
@@ -88,17 +92,9 @@ def reconcile() -> dict[str, int]:
 GRACE_SECONDS = 10.0
 
 
-def _live_workers() -> set[str]:
-    from dashboard.operations import live_worker_names
-
-    return live_worker_names()
-
-
 def _queued_ids(conn: object, name: str, cache: dict[str, set[bytes]]) -> set[bytes]:
     """Every job id in a queue and its intermediate list, read once per round."""
     if name not in cache:
-        from rq import Queue
-
         q = Queue(name, connection=conn)  # type: ignore[arg-type]
         ids = set(conn.lrange(q.key, 0, -1))  # type: ignore[attr-defined]
         ids |= set(conn.lrange(q.intermediate_queue_key, 0, -1))  # type: ignore[attr-defined]
@@ -113,10 +109,6 @@ def _stale(
     live: set[str],
     cache: dict[str, set[bytes]],
 ) -> bool:
-    from datetime import UTC, datetime
-
-    from rq.registry import ScheduledJobRegistry
-
     status, enqueued_at, worker = (f.decode() if f else None for f in fields)
     if status is None:
         return True  # missing: Redis lost it
@@ -137,8 +129,6 @@ def _stale(
     if status == "started":
         return worker not in live
     if status == "scheduled":
-        from dashboard import queues
-
         registry = ScheduledJobRegistry(queue=queues.queue(run.queue))
         score = conn.zscore(registry.key, run.rq_id())  # type: ignore[attr-defined]
         return score is None or float(score) < time.time() - 30

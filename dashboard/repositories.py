@@ -1,4 +1,5 @@
-"""Submitting repositories and reading their state."""
+"""Repositories: submitting them, their status changes (claimed by a sync, completed),
+and reading their state. Emits ``repo.changed`` (``publish_repo_changed``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,21 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from dashboard import queues
+from dashboard.live import publish_event
 from dashboard.models import Chunk, Commit, JobRun, Repository
 from dashboard.runs import enqueue_after_commit, ensure_run
 from workers.analyzer import DEFAULT
 from workers.remotes import InvalidRemote, Remote, RemotePolicy, normalise_branch, parse_remote
 
-__all__ = ["InvalidRemote", "current_fingerprint", "repository_status", "submit_repository"]
+__all__ = [
+    "InvalidRemote",
+    "claim_sync",
+    "complete_repository",
+    "current_fingerprint",
+    "publish_repo_changed",
+    "repository_status",
+    "submit_repository",
+]
 
 
 def current_fingerprint() -> str:
@@ -88,6 +98,63 @@ def ensure_sync_run(repo: Repository) -> JobRun:
         generation=repo.generation,
         fingerprint=current_fingerprint(),
     )
+
+
+def claim_sync(*, repo_id: int, generation: int) -> Repository | None:
+    """Move a queued (or already syncing) repository of this generation to syncing and
+    return it; None if the job is of a superseded generation or the repository moved
+    on, in which case the sync does nothing.
+
+    Race: a re-submission bumps the generation at the same moment. Both are
+    conditional UPDATEs on the row: either this one matches first (and the new
+    generation's sync runs after it) or it matches nothing.
+    """
+    claimed = Repository.objects.filter(
+        pk=repo_id,
+        generation=generation,
+        status__in=[Repository.Status.QUEUED, Repository.Status.SYNCING],
+    ).update(status=Repository.Status.SYNCING, updated_at=timezone.now())
+    if not claimed:
+        return None
+    return Repository.objects.get(pk=repo_id)
+
+
+def complete_repository(*, repo_id: int, fingerprint: str) -> bool:
+    """Mark the repository ready if no chunk of this fingerprint is open or failed.
+
+    Race: the last two chunks finish at once. Each runs this after its own commit, with
+    the repository row locked, so the later one always sees both chunks done. A sync
+    planning new chunks holds the same row lock (``plans.plan_repository``), so a
+    completion check never sees a half-written plan.
+    """
+    with transaction.atomic():
+        repo = Repository.objects.select_for_update().filter(pk=repo_id).first()
+        if repo is None or repo.status != Repository.Status.ANALYZING:
+            return False
+        if repo.fingerprint != fingerprint:
+            return False
+        chunks = Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+        if chunks.filter(state__in=[Chunk.State.QUEUED, Chunk.State.RUNNING]).exists():
+            return False
+        now = timezone.now()
+        failed = chunks.filter(state=Chunk.State.FAILED).first()
+        if failed is not None:
+            # Every chunk has ended and one is dead: the repository shows why.
+            Repository.objects.filter(pk=repo_id).update(
+                status=Repository.Status.FAILED, error=failed.error, updated_at=now
+            )
+            return False
+        Repository.objects.filter(pk=repo_id).update(
+            status=Repository.Status.READY, analyzed_at=now, updated_at=now, error=""
+        )
+        return True
+
+
+def publish_repo_changed(repo_id: int) -> None:
+    """The repository's status/progress changed: watchers and operators get its state."""
+    repo = Repository.objects.filter(pk=repo_id).first()
+    if repo is not None:
+        publish_event("repo.changed", {"repo": repo_id, **repository_status(repo)}, repo_id=repo_id)
 
 
 def resolve_repository(ref: str) -> Repository:

@@ -18,7 +18,9 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rq.exceptions import DuplicateJobError
 
+from dashboard import leases, queues
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.versions import (
     ALLOWED,
@@ -89,9 +91,8 @@ def busy_message(queue: str) -> str | None:
 def _lock_busy_message(queue: str) -> str | None:
     """A deploy lock held in Redis without an active rollout (a baseline adoption, or
     an operator's manual hold): refused too, naming its holder."""
-    from dashboard import queues
 
-    info = queues.redlock().inspect(lockkeys.deploy(queue))
+    info = leases.redlock().inspect(lockkeys.deploy(queue))
     if info is None:
         return None
     return f"the deploy lock of {queue!r} is held by {describe_lock(info)}"
@@ -205,9 +206,6 @@ def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = 
     No job timeout: the driver lives as long as the rollout (its lease, not RQ, bounds
     a dead one).
     """
-    from rq.exceptions import DuplicateJobError
-
-    from dashboard import queues
 
     mode = "takeover" if takeover else "start"
     try:

@@ -15,7 +15,6 @@ import re
 import socket
 import traceback as tb
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,16 +23,24 @@ from django.db.models import F
 from django.utils import timezone
 
 from dashboard import queues
+from dashboard.live import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, WorkerBeat
 from workers.analyzer import DEFAULT
 from workers.remotes import redact
 
 log = logging.getLogger(__name__)
 
+#: The RQ entry point of each kind of run (``workers.jobs``), called ``(run_id, attempt)``.
+#: The one table of job functions: the worker pool recognises a run's RQ job by it.
 FUNCS = {
     JobRun.Kind.SYNC: "workers.jobs.sync_repository",
     JobRun.Kind.ANALYZE: "workers.jobs.analyze_chunk",
 }
+
+
+def is_run_job(func_name: str, args: tuple[Any, ...] | list[Any]) -> bool:
+    """Whether an RQ job (by function name and arguments) is an attempt of a run."""
+    return func_name in FUNCS.values() and len(args) == 2
 
 
 # ---------------------------------------------------------------------------- creating
@@ -82,8 +89,6 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
 
 
 def _event(kind: str, run: JobRun, **extra: Any) -> None:
-    from dashboard.live import publish_event
-
     publish_event(
         kind,
         {
@@ -161,7 +166,13 @@ def _pid() -> int:
 
 
 def record_phase(attempt: Attempt, **fields: Any) -> None:
+    """Record timings (``fetched_at=…``) on the run, if this attempt is still its own."""
     JobRun.objects.filter(pk=attempt.run.pk, attempts=attempt.number).update(**fields)
+
+
+def record_lock(attempt: Attempt, *, key: str, token: int | None) -> None:
+    """The attempt holds ``key`` with fencing ``token`` (shown on the run, from now)."""
+    record_phase(attempt, lock_key=key, token=token, lock_acquired_at=timezone.now())
 
 
 def succeed_attempt(attempt: Attempt) -> None:
@@ -277,8 +288,6 @@ def _finish_failed(
         _event("job.dead" if dead else "job.failed", run, error=text[:500], cause=run.cause)
         if dead:
             _dead_letter(run, reason or text)
-            from dashboard.live import publish_event
-
             publish_event("dlq.changed", {})
         else:
             delays = settings.RETRY_BACKOFF
@@ -288,22 +297,23 @@ def _finish_failed(
 
 
 def _dead_letter(run: JobRun, text: str) -> None:
-    """A run is dead: its chunk is failed and its repository shows the reason."""
-    from dashboard.plans import fail_repository  # plans creates runs: import late
-
+    """A run is dead: its chunk is failed and its repository shows the reason (a sync
+    only fails its own generation). Emits a slim ``repo.changed`` after commit."""
     reason = text.strip().split("\n", 1)[0][:500]
     if run.chunk_id:
         Chunk.objects.filter(pk=run.chunk_id).exclude(state=Chunk.State.DONE).update(
             state=Chunk.State.FAILED, error=reason
         )
-    fail_repository(
-        repo_id=run.repository_id,
-        generation=run.generation if run.kind == JobRun.Kind.SYNC else None,
-        reason=reason,
+    repo = run.repository
+    repo.fail(reason, generation=run.generation if run.kind == JobRun.Kind.SYNC else None)
+    # Race: if ``fail`` changed nothing (ready, or a newer generation), the status read
+    # here may be overtaken by a concurrent commit; harmless, since watchers fetch a
+    # fresh snapshot on every ``repo.changed``. If it failed the row, it is exact.
+    publish_event(
+        "repo.changed",
+        {"repo": repo.pk, "status": repo.status, "error": repo.error or None},
+        repo_id=repo.pk,
     )
-    from dashboard.live import publish_repo_changed
-
-    transaction.on_commit(lambda: publish_repo_changed(run.repository_id))
 
 
 # ---------------------------------------------------------------------------- causes
@@ -338,67 +348,3 @@ def cause_of(exc: BaseException) -> tuple[str, str]:
     title = f"{type(root).__name__}: {normalise_message(str(root))}"
     key = hashlib.sha1(f"{title}|{frame}".encode()).hexdigest()[:16]  # noqa: S324 - grouping
     return key, f"{title} @ {frame}" if frame else title
-
-
-# ---------------------------------------------------------------------------- workers
-
-
-def beat(*, name: str, queues_: list[str]) -> None:
-    """Refresh a worker's heartbeat row (called every few seconds by the worker)."""
-    from dashboard.live import publish_event
-
-    now = timezone.now()
-    rss = _rss_of_tree(os.getpid())
-    publish_event("worker.heartbeat", {"worker": name, "last_seen": now.isoformat(), "rss": rss})
-    updated = WorkerBeat.objects.filter(name=name).update(last_seen=now, stopped_at=None, rss=rss)
-    if not updated:
-        WorkerBeat.objects.get_or_create(
-            name=name,
-            defaults={
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "version": DEFAULT.fingerprint(),
-                "queues": ",".join(queues_),
-                "last_seen": now,
-            },
-        )
-
-
-def _rss_of_tree(pid: int) -> int:
-    """Resident bytes of ``pid`` and its direct children (the work horse), from /proc."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    try:
-        pids = [pid] + [
-            int(p)
-            for p in open(f"/proc/{pid}/task/{pid}/children").read().split()  # noqa: SIM115
-        ]
-    except OSError:
-        pids = [pid]
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-def stop_beat(name: str) -> None:
-    WorkerBeat.objects.filter(name=name).update(stopped_at=timezone.now(), current_run=None)
-
-
-def orphaned_runs() -> list[JobRun]:
-    """Runs marked running whose worker's heartbeat is gone: stopped, stale, or never
-    seen (a run started more than WORKER_DEAD_AFTER ago by an unknown worker)."""
-    cutoff = timezone.now() - timedelta(seconds=settings.WORKER_DEAD_AFTER)
-    live = set(
-        WorkerBeat.objects.filter(stopped_at__isnull=True, last_seen__gte=cutoff).values_list(
-            "name", flat=True
-        )
-    )
-    return [
-        run
-        for run in JobRun.objects.filter(state=JobRun.State.RUNNING)
-        if run.worker not in live and (run.started_at is None or run.started_at < cutoff)
-    ]

@@ -35,11 +35,13 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
+from dashboard import leases, queues
 from dashboard.audit import record_audit
 from dashboard.fencing import StaleToken, check_token
 from dashboard.live import EVENT_TYPES, publish_event
-from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.models import AnalyzerVersion, JobRun, Rollout, RolloutEvent
 from workers import analyzer, lockkeys
 from workers.locks import LockNotAcquired
 
@@ -369,7 +371,6 @@ def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVer
     current = current_version(queue)
     if current is not None:
         return current
-    from dashboard import queues
 
     version = register_version(
         queue=queue,
@@ -382,13 +383,13 @@ def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVer
     )
     key = lockkeys.deploy(queue)
     try:
-        lock = queues.redlock().acquire(
+        lock = leases.redlock().acquire(
             key,
             ttl=max(settings.LOCK_TTL, 5.0),
             holder={"worker": f"baseline@{socket.gethostname()}"},
         )
     except LockNotAcquired:
-        held = describe_lock(queues.redlock().inspect(key))
+        held = describe_lock(leases.redlock().inspect(key))
         raise RolloutBusy(f"the deploy lock of {queue!r} is held by {held}") from None
     try:
         # InvalidTransition: another process made a version current meanwhile.
@@ -413,10 +414,6 @@ def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVer
 def drain_counts(version: AnalyzerVersion) -> dict[str, int]:
     """What still waits for or runs on ``version``: its physical RQ queue (queued,
     started, scheduled) and its job runs in the database (queued, running)."""
-    from rq.registry import ScheduledJobRegistry, StartedJobRegistry
-
-    from dashboard import queues
-    from dashboard.models import JobRun
 
     name = physical_queue(version.queue, version.fingerprint)
     q = queues.queue(name)

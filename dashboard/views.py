@@ -16,14 +16,15 @@ from dashboard.charts import sparklines, weekly_bars
 from dashboard.commits import BadCursor, commit_page
 from dashboard.forms import SubmitRepositoryForm
 from dashboard.models import AuditEntry, Repository
-from dashboard.operations import ops_snapshot, repository_live
 from dashboard.queues import RedisUnavailable
+from dashboard.ratelimits import check
 from dashboard.repositories import (
     InvalidRemote,
     current_fingerprint,
     repository_status,
     submit_repository,
 )
+from dashboard.snapshots import ops_snapshot, repository_live
 from dashboard.summaries import repository_summary
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,6 @@ def _repo_rows(repos: Any) -> list[dict[str, Any]]:
 def repositories(request: HttpRequest) -> HttpResponse:
     form = SubmitRepositoryForm(request.POST or None)
     if request.method == "POST":
-        from dashboard.ratelimits import check
-
         verdict = check("submit", request.user)
         if not verdict.allowed:
             form.is_valid()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import queues, rollouts
+from dashboard import leases, rollouts
 from dashboard.deploylock import RolloutDriver, takeover_rollout
 from dashboard.models import AnalyzerVersion, AuditEntry, Rollout, RolloutEvent
 from dashboard.rollouts import RolloutBusy, RolloutConflict, ensure_baseline
@@ -121,7 +121,7 @@ def test_two_drivers_of_one_rollout_one_holds_the_lock_the_other_names_it(env) -
         # second and found the rollout already driven.
         assert f":{winner.pid}" in err or "already ran" in err, err
         assert winner.poll() is None
-        info = queues.redlock().inspect(KEY)
+        info = leases.redlock().inspect(KEY)
         assert info is not None and info["holder"]["token"] == ro.lock_token
     finally:
         for d in drivers:
@@ -148,7 +148,7 @@ def test_a_sigkilled_holder_is_taken_over_and_its_stale_token_is_rejected(env) -
     # takeover is refused, naming the dead holder.
     with pytest.raises(RolloutBusy, match=rf"still held by .*:{proc.pid}"):
         takeover_rollout(rollout=ro, actor="bob", reason="holder died", ttl=5.0)
-    wait_for(lambda: queues.redlock().inspect(KEY) is None, 20, "the dead lease to run out")
+    wait_for(lambda: leases.redlock().inspect(KEY) is None, 20, "the dead lease to run out")
     new = takeover_rollout(rollout=ro, actor="bob", reason="holder died", ttl=5.0)
     DRIVERS.append(new)
     fresh = int(new.token or 0)
@@ -174,7 +174,7 @@ def test_sigterm_releases_the_lock_and_the_rollout_waits_for_a_takeover(env) -> 
     wait_for(lambda: Rollout.objects.get(pk=ro.pk).state == "active", 60, "the driver")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
-    assert queues.redlock().inspect(KEY) is None
+    assert leases.redlock().inspect(KEY) is None
     assert RolloutEvent.objects.filter(rollout=ro, action="lock.released").exists()
     assert Rollout.objects.get(pk=ro.pk).state == "active"
     new = takeover_rollout(rollout=ro, actor="bob", reason="resume", ttl=5.0)  # no waiting

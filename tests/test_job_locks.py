@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import queues
+from dashboard import leases, queues
 from dashboard.commits import write_chunk
 from dashboard.fencing import StaleToken
 from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
@@ -48,7 +48,7 @@ def test_a_master_restarted_empty_lets_a_second_holder_in_and_fencing_stops_the_
     redis_nodes: list[RedisNode], git_repo: GitRepo, settings
 ) -> None:
     chunk = synced_chunk(git_repo)
-    rl = queues.redlock()
+    rl = leases.redlock()
     key = chunk.lock_key()
     first = rl.acquire([key], ttl=30.0, holder={"worker": "A"})
     # Two of three masters crash and come back empty (no persistence): the known hole.
@@ -83,7 +83,7 @@ def test_a_lease_lost_mid_job_aborts_it_and_a_retry_finishes_the_chunk(
         # all masters restarted). The job's heartbeat must notice and abort the job.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            info = queues.redlock().inspect(key)
+            info = leases.redlock().inspect(key)
             # The token is tagged into the value right after quorum: wait for it.
             if info and info["holder"].get("token") is not None:
                 seen["holder"] = info["holder"]
@@ -131,7 +131,7 @@ def test_a_worker_frozen_past_its_ttl_has_its_write_rejected(
             time.sleep(0.05)
         assert horse, "the work horse never reached the failpoint"
         # 2. Its lease runs out; another holder takes the lock (newer fencing token).
-        rl = queues.redlock()
+        rl = leases.redlock()
         while rl.inspect(key) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
         usurper = rl.acquire([key], ttl=30.0, holder={"worker": "usurper"})

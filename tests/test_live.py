@@ -14,13 +14,13 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from dashboard import queues
+from dashboard import leases
 from dashboard.asgi import application
 from dashboard.fencing import next_token
 from dashboard.live import coalesce_key, publish_event
 from dashboard.models import AuditEntry, Repository
-from dashboard.operations import repository_live
 from dashboard.repositories import submit_repository
+from dashboard.snapshots import repository_live
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 
@@ -205,7 +205,7 @@ def test_why_a_repository_waits(git_repo: GitRepo) -> None:
 @pytest.mark.parametrize("role", ["user", "staff", "permitted"])
 def test_force_release_needs_the_permission_and_fences_the_old_holder(role: str) -> None:
     key = "locks:git:repo:1:commit:abc"
-    old = queues.redlock().acquire([key], ttl=30.0, holder={"worker": "w", "job": "j"})
+    old = leases.redlock().acquire([key], ttl=30.0, holder={"worker": "w", "job": "j"})
     perms = ("force_release_lock",) if role == "permitted" else ()
     user = make_user(role, staff=role != "user", perms=perms)
     c = Client()
@@ -213,12 +213,12 @@ def test_force_release_needs_the_permission_and_fences_the_old_holder(role: str)
     res = c.post("/api/locks/release", {"key": key}, content_type="application/json")
     if role != "permitted":
         assert res.status_code == 403
-        assert queues.redlock().inspect(key) is not None
+        assert leases.redlock().inspect(key) is not None
         return
     assert res.status_code == 200
     body = res.json()
     assert body["released"] == 3 and body["token"] > old.token
-    assert queues.redlock().inspect(key) is None
+    assert leases.redlock().inspect(key) is None
     # The token moved on: the old holder's write would be rejected by fencing.
     assert next_token(key) == body["token"] + 1
     entry = AuditEntry.objects.get(action="lock.force_release", outcome__startswith="released")

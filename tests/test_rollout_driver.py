@@ -14,7 +14,7 @@ from django.utils import timezone
 from rq import SimpleWorker
 from rq.job import Job
 
-from dashboard import queues, rollouts
+from dashboard import leases, queues, rollouts
 from dashboard.deploylock import RolloutDriver
 from dashboard.models import AnalyzerVersion, JobAttempt, JobRun, Rollout, RolloutEvent
 from dashboard.rollouts import ensure_baseline
@@ -101,7 +101,7 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
         ("rollout", "completed"),
         ("lock.released", ""),
     ]
-    assert queues.redlock().inspect(lockkeys.deploy("analysis")) is None
+    assert leases.redlock().inspect(lockkeys.deploy("analysis")) is None
 
 
 def attempts(repo, fingerprint: str, outcomes: list[str]) -> None:

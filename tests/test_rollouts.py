@@ -216,10 +216,10 @@ def test_a_second_start_is_refused_at_once_naming_the_holder_and_since_when() ->
 
 
 def test_a_deploy_lock_held_outside_any_rollout_also_refuses_a_start(redis_nodes) -> None:
-    from dashboard import queues
+    from dashboard import leases
 
     ensure_baseline(actor="setup")
-    lock = queues.redlock().acquire(
+    lock = leases.redlock().acquire(
         lockkeys.deploy("analysis"), ttl=10, holder={"worker": "ops-manual-hold"}
     )
     try:

@@ -11,12 +11,21 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+from rq import Queue, Worker
+
+import workers.jobs  # noqa: F401  (imported once in the parent, not in every forked horse)
+from dashboard import leases, queues, runs, workerbeats
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +51,12 @@ class PauseAware:
         return result
 
     def apply_pauses(self) -> None:
-        from rq import Queue
-
-        from dashboard import queues as gw
-
         try:
-            paused = gw.paused_queue_names()
+            paused = queues.paused_queue_names()
         except Exception:  # Redis trouble: keep the current list
             return
         active = [q for q in self.queues if q.name not in paused]
-        self._ordered_queues = active or [Queue(gw.IDLE_QUEUE, connection=self.connection)]
+        self._ordered_queues = active or [Queue(queues.IDLE_QUEUE, connection=self.connection)]
 
 
 def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
@@ -61,15 +66,6 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     worker is noticed even if Redis was flushed) and records a crashed attempt the
     moment one of its work horses is killed (SIGKILL, OOM).
     """
-    import socket
-    import threading
-
-    from django.conf import settings
-    from django.db import close_old_connections, connections
-    from rq import Worker
-
-    import workers.jobs  # noqa: F401  (imported once here, not in every forked horse)
-    from dashboard import queues, runs
 
     class DjangoWorker(PauseAware, Worker):
         def fork_work_horse(self, *args: Any, **kwargs: Any) -> Any:
@@ -82,7 +78,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
             self, job: Any, retpid: int, ret_val: int, rusage: Any
         ) -> None:
             super().handle_work_horse_killed(job, retpid, ret_val, rusage)
-            if job.func_name in _JOB_FUNCS and len(job.args) == 2:
+            if runs.is_run_job(job.func_name, job.args):
                 signo = os.WTERMSIG(ret_val) if os.WIFSIGNALED(ret_val) else None
                 reason = f"work horse killed by signal {signo}" if signo else (
                     f"work horse exited with status {ret_val}")  # fmt: skip
@@ -106,7 +102,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
             try:
                 if time.monotonic() >= next_beat:
                     close_old_connections()
-                    runs.beat(name=name, queues_=list(queue_names))
+                    workerbeats.beat(name=name, queues_=list(queue_names))
                     next_beat = time.monotonic() + interval
                 queues.promote_due_jobs(list(queue_names))
             except Exception:  # the next round retries; a long gap marks us dead
@@ -114,7 +110,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
             stop.wait(1.0)
         connections.close_all()
 
-    runs.beat(name=name, queues_=list(queue_names))
+    workerbeats.beat(name=name, queues_=list(queue_names))
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()
     worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
@@ -128,31 +124,15 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     finally:
         stop.set()
         beat_thread.join(timeout=5)
-        runs.stop_beat(name)
+        workerbeats.stop_beat(name)
         connections.close_all()
 
 
 def release_locks_of(pid: int) -> int:
     """Release the locks a reaped work horse held, so its retry need not wait out the
     lease. Safe: the holder is provably dead (we collected its exit status), and the
-    release is a compare-and-delete on that holder's nonce, so a lease another job
-    took meanwhile is never touched. Fencing still guards every write regardless."""
-    import socket
-
-    from dashboard import queues
-
-    host = socket.gethostname()
-    released = 0
-    redlock = queues.redlock()
-    for info in redlock.list_locks("locks:"):
-        holder = info.get("holder") or {}
-        ours = holder.get("pid") == pid and holder.get("host") == host and info.get("nonce")
-        if ours and redlock.force_release(info["key"], info["nonce"]):
-            released += 1
-    return released
-
-
-_JOB_FUNCS = {"workers.jobs.sync_repository", "workers.jobs.analyze_chunk"}
+    release is a compare-and-delete on that holder's nonce (``leases.release_locks_of``)."""
+    return leases.release_locks_of(host=socket.gethostname(), pid=pid)
 
 
 class Pool:

@@ -8,8 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.audit import record_audit
-from dashboard.deadletters import list_groups, run_bulk
-from dashboard.models import BulkAction
+from dashboard.deadletters import list_groups, new_bulk, run_bulk
 
 
 class Command(BaseCommand):
@@ -47,12 +46,7 @@ class Command(BaseCommand):
             else {"runs": options["run"]}
         )
         # The CLI is not a web request: it runs the same tracked bulk action inline.
-        from dashboard.deadletters import _selected
-
-        action = BulkAction.objects.create(
-            kind=options["action"], selector=selector, total=_selected(selector).count(),
-            actor="cli",
-        )  # fmt: skip
+        action = new_bulk(kind=options["action"], selector=selector, actor="cli")
         try:
             action = run_bulk(action.pk)
         except Exception as exc:

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard import rollouts
+from dashboard import leases, rollouts
 from dashboard.checklists import describe_rollout, rollout_checklist
 from dashboard.deploylock import (
     RolloutDriver,
@@ -26,6 +26,8 @@ from dashboard.deploylock import (
     takeover_rollout,
 )
 from dashboard.models import AnalyzerVersion, Rollout
+from dashboard.rollouts import ensure_baseline
+from workers import lockkeys
 
 TERMINAL = {"completed", "rolled_back", "failed", "aborted"}
 
@@ -150,7 +152,6 @@ class Command(BaseCommand):
             raise CommandError("--warm-threshold must be in (0, 1]")
         if any(warm.get(k, 1) < 1 for k in ("repositories", "commits_per_repository")):
             raise CommandError("--warm-repositories and --warm-commits must be at least 1")
-        from dashboard.rollouts import ensure_baseline
 
         ensure_baseline(queue=o["queue"], actor=o["actor"])
         ro = rollouts.start_rollout(
@@ -191,12 +192,10 @@ class Command(BaseCommand):
             time.sleep(0.2)
 
     def do_status(self, o: dict[str, Any]) -> None:
-        from dashboard import queues
-        from workers import lockkeys
 
         versions = AnalyzerVersion.objects.filter(queue=o["queue"]).order_by("-created_at")
         active = rollouts.active_rollout(o["queue"])
-        lock = queues.redlock().inspect(lockkeys.deploy(o["queue"]))
+        lock = leases.redlock().inspect(lockkeys.deploy(o["queue"]))
         data = {
             "queue": o["queue"],
             "versions": [

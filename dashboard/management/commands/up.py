@@ -18,10 +18,12 @@ import uvicorn
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
 
 from dashboard import embedded
 from dashboard.accounts import ensure_admin
 from dashboard.reconciler import reconcile
+from dashboard.samples import record_samples
 from workers.pool import Pool
 from workers.redisnode import RedisNode
 
@@ -110,18 +112,12 @@ def _note_signal(signum: int, frame: Any) -> None:
 
 
 def _reconcile_periodically(stop: threading.Event) -> None:
-    from django.db import close_old_connections
-
-    from dashboard.operations import record_samples
-
     while not stop.wait(settings.RECONCILE_INTERVAL):
         try:
             close_old_connections()
             reconcile()
             record_samples()
         except Exception:  # the next round retries; the error is logged
-            import logging
-
             logging.getLogger(__name__).exception("reconciler round failed")
 
 

@@ -10,16 +10,12 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.queues import SYNC_QUEUE, RedisUnavailable, redis_urls
-from dashboard.repositories import current_fingerprint
-from workers.analyzer import queue_name
+from dashboard.queues import RedisUnavailable, queue_names, redis_urls
 from workers.pool import Pool, run_one_worker
 
 
 def worker_queues() -> list[str]:
-    from dashboard.deadletters import MAINTENANCE_QUEUE
-
-    return [SYNC_QUEUE, queue_name(current_fingerprint()), MAINTENANCE_QUEUE]
+    return queue_names()
 
 
 class Command(BaseCommand):

@@ -1,0 +1,98 @@
+"""Queue statistics: live counts from RQ, rates from the attempt history, and the
+backlog sampled once per reconciler round (one day kept) for the one-hour charts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+from rq import Queue
+from rq.registry import StartedJobRegistry
+
+from dashboard import queues
+from dashboard.models import JobAttempt, QueueSample
+from dashboard.repositories import current_fingerprint
+
+HOUR = timedelta(hours=1)
+
+
+def queue_stats(name: str, *, now: datetime | None = None) -> dict[str, Any]:
+    """Backlog, oldest job age, running, jobs/min (5 min), retries and failure rate (1 h)."""
+    now = now or timezone.now()
+    conn = queues.connection()
+    q = Queue(name, connection=conn)
+    oldest_age = None
+    first = q.get_job_ids(0, 0)
+    if first:
+        job = q.fetch_job(first[0])
+        if job is not None and job.enqueued_at is not None:
+            enq = job.enqueued_at
+            enq = enq.replace(tzinfo=UTC) if enq.tzinfo is None else enq
+            oldest_age = round(max(0.0, (datetime.now(UTC) - enq).total_seconds()), 1)
+    attempts = JobAttempt.objects.filter(run__queue=name, started_at__gte=now - HOUR)
+    finished = attempts.exclude(outcome__in=[JobAttempt.Outcome.RUNNING, "deferred"])
+    five_minutes_ago = now - timedelta(minutes=5)
+    counts = finished.aggregate(
+        total=Count("id"),
+        bad=Count("id", filter=Q(outcome__in=["failed", "crashed"])),
+        recent=Count("id", filter=Q(outcome="succeeded", finished_at__gte=five_minutes_ago)),
+        retries=Count("id", filter=Q(number__gt=1)),
+    )
+    version = name.split("@", 1)[1] if "@" in name else None
+    return {
+        "name": name,
+        "paused": name in queues.paused_queue_names(),
+        "version": version,
+        "current": version is not None and current_fingerprint().startswith(version),
+        "backlog": q.count,
+        "running": StartedJobRegistry(name, connection=conn).count,
+        "oldest_age_s": oldest_age,
+        "jobs_per_min": round(counts["recent"] / 5, 1),
+        "retries": counts["retries"],
+        "failure_rate": round(counts["bad"] / counts["total"], 3) if counts["total"] else 0.0,
+    }
+
+
+def record_samples() -> None:
+    """Sample every queue's backlog (called by the reconciler loop); keep one day."""
+    now = timezone.now()
+    conn = queues.connection()
+    QueueSample.objects.bulk_create(
+        [
+            QueueSample(
+                queue=name,
+                at=now,
+                backlog=Queue(name, connection=conn).count,
+                running=StartedJobRegistry(name, connection=conn).count,
+            )
+            for name in queues.queue_names()
+        ]
+    )
+    QueueSample.objects.filter(at__lt=now - timedelta(days=1)).delete()
+
+
+def series(*, now: datetime | None = None) -> dict[str, Any]:
+    """Per-minute throughput (succeeded attempts) and backlog over the last hour."""
+    now = now or timezone.now()
+    start = (now - HOUR).replace(second=0, microsecond=0)
+    done = {
+        row["minute"]: row["n"]
+        for row in JobAttempt.objects.filter(outcome="succeeded", finished_at__gte=start)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute")
+        .annotate(n=Count("id"))
+    }
+    backlog: dict[datetime, int] = {}
+    for sample in QueueSample.objects.filter(at__gte=start).order_by("at"):
+        minute = sample.at.replace(second=0, microsecond=0)
+        backlog[minute] = backlog.get(minute, 0) if minute in backlog else 0
+        backlog[minute] = max(backlog[minute], sample.backlog)
+    minutes = [start + timedelta(minutes=i) for i in range(61)]
+    return {
+        "minutes": [m.isoformat() for m in minutes],
+        "throughput": [done.get(m, 0) for m in minutes],
+        "backlog": [backlog.get(m) for m in minutes],
+    }

@@ -1,0 +1,41 @@
+"""Every module of dashboard/ and workers/ sits in exactly one layer of the import-linter
+contract (pyproject.toml), so a new module cannot slip past `make lint` unchecked."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _contracts() -> list[dict]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data["tool"]["importlinter"]["contracts"]
+
+
+def _modules() -> set[str]:
+    names = set()
+    for package in ("dashboard", "workers"):
+        for path in (ROOT / package).iterdir():
+            if path.suffix == ".py" and path.stem != "__init__":
+                names.add(f"{package}.{path.stem}")
+            elif path.is_dir() and (path / "__init__.py").exists() and path.name != "migrations":
+                names.add(f"{package}.{path.name}")
+    return names
+
+
+def test_it_places_every_module_in_one_layer() -> None:
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    placed: list[str] = [m.strip() for layer in layers["layers"] for m in layer.split(":")]
+    assert len(placed) == len(set(placed)), "a module is listed in two layers"
+    missing = _modules() - set(placed)
+    assert not missing, f"modules in no layer of the import-linter contract: {sorted(missing)}"
+
+
+def test_it_forbids_django_in_every_core_module() -> None:
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    core = {m.strip() for m in layers["layers"][-1].split(":")}
+    (forbidden,) = [c for c in _contracts() if c["type"] == "forbidden"]
+    assert core == set(forbidden["source_modules"])
+    assert {"django", "dashboard"} <= set(forbidden["forbidden_modules"])

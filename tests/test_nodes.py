@@ -1,0 +1,39 @@
+"""dashboard.nodes: the health of the configured Redis masters, pinged for real (three
+live redis-server processes, and a port where nothing listens)."""
+
+from __future__ import annotations
+
+import socket
+
+from dashboard import nodes as health
+from dashboard.nodes import quorum, safe_url
+from workers.redisnode import RedisNode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_every_master_is_pinged_and_a_dead_one_is_down(
+    redis_nodes: list[RedisNode], settings
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    settings.REDIS_URLS = [redis_nodes[0].url, redis_nodes[1].url, dead]
+    nodes = health.redis_nodes()
+    assert [n["up"] for n in nodes] == [True, True, False]
+    assert nodes[0]["latency_ms"] >= 0 and nodes[2]["error"] == "ConnectionError"
+    assert quorum(nodes) == {"up": 2, "total": 3, "needed": 2, "state": "at_risk"}
+
+
+def test_quorum_states() -> None:
+    up, down = {"up": True}, {"up": False}
+    assert quorum([up, up, up])["state"] == "ok"
+    assert quorum([up, down, down])["state"] == "lost"
+    assert quorum([up])["state"] == "ok"
+
+
+def test_urls_are_shown_without_their_password() -> None:
+    assert safe_url("redis://:s3cret@db.internal:6379/0") == "redis://***@db.internal:6379/0"
+    assert safe_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"

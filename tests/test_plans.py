@@ -1,0 +1,141 @@
+"""dashboard.plans: planning a repository's chunks under the mirror lock's fencing token,
+and each chunk's start and finish, against the real database and Redis."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from dashboard import plans, queues
+from dashboard.fencing import StaleToken, next_token
+from dashboard.models import Chunk, Commit, JobRun, Repository, Summary
+from tests.livetap import Tap
+from workers.analyzer import queue_name
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FP = "0123456789abcdef"
+SHAS = [f"{i:040x}" for i in range(1, 8)]
+
+
+def a_repo(status: str = Repository.Status.SYNCING) -> Repository:
+    return Repository.objects.create(url="https://example.com/team/tool.git", status=status)
+
+
+def plan(repo: Repository, shas: list[str] = SHAS, token: int | None = None) -> list[int]:
+    key = repo.lock_key()
+    return plans.plan_repository(
+        repo_id=repo.pk,
+        generation=repo.generation,
+        fingerprint=FP,
+        head=shas[-1],
+        shas=shas,
+        lock_key=key,
+        token=token if token is not None else next_token(key),
+    )
+
+
+def store(repo: Repository, sha: str) -> None:
+    now = datetime(2024, 1, 1, tzinfo=UTC)
+    Commit.objects.create(
+        repository=repo,
+        fingerprint=FP,
+        sha=sha,
+        author_name="a",
+        author_email="a@x",
+        author_canonical_name="a",
+        author_canonical_email="a@x",
+        authored_at=now,
+        committer_name="a",
+        committer_email="a@x",
+        committed_at=now,
+        subject="s",
+    )
+
+
+def test_a_stale_token_plans_nothing() -> None:
+    repo = a_repo()
+    key = repo.lock_key()
+    old = next_token(key)
+    next_token(key)  # a newer holder of the mirror lock exists
+    with pytest.raises(StaleToken):
+        plan(repo, token=old)
+    assert Chunk.objects.count() == 0 and JobRun.objects.count() == 0
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.SYNCING and repo.head == ""
+
+
+def test_it_plans_every_pending_commit_once_and_enqueues_after_commit() -> None:
+    repo = a_repo()
+    run_ids = plan(repo)
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [s for c in chunks for s in c.sha_list()] == SHAS
+    assert sorted(run_ids) == sorted(
+        JobRun.objects.filter(kind=JobRun.Kind.ANALYZE).values_list("pk", flat=True)
+    )
+    assert len(queues.queue(queue_name(FP)).job_ids) == len(chunks)
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.ANALYZING and repo.head == SHAS[-1]
+    assert repo.commits_total == len(SHAS) and repo.fingerprint == FP
+    # Planning again (a redelivered sync) finds the same chunks and runs.
+    assert sorted(plan(repo)) == sorted(run_ids)
+    assert Chunk.objects.count() == len(chunks)
+
+
+def test_stored_commits_are_not_planned_and_nothing_pending_is_ready() -> None:
+    repo = a_repo()
+    for sha in SHAS:
+        store(repo, sha)
+    assert plan(repo) == []
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY and repo.analyzed_at is not None
+
+
+def test_a_failed_chunk_planned_again_is_queued_with_a_fresh_budget() -> None:
+    repo = a_repo()
+    plan(repo)
+    chunk = Chunk.objects.first()
+    assert chunk is not None
+    Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.FAILED, error="boom")
+    JobRun.objects.filter(chunk=chunk).update(state=JobRun.State.DEAD, attempts=3)
+    plan(repo)
+    chunk.refresh_from_db()
+    run = JobRun.objects.get(chunk=chunk)
+    assert chunk.state == Chunk.State.QUEUED and chunk.error == ""
+    assert run.state == JobRun.State.QUEUED and run.budget_used == 0
+
+
+def test_beginning_a_chunk_marks_it_running_unless_its_work_is_done() -> None:
+    repo = a_repo()
+    plan(repo)
+    first, second = Chunk.objects.order_by("position")[:2]
+    chunk, reason = plans.begin_chunk(first.pk)
+    assert chunk.pk == first.pk and reason is None
+    assert Chunk.objects.get(pk=first.pk).state == Chunk.State.RUNNING
+    for sha in second.sha_list():
+        store(repo, sha)
+    assert plans.begin_chunk(second.pk)[1] == "already stored"
+    assert Chunk.objects.get(pk=second.pk).state == Chunk.State.DONE
+    assert plans.begin_chunk(second.pk)[1] == "already done"
+
+
+def test_finishing_the_last_chunk_completes_the_repository_once() -> None:
+    repo = a_repo()
+    plan(repo, SHAS[:2])
+    chunks = list(Chunk.objects.order_by("position"))
+    tap = Tap()
+    for i, chunk in enumerate(chunks):
+        for sha in chunk.sha_list():
+            store(repo, sha)
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE)
+        chunk.refresh_from_db()
+        assert plans.finish_chunk(chunk) is (i == len(chunks) - 1)
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    assert Summary.objects.filter(repository=repo, fingerprint=FP).exists()
+    events = tap.until(lambda evs: any(e["type"] == "repo.changed" for e in evs))
+    progress = [e for e in events if e["type"] == "job.progress"]
+    assert progress[-1]["analyzed"] == 2 and progress[-1]["total"] == 2
+    changed = next(e for e in events if e["type"] == "repo.changed")
+    assert changed["status"] == "ready" and changed["repo"] == repo.pk
