@@ -3,7 +3,8 @@
 Three independent Redis lock masters and a separate queue Redis; three hosts, each a
 ``manage.py worker`` process tree with its own workspace and its own ``git`` on PATH (a
 wrapper that logs every call and, at every fetch, reads the mirror locks off the
-masters); two web processes (``manage.py up --workers 0``) on one shared database.
+masters); two web servers (``manage.py up --workers 0``, the second with
+``--web-workers 2``: two uvicorn processes on one port) on one shared database.
 Repositories go in through web #1's API while a websocket client watches web #2. One
 host is SIGKILLed (all its processes at once) while it holds work; nothing is lost.
 """
@@ -327,7 +328,7 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
             with open(base / f"web{i}" / "up.log", "wb") as out:
                 proc = subprocess.Popen(
                     [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port),
-                     "--workers", "0"],
+                     "--workers", "0", "--web-workers", str(i)],
                     env={**env, "GITWARD_VAR_DIR": str(base / f"web{i}")},
                     stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip
@@ -444,7 +445,8 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
         lock_pids = {e["pid"] for e in live.events if e["type"] == "lock.acquired"}
         worker_pids = set(JobAttempt.objects.values_list("pid", flat=True))
         assert lock_pids and lock_pids <= worker_pids
-        assert not lock_pids & {p.pid for _, p in webs}
+        web_pids = {p.pid for _, p in webs} | {c for _, p in webs for c in descendants(p.pid)}
+        assert not lock_pids & web_pids
         assert live.error is None, live.error
 
         # 6. Nothing of git is left running on any host.
@@ -456,3 +458,16 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
         stop_all(procs)
         for node in [*masters, queue]:
             node.kill()
+
+
+def test_up_refuses_fewer_than_one_web_worker(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "REDIS_URL"))}
+    env["GITWARD_VAR_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "up", "--web-workers", "0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert (
+        result.stderr.strip().splitlines()[-1] == "CommandError: --web-workers must be at least 1"
+    )
