@@ -26,6 +26,7 @@ from rq import Queue, Worker
 
 import workers.jobs  # noqa: F401  (imported once in the parent, not in every forked horse)
 from dashboard import leases, queues, runs, workerbeats
+from workers.forkguard import ForkGuard
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +96,21 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
     stop = threading.Event()
     interval = max(0.5, float(settings.WORKER_DEAD_AFTER) / 6)
 
+    # The work horse is forked while this thread may be inside SQLite or redis-py: the
+    # guard makes every fork wait for the end of the current round (workers/forkguard.py).
+    guard = ForkGuard().install()
+
     def heartbeat() -> None:
         """Beat every ``interval``; promote due scheduled jobs every second."""
         next_beat = 0.0
         while not stop.is_set():
             try:
-                if time.monotonic() >= next_beat:
-                    close_old_connections()
-                    workerbeats.beat(name=name, queues_=list(queue_names))
-                    next_beat = time.monotonic() + interval
-                queues.promote_due_jobs(list(queue_names))
+                with guard:
+                    if time.monotonic() >= next_beat:
+                        close_old_connections()
+                        workerbeats.beat(name=name, queues_=list(queue_names))
+                        next_beat = time.monotonic() + interval
+                    queues.promote_due_jobs(list(queue_names))
             except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)
