@@ -17,11 +17,15 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from workers.locks import Lock, LockLost, LockNotAcquired, LockNotOwned, Redlock
 from workers.redisnode import RedisNode, free_port
 
 # Fixtures and helpers --------------------------------------------------------------------
+
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 class SqliteCounter:
@@ -114,11 +118,19 @@ def eventually(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
 
 
 def busy(node: RedisNode) -> bool:
-    """Whether the master is stuck in a command (``DEBUG SLEEP``): a PING gets no answer."""
+    """Whether the master is stuck in a command (``DEBUG SLEEP``): a PING gets no answer.
+
+    No retries: redis-py 6 retries a timed-out command 3 times by default, with jittered
+    exponential backoff (up to 1 s, 2 s, 4 s), so the PING would outlast the sleep, be
+    answered, and the master would never look busy.
+    """
+    client = node.client(socket_timeout=0.02, socket_connect_timeout=0.5, retry=NO_RETRY)
     try:
-        node.client(socket_timeout=0.02, socket_connect_timeout=0.5).ping()
+        client.ping()
     except redis.TimeoutError:
         return True
+    finally:
+        client.close()
     return False
 
 
