@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -21,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from workers.locks import Lock, LockLost, LockNotAcquired, LockNotOwned, Redlock
-from workers.redisnode import RedisNode, free_port
+from workers.redisnode import RedisNode
 
 # Fixtures and helpers --------------------------------------------------------------------
 
@@ -522,8 +523,26 @@ def test_a_paused_master_counts_as_a_timeout(masters: list[RedisNode]) -> None:
         rl.close()
 
 
-def test_a_closed_port_is_a_refused_master(masters: list[RedisNode]) -> None:
-    closed = [f"redis://127.0.0.1:{free_port()}/0" for _ in range(2)]
+def closed_ports(n: int) -> Iterator[list[str]]:
+    """URLs of ``n`` distinct loopback ports that refuse connections.
+
+    Each port stays bound (never listening, so a connect is refused) until the test ends:
+    two free_port() calls in a row may return the same port, and then the two "masters"
+    would share one name in the failure's reasons.
+    """
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        yield [f"redis://127.0.0.1:{s.getsockname()[1]}/0" for s in socks]
+
+
+@pytest.fixture
+def closed() -> Iterator[list[str]]:
+    yield from closed_ports(2)
+
+
+def test_a_closed_port_is_a_refused_master(masters: list[RedisNode], closed: list[str]) -> None:
     rl = Redlock([masters[0].url, masters[1].url, closed[0]], retry_count=0)
     try:
         rl.acquire("locks:c", ttl=10.0).release()
