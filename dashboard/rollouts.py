@@ -22,6 +22,8 @@ from rq.exceptions import DuplicateJobError
 
 from dashboard import leases, queues
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.plans import enqueue_catch_up
+from dashboard.runs import cancel_runs
 from dashboard.versions import (
     ALLOWED,
     QUEUE,
@@ -47,6 +49,7 @@ from dashboard.versions import (
     ramping_version,
     record_event,
     register_version,
+    served_fingerprint,
 )
 from workers import lockkeys
 
@@ -395,7 +398,29 @@ def promote(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
             reason="promoted",
             outcome=f"{ro.version} is current",
         )
+        closed = [ro.previous.fingerprint] if ro.previous is not None else []
+        served = ro.version.fingerprint
+        transaction.on_commit(lambda: rerouted(closed=closed, served=served, rollout=ro.pk))
     return Rollout.objects.get(pk=ro.pk)
+
+
+def rerouted(*, closed: Sequence[str], served: str, rollout: int | None = None) -> dict[str, int]:
+    """After a promote or rollback committed: cancel the queued work of the versions
+    whose gate just closed (``runs.cancel_runs``; their workers take no job, and the
+    served version has its own plan) and start the catch-up that brings every
+    repository up to date under the served fingerprint (``plans.catch_up``: batches on
+    the maintenance queue, deduplicated). Recorded on the rollout's timeline."""
+    cancelled = {fp: cancel_runs(fingerprint=fp, reason="analyzer version closed") for fp in closed}
+    enqueue_catch_up(served)
+    if rollout is not None:
+        ro = Rollout.objects.select_related("version").get(pk=rollout)
+        with transaction.atomic():
+            record_event(
+                ro, ro.version, "jobs.moved", "", "", "system",
+                f"cancelled {sum(cancelled.values())} queued job(s); catch-up of {served[:12]}",
+                None, {"cancelled": cancelled, "catch_up": served},
+            )  # fmt: skip
+    return cancelled
 
 
 def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = "") -> Rollout:
@@ -440,6 +465,9 @@ def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = ""
         set_rollout_state(
             rollout=ro, to=Rollout.State.ROLLING_BACK, actor=actor, token=token, reason=why
         )
+        closed = [version.fingerprint]
+        served = served_fingerprint(ro.queue)
+        transaction.on_commit(lambda: rerouted(closed=closed, served=served, rollout=ro.pk))
     return Rollout.objects.get(pk=ro.pk)
 
 

@@ -99,6 +99,7 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
         ("transition", "draining"),
         ("transition", "current"),
         ("rollout", "completed"),
+        ("jobs.moved", ""),  # the superseded version's queued work cancelled, catch-up started
         ("lock.released", ""),
     ]
     assert leases.redlock().inspect(lockkeys.deploy("analysis")) is None
