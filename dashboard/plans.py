@@ -269,3 +269,19 @@ def enqueue_catch_up(fingerprint: str, after: int = 0) -> bool:
         job_id=f"catchup-{fingerprint[:8]}-{after}",
         delay=delay,
     )
+
+
+def plan_warm_set(*, fingerprint: str, items: Sequence[tuple[int, Sequence[str]]]) -> list[int]:
+    """Plan the warm set's commits (``[[repo_id, [sha, …]], …]``, newest first) under
+    ``fingerprint``: chunks and analyze runs on that version's physical queue, enqueued
+    after commit. The repositories' rows are not touched (readers keep the served
+    version). Idempotent: stored commits and open chunks are skipped and job ids are
+    deterministic, so planning twice enqueues nothing new."""
+    run_ids: list[int] = []
+    with transaction.atomic():
+        for repo_id, shas in items:
+            ordered = list(reversed(shas))
+            if ordered:
+                run_ids += _plan_chunks(repo_id, fingerprint, ordered)[0]
+        enqueue_after_commit(run_ids)
+    return run_ids
