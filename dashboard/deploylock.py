@@ -555,3 +555,8 @@ def _holder_alive(ro: Rollout) -> bool:
     """The rollout's lock is in Redis under its recorded token (a live lease)."""
     info = _redlock().inspect(lockkeys.deploy(ro.queue))
     return bool(info and (info.get("holder") or {}).get("token") == ro.lock_token)
+
+
+def driver_alive(ro: Rollout) -> bool:
+    """Whether the rollout's recorded driver still holds its lease (read-only)."""
+    return ro.is_active and _holder_alive(ro)
