@@ -128,3 +128,53 @@ def test_the_pool_staffs_each_version_and_a_closed_gate_takes_no_job(
         drained.wait(timeout=30)
     finally:
         pool.stop()
+
+
+def test_a_drain_stops_jobs_running_past_the_timeout(tmp_path: Path, settings: Any) -> None:
+    """Rollback while the new version's worker is mid-job: the job may finish; one still
+    running after the drain timeout is stopped (its horse killed, its retry cancelled by
+    the closed gate) and the version then drains."""
+    import subprocess
+    import sys
+
+    ensure_baseline(actor="setup")
+    analysed(tmp_path, "r")
+    ro = rollouts.start_rollout(
+        config=RENAMES, actor="ci", enqueue_driver=False,
+        warm_set={"repositories": 1, "commits_per_repository": 10, "threshold": 1.0},
+    )  # fmt: skip
+    driver = RolloutDriver(ro.pk, ttl=5.0, warmer=warm_rollout)
+    driver.acquire(actor="ci")
+    DRIVERS.append(driver)
+    driver.tick()
+    new = AnalyzerVersion.objects.get(pk=ro.version_id)
+    env = worker_env(settings, tmp_path, GITWARD_FAILPOINTS="analyze.parsing=sleep:120")
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "1",
+         "--analyzer", new.fingerprint], env=env,
+    )  # fmt: skip
+    try:
+        run = wait_for(
+            lambda: JobRun.objects.filter(fingerprint=new.fingerprint, state="running").first(),
+            timeout=90, what="the warm job running",
+        )  # fmt: skip
+        rollouts.request_action(rollout=ro, action="rollback", actor="ops")
+        driver.tick()
+        assert AnalyzerVersion.objects.get(pk=new.pk).state == S.DRAINING
+        assert rollouts.reconcile_drains() == 0  # within the timeout: it may finish
+        assert JobRun.objects.get(pk=run.pk).state == "running"
+        rollouts.reconcile_drains(stop_after=0)  # past it: stopped
+        job_id = run.rq_id(run.attempts)
+        wait_for(lambda: Job.fetch(job_id, connection=queues.connection()).get_status()
+                 == "stopped", timeout=30, what="the horse killed")  # fmt: skip
+        run.refresh_from_db()
+        assert run.state == JobRun.State.DISCARDED  # its retry met the closed gate
+        [attempt] = run.attempt_rows.all()
+        assert attempt.outcome == "crashed" and "drained for more than 0s" in attempt.error
+        wait_for(lambda: not driver.tick(), timeout=30, what="the drain")
+        assert AnalyzerVersion.objects.get(pk=new.pk).state == S.DRAINED
+        assert not Commit.objects.filter(fingerprint=new.fingerprint).exists()
+        assert worker.poll() is None  # only the job's horse was stopped
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
