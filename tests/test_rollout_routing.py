@@ -24,8 +24,9 @@ from tests.rollout_support import (  # noqa: F401 (fixture)
     start,
     verify,
 )
-from tests.rollout_workers import _burst
+from tests.rollout_workers import _burst, _Worker
 from workers.analyzer import DEFAULT
+from workers.jobs import load_versions
 from workers.pool import run_one_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,9 +121,6 @@ def test_a_misrouted_job_is_handed_back_and_a_wrong_worker_dead_letters_it(
     with pytest.raises(ValueError, match="refuses"):
         run_one_worker([own.name], burst=True, configs=[DEFAULT])
     # …and if one ran anyway, the job is dead-lettered at once, never retried 3 times.
-    from tests.rollout_workers import _Worker
-    from workers.jobs import load_versions
-
     load_versions([DEFAULT])
     try:
         _Worker([own], connection=queues.connection()).work(burst=True, logging_level="WARNING")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 
 from dashboard import queues, rollouts
@@ -135,8 +136,6 @@ def test_rollback_mid_ramp_cancels_routed_work_and_keeps_the_current_complete(
 def test_promote_serves_the_new_numbers_and_rollback_the_old_ones_at_once(
     tmp_path: Path, client: Client
 ) -> None:
-    from django.contrib.auth.models import User
-
     base, ro, driver, origins = setup_rollout(tmp_path)
     repos = list(Repository.objects.order_by("pk"))
     before = {r.pk: repository_summary(r, base.fingerprint) for r in repos}
