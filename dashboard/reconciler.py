@@ -13,7 +13,8 @@ from rq.registry import ScheduledJobRegistry
 from dashboard import queues
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import complete_repository
-from dashboard.runs import crash_attempt, enqueue_run
+from dashboard.rollouts import reconcile_drains
+from dashboard.runs import cancel_runs, closed_fingerprints, crash_attempt, enqueue_run
 from dashboard.workerbeats import live_worker_names, orphaned_runs
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ def reconcile() -> dict[str, int]:
        overdue. The attempt is claimed in the database, so even a false alarm here
        cannot run the work twice.
     3. Analysing repositories whose chunks have all ended are marked ready (or failed).
+    4. Queued runs of closed analyzer versions are cancelled (a retry scheduled just
+       before a rollback), and every draining version gets a drain check
+       (``rollouts.reconcile_drains``: drained after two empty checks).
 
     Races: two reconcilers, or a reconciler and a worker finishing late, both go
     through the conditional UPDATEs of ``dashboard.runs``: one wins, the rest no-op.
@@ -77,11 +81,17 @@ def reconcile() -> dict[str, int]:
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
         completed += int(complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint))
+    cancelled = sum(
+        cancel_runs(fingerprint=fp, reason="its analyzer version is closed")
+        for fp in closed_fingerprints()
+    )
     result = {
         "crashed": crashed,
         "requeued": requeued,
         "completed": completed,
         "promoted": promoted,
+        "cancelled": cancelled,
+        "drained": reconcile_drains(),
     }
     if any(result.values()):
         log.info("reconciler: %s", result)

@@ -26,6 +26,11 @@ urlpatterns = [
     path("api/queues/pause", api.queue_pause, name="api-queue-pause"),
     path("api/queues/resume", api.queue_resume, name="api-queue-resume"),
     path("api/runs", api.runs, name="api-runs"),
+    path("api/rollouts", api.rollouts_collection, name="api-rollouts"),
+    path("api/rollouts/<int:rollout_id>", api.rollout_detail, name="api-rollout"),
+    path(
+        "api/rollouts/<int:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"
+    ),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
     path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),
