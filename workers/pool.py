@@ -90,7 +90,7 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
                     connections.close_all()
 
     connections.close_all()
-    conn = queues.connection()
+    conn = queues.worker_connection()  # RQ raises its read timeout; not the shared one
     name = f"{socket.gethostname()}.{os.getpid()}"
     stop = threading.Event()
     interval = max(0.5, float(settings.WORKER_DEAD_AFTER) / 6)
