@@ -75,7 +75,6 @@ def git_repo(tmp_path: Path) -> GitRepo:
 
 def run_workers() -> int:
     """Drain every gitward queue with a real (in-process) RQ worker; return jobs run."""
-    from dashboard import queues
     from dashboard.management.commands.worker import worker_queues
     from workers.pool import PauseAware
 
