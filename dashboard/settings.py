@@ -77,7 +77,9 @@ def _check_queue_url(url: str) -> None:
         except ValueError as exc:
             raise _invalid("REDIS_URL", f"{SENTINEL_FORM} ({exc})", url) from None
         return
-    _redis_urls("REDIS_URL", [url], schemes=("redis", "rediss", "unix"))
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
+        raise _invalid("REDIS_URL", "a Redis URL (redis://host:6379/0)", url)
 
 
 def channel_layer_host(url: str, timeout: float) -> dict[str, object]:

@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from dashboard import queues
-from dashboard.consumers import OpsConsumer
+from dashboard.consumers import OpsConsumer, RepositoryConsumer
 from dashboard.leases import redlock
 from dashboard.models import Commit, JobRun, Repository
 from dashboard.reconciler import reconcile
@@ -114,11 +114,16 @@ def _held_lock(repo_id: int) -> str:
     return key
 
 
-def _ws_snapshot(user: Any) -> dict[str, Any]:
-    """Connect to ``/ws/ops/`` as ``user`` and return the first message (the snapshot)."""
+def _ws_snapshot(user: Any, repo_id: int | None = None) -> dict[str, Any]:
+    """Connect to ``/ws/ops/`` (or ``/ws/repos/N/``) as ``user`` and return the first
+    message (the snapshot)."""
 
     async def go() -> dict[str, Any]:
-        comm = WebsocketCommunicator(OpsConsumer.as_asgi(), "/ws/ops/")
+        if repo_id is None:
+            comm = WebsocketCommunicator(OpsConsumer.as_asgi(), "/ws/ops/")
+        else:
+            comm = WebsocketCommunicator(RepositoryConsumer.as_asgi(), f"/ws/repos/{repo_id}/")
+            comm.scope["url_route"] = {"kwargs": {"repo_id": repo_id}}
         comm.scope["user"] = user
         connected, _ = await comm.connect(timeout=10)
         assert connected
@@ -179,6 +184,9 @@ def test_every_page_api_call_and_socket_degrades_with_the_queue_node_killed(
     assert snapshot["data"]["queue_server"] == body["queue_server"] | {
         "detail": snapshot["data"]["queue_server"]["detail"]
     }
+    repo_socket = _ws_snapshot(operator, repo_id)
+    assert repo_socket["type"] == "snapshot"
+    assert any(DOWN in reason for reason in repo_socket["data"]["waiting"])
     assert not [s for s in seen if s[1] >= 500], seen
 
 
