@@ -510,9 +510,10 @@ class Chaos:
         # one of each first (in a seeded order), so even a short run exercises all
         plan = ["kill", "restart", "kill", "flush", "queue_kill", "queue_stall"]
         self.rng.shuffle(plan)
-        while time.monotonic() < deadline:
+        # The planned faults all run even if the last of them starts past the deadline.
+        while time.monotonic() < deadline or plan:
             self.sleep(self.rng.uniform(0.4, 2.2))
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline and not plan:
                 break
             if self.up is not None and self.up.poll() is not None:
                 raise RuntimeError(f"up died during chaos:\n{self.tail()}")

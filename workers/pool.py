@@ -105,6 +105,8 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
                     workerbeats.beat(name=name, queues_=list(queue_names))
                     next_beat = time.monotonic() + interval
                 queues.promote_due_jobs(list(queue_names))
+            except queues.QueueUnavailable as exc:  # promotion waits; the beat went on
+                log.warning("worker heartbeat: %s", exc)
             except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)
