@@ -119,6 +119,14 @@ class _QueuePipeline(Pipeline):
         except _FAILURES as exc:
             raise CIRCUIT.trip(exc) from exc
 
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        """Commands a WATCHing pipeline sends at once (RQ's check-and-set enqueues)."""
+        CIRCUIT.check()
+        try:
+            return super().immediate_execute_command(*args, **options)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
 
 class QueueRedis(redis.Redis):
     """A client whose connection failures are ``QueueUnavailable`` (see the module)."""
