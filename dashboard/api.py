@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -109,6 +110,9 @@ def api_view(
                 return view(request, *args, **kwargs)
             except RedisUnavailable as exc:
                 return error(str(exc), 503)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # a lock master
+                log.warning("Redis unreachable on %s: %s", request.path, exc)
+                return error(f"Redis unreachable: {type(exc).__name__}", 503)
             except Exception:
                 log.exception("API error on %s", request.path)
                 return error("internal error; the failure was logged", 500)

@@ -99,7 +99,8 @@ class LeaseObserver:
         return {"on_lost": self.lost, "on_extended": self.extended}
 
     def extended(self, lock: Lock) -> None:
-        queues.connection().hset(EXTENSIONS_HASH, self.key, str(lock.extensions))
+        with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+            queues.connection().hset(EXTENSIONS_HASH, self.key, str(lock.extensions))
         publish_event(
             "lock.extended",
             {
@@ -134,7 +135,8 @@ class LeaseObserver:
         )
 
     def released(self) -> None:
-        queues.connection().hdel(EXTENSIONS_HASH, self.key)
+        with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+            queues.connection().hdel(EXTENSIONS_HASH, self.key)
         publish_event("lock.released", {"key": self.key}, repo_id=self.repo_id)
 
 
@@ -204,9 +206,12 @@ def lock_rows(*, repo_id: int | None = None) -> list[dict[str, Any]]:
     if not infos:
         return []
     live = live_worker_names()
-    ext_raw: list[Any] = list(
-        queues.connection().hmget(EXTENSIONS_HASH, [i["key"] for i in infos])  # type: ignore[arg-type]
-    )
+    try:
+        ext_raw: list[Any] = list(
+            queues.connection().hmget(EXTENSIONS_HASH, [i["key"] for i in infos])  # type: ignore[arg-type]
+        )
+    except queues.QueueUnavailable:  # the locks come from the masters; only counts missing
+        ext_raw = [None] * len(infos)
     described = [describe_resource(i["key"]) for i in infos]
     names = dict(
         Repository.objects.filter(pk__in={d["repo"] for d in described if d["repo"]}).values_list(
@@ -288,7 +293,8 @@ def force_release_lock(*, key: str, user: Any) -> dict[str, Any]:
     token = next_token(key)
     failpoint("lock.force_release.fenced")
     released = rl.force_release(key, info["nonce"])
-    queues.connection().hdel(EXTENSIONS_HASH, key)
+    with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+        queues.connection().hdel(EXTENSIONS_HASH, key)
     holder = info.get("holder") or {}
     record_audit(
         user=user,

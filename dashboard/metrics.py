@@ -7,6 +7,7 @@ from rq import Queue
 from rq.registry import StartedJobRegistry
 
 from dashboard import leases, queues
+from dashboard.live import dropped_events
 from dashboard.models import JobAttempt, JobRun, Repository
 from dashboard.nodes import redis_nodes
 from dashboard.workerbeats import worker_rows
@@ -25,23 +26,34 @@ def metrics_text() -> str:
             label = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
             lines.append(f"{name}{{{label}}} {value}" if label else f"{name} {value}")
 
-    conn = queues.connection()
     names = queues.queue_names()
+    Rows = list[tuple[dict[str, str], float]]
+    backlog: Rows
+    running: Rows
+    paused_rows: Rows
+    try:
+        conn = queues.connection()
+        backlog = [({"queue": n}, Queue(n, connection=conn).count) for n in names]
+        running = [({"queue": n}, StartedJobRegistry(n, connection=conn).count) for n in names]
+        paused = queues.paused_queue_names()
+        paused_rows = [({"queue": n}, int(n in paused)) for n in names]
+        server_up = 1
+    except queues.QueueUnavailable:  # unknown, not zero: NaN until it answers again
+        backlog = running = paused_rows = [({"queue": n}, float("nan")) for n in names]
+        server_up = 0
     gauge(
-        "gitward_queue_backlog",
-        "Jobs waiting in the queue.",
-        [({"queue": n}, Queue(n, connection=conn).count) for n in names],
+        "gitward_queue_server_up",
+        "1 while the queue server (REDIS_URL) answers.",
+        [({}, server_up)],
     )
+    gauge("gitward_queue_backlog", "Jobs waiting in the queue.", backlog)
+    gauge("gitward_queue_running", "Jobs being executed.", running)
+    gauge("gitward_queue_paused", "1 while the queue is paused.", paused_rows)
     gauge(
-        "gitward_queue_running",
-        "Jobs being executed.",
-        [({"queue": n}, StartedJobRegistry(n, connection=conn).count) for n in names],
-    )
-    paused = queues.paused_queue_names()
-    gauge(
-        "gitward_queue_paused",
-        "1 while the queue is paused.",
-        [({"queue": n}, int(n in paused)) for n in names],
+        "gitward_live_events_dropped_total",
+        "Live events this web process dropped (channel layer unreachable).",
+        [({}, dropped_events())],
+        "counter",
     )
     runs = dict(JobRun.objects.order_by().values_list("state").annotate(n=Count("id")))
     gauge(

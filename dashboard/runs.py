@@ -173,10 +173,22 @@ def reroute_attempt(attempt: Attempt, *, queue: str, reason: str) -> bool:
     return True
 
 
+def enqueue_or_leave(run: JobRun, *, delay: float = 0.0) -> bool:
+    """``enqueue_run``, except that an unreachable queue server leaves the run as it is
+    in the database (queued, or failed awaiting its retry): the reconciler enqueues
+    every such run whose RQ job is missing once the queue server answers again. For
+    on-commit callbacks, which must not fail the request or job that committed."""
+    try:
+        return enqueue_run(run, delay=delay)
+    except queues.QueueUnavailable as exc:
+        log.warning("run %s left for the reconciler: %s", run.pk, exc)
+        return False
+
+
 def enqueue_after_commit(run_ids: list[int]) -> None:
     def go() -> None:
         for run in JobRun.objects.filter(pk__in=run_ids, state__in=[JobRun.State.QUEUED]):
-            enqueue_run(run)
+            enqueue_or_leave(run)
 
     transaction.on_commit(go)
 
@@ -303,7 +315,7 @@ def defer_attempt(attempt: Attempt, *, delay: float, reason: str) -> bool:
         )
         run = JobRun.objects.get(pk=attempt.run.pk)
         _event("job.deferred", run, delay=delay, reason=redact(reason)[:300])
-        transaction.on_commit(lambda: enqueue_run(run, delay=delay))
+        transaction.on_commit(lambda: enqueue_or_leave(run, delay=delay))
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
     return True
 
@@ -363,7 +375,7 @@ def _finish_failed(
         else:
             delays = settings.RETRY_BACKOFF
             delay = delays[min(run.budget_used, len(delays)) - 1] if delays else 0.0
-            transaction.on_commit(lambda: enqueue_run(run, delay=delay))
+            transaction.on_commit(lambda: enqueue_or_leave(run, delay=delay))
     return str(run.state)
 
 

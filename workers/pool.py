@@ -130,7 +130,7 @@ def run_one_worker(
             f"this worker loaded {', '.join(sorted(own))} and refuses {', '.join(foreign)}"
         )
     connections.close_all()
-    conn = queues.connection()
+    conn = queues.worker_connection()  # RQ raises its read timeout; not the shared one
     name = f"{socket.gethostname()}.{os.getpid()}"
     version = loaded_fingerprints()[0]
     stop = threading.Event()
@@ -151,6 +151,8 @@ def run_one_worker(
                         workerbeats.beat(name=name, queues_=list(queue_names), version=version)
                         next_beat = time.monotonic() + interval
                     queues.promote_due_jobs(list(queue_names))
+            except queues.QueueUnavailable as exc:  # promotion waits; the beat went on
+                log.warning("worker heartbeat: %s", exc)
             except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)

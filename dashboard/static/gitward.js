@@ -124,6 +124,8 @@
     const banner = $("quorum-banner");
     if (banner) {
       banner.replaceChildren();
+      const qs = s.queue_server;
+      if (qs && !qs.ok) banner.append(el("p", { cls: "banner bad", id: "queue-server-banner", text: `${qs.error}: submissions are accepted and enqueued when it returns; queue counts and live updates are paused` }));
       if (q.state === "lost") banner.append(el("p", { cls: "banner bad", text: `no quorum: ${q.up}/${q.total} masters up — no lock can be taken, work waits` }));
       else if (q.state === "at_risk") banner.append(el("p", { cls: "banner warn", text: `quorum at risk: ${q.up}/${q.total} masters` }));
     }
@@ -144,7 +146,7 @@
       return el("tr", {}, [
         el("td", {}, [x.name, x.paused ? el("span", { cls: "pill warn", text: "paused" }) : null]),
         el("td", {}, [x.version || "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
-        td(x.backlog), td(x.oldest_age_s === null ? "—" : x.oldest_age_s + "s"), td(x.running),
+        td(x.backlog ?? "—"), td(x.oldest_age_s === null ? "—" : x.oldest_age_s + "s"), td(x.running ?? "—"),
         td(x.jobs_per_min), td(x.retries), td(pct(x.failure_rate)), tools]);
     }), "no queues", 9);
     spark("spark-throughput", s.series.throughput);

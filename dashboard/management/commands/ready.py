@@ -24,6 +24,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
+from dashboard import queues
+from workers.redisurls import is_sentinel_url, parse_sentinel_url
+
 
 def database_problem() -> str | None:
     """None when the database answers and has no unapplied migration."""
@@ -43,9 +46,14 @@ def database_problem() -> str | None:
 def answers_ping(url: str, *, timeout: float) -> bool:
     """One PING on a fresh connection (no pool shared with the app), bounded by ``timeout``."""
     try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry_on_timeout=False
-        )
+        if is_sentinel_url(url):  # the master the Sentinels name, asked through them
+            client: redis.Redis = queues.build_client(
+                url, socket_connect_timeout=timeout, socket_timeout=timeout
+            )
+        else:
+            client = redis.Redis.from_url(
+                url, socket_connect_timeout=timeout, socket_timeout=timeout, retry_on_timeout=False
+            )
     except ValueError:  # not a redis:// URL: as good as down, and named in the message
         return False
     try:
@@ -80,7 +88,9 @@ def queue_problem(url: str, *, timeout: float) -> str | None:
 
 
 def _where(url: str) -> str:
-    """host:port of a Redis URL, never its password."""
+    """host:port of a Redis URL (the Sentinels of a Sentinel URL), never its password."""
+    if is_sentinel_url(url):
+        return ",".join(f"{h}:{p}" for h, p in parse_sentinel_url(url).sentinels)
     parsed = urlparse(url)
     return f"{parsed.hostname}:{parsed.port or 6379}"
 
