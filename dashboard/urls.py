@@ -17,6 +17,7 @@ urlpatterns = [
     path("dead-letters/", views.dead_letters, name="dead-letters"),
     path("audit/", views.audit, name="audit"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
     path("api/repos", api.repos, name="api-repos"),
     path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
@@ -18,6 +18,7 @@ from dashboard.forms import SubmitRepositoryForm
 from dashboard.models import AuditEntry, Repository
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
+from dashboard.readiness import check_readiness
 from dashboard.repositories import (
     InvalidRemote,
     current_fingerprint,
@@ -173,3 +174,12 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
 
 def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
+
+
+def readyz(request: HttpRequest) -> HttpResponse:
+    """Readiness (``dashboard.readiness``): 200 when the database is migrated and a
+    majority of lock masters and the queue Redis answer, else 503; the JSON body names
+    every check and what failed. Anonymous, like ``/healthz``: it reveals no more than
+    which dependency is down (host:port, never a password)."""
+    readiness = check_readiness(timeout=0.5)
+    return JsonResponse(readiness.as_dict(), status=200 if readiness.ready else 503)
