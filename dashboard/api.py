@@ -7,11 +7,13 @@ logged and answered with a generic JSON error, never a traceback.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -25,6 +27,7 @@ from dashboard.commits import BadCursor, commit_dict, commit_page
 from dashboard.deadletters import act_now, group_runs, list_groups, run_dict, start_bulk
 from dashboard.leases import force_release_lock
 from dashboard.live import publish_event
+from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import metrics_text
 from dashboard.models import ApiToken, BulkAction, JobRun, Repository
 from dashboard.queues import RedisUnavailable
@@ -345,12 +348,30 @@ def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
 
 
 @api_view(("GET",))
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus scrape endpoint (an operator's session or bearer token)."""
-
+def _metrics_for_operators(request: HttpRequest) -> HttpResponse:
     if (refused := _operator(request)) is not None:
         return refused
-    return HttpResponse(metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(metrics_text(), content_type=METRICS_CONTENT_TYPE)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint: a client in ``GITWARD_METRICS_NETWORKS`` (by
+    REMOTE_ADDR, so behind a proxy list the proxy only if it does not forward the public
+    to /metrics), else an operator's session or bearer token (``view_jobrun``)."""
+    if request.method == "GET" and _in_networks(request.META.get("REMOTE_ADDR", "")):
+        try:
+            return HttpResponse(metrics_text(), content_type=METRICS_CONTENT_TYPE)
+        except RedisUnavailable as exc:
+            return error(str(exc), 503)
+    return _metrics_for_operators(request)
+
+
+def _in_networks(addr: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(net) for net in settings.METRICS_NETWORKS)
 
 
 def _pause(request: HttpRequest, paused: bool) -> HttpResponse:

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import queues, telemetry
 from dashboard.audit import record_audit
 from dashboard.fencing import next_token
 from dashboard.live import publish_event
@@ -38,7 +38,7 @@ HOUR = timedelta(hours=1)
 @functools.cache
 def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
     count, delay, jitter, drift, node_timeout = settings_key
-    return Redlock(
+    rl = Redlock(
         list(urls),
         retry_count=int(count),
         retry_delay=delay,
@@ -47,6 +47,8 @@ def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
         node_timeout=node_timeout,
         token_source=next_token,
     )
+    telemetry.watch_redlock(rl)  # its counters and latencies reach /metrics
+    return rl
 
 
 def redlock() -> Redlock:

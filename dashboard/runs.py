@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import queues, telemetry
 from dashboard.live import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, WorkerBeat
 from workers.analyzer import DEFAULT
@@ -89,6 +89,7 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
 
 
 def _event(kind: str, run: JobRun, **extra: Any) -> None:
+    telemetry.record_run_event(kind, run)
     publish_event(
         kind,
         {

@@ -247,6 +247,8 @@ ALLOWED_HOSTS_NETS = _networks(
     "GITWARD_ALLOWED_HOSTS_NETS", env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
 )
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
+#: Clients (by REMOTE_ADDR) that may scrape /metrics without a token: Prometheus's network.
+METRICS_NETWORKS = _networks("GITWARD_METRICS_NETWORKS", env_list("GITWARD_METRICS_NETWORKS", ""))
 
 # ---------------------------------------------------------------------------- fault injection
 # workers/failpoints.py reads these at call time (it imports no Django, and a test arms a
