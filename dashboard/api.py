@@ -40,6 +40,7 @@ from dashboard.repositories import (
 )
 from dashboard.snapshots import ops_snapshot
 from dashboard.summaries import repository_summary
+from dashboard.traces import run_trace
 from workers import lockkeys
 
 log = logging.getLogger(__name__)
@@ -453,3 +454,15 @@ def runs(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
         {"results": [run_dict(r) for r in rows], "next": rows[-1].pk if more and rows else None}
     )
+
+
+@api_view(("GET",))
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run with every attempt and its trace (the run page's data)."""
+
+    if (refused := _operator(request)) is not None:
+        return refused
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        return error("run not found", 404)
+    return JsonResponse(run_trace(found))

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from dashboard import queues, telemetry
+from dashboard import queues, telemetry, traces
 from dashboard.audit import record_audit
 from dashboard.fencing import next_token
 from dashboard.live import publish_event
@@ -168,9 +168,11 @@ def hold_lease(
     Raises ``LockNotAcquired`` if another holder has the key.
     """
     observer = LeaseObserver(key, job=str(holder.get("job", "")), on_lost=on_lost)
-    with redlock().hold(
-        [key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()
-    ) as lock:
+    with (
+        traces.lock_span(key) as traced_acquired,  # "lock wait" and "lock held" spans
+        redlock().hold([key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()) as lock,
+    ):
+        traced_acquired(lock)
         if on_acquired is not None:
             on_acquired(lock)
         observer.acquired(lock, holder)

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard import queues, telemetry
+from dashboard import queues, telemetry, traces
 from dashboard.live import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, WorkerBeat
 from workers.analyzer import DEFAULT
@@ -159,6 +159,7 @@ def begin_attempt(*, run_id: int, number: int, worker: str) -> Attempt | None:
     )
     WorkerBeat.objects.filter(name=worker).update(current_run=run, last_seen=now)
     _event("job.started", run, worker=worker)
+    traces.claimed(run, worker=worker)
     return Attempt(run=run, number=number, worker=worker)
 
 
@@ -169,6 +170,7 @@ def _pid() -> int:
 def record_phase(attempt: Attempt, **fields: Any) -> None:
     """Record timings (``fetched_at=…``) on the run, if this attempt is still its own."""
     JobRun.objects.filter(pk=attempt.run.pk, attempts=attempt.number).update(**fields)
+    traces.phase(fields)
 
 
 def record_lock(attempt: Attempt, *, key: str, token: int | None) -> None:

@@ -299,11 +299,27 @@ LOG_LEVEL = _choice(
     env_str("GITWARD_LOG_LEVEL", "INFO").upper(),
     ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 )
+# JSON lines for log shippers, or text for people; both carry the running job's context
+# (job, trace, repository, lock, token, worker, version) and redact credentials from every
+# line (dashboard/logs.py).
+LOG_FORMAT = _choice(
+    "GITWARD_LOG_FORMAT", env_str("GITWARD_LOG_FORMAT", "text").strip().lower(), ("json", "text")
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "dashboard.logs.ContextFilter"}},
+    "formatters": {
+        "json": {"()": "dashboard.logs.JsonFormatter"},
+        "text": {"()": "dashboard.logs.TextFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"rq.worker": {"level": "WARNING"}},
 }

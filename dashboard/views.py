@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 from dashboard.charts import sparklines, weekly_bars
 from dashboard.commits import BadCursor, commit_page
 from dashboard.forms import SubmitRepositoryForm
-from dashboard.models import AuditEntry, Repository
+from dashboard.models import AuditEntry, JobRun, Repository
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 from dashboard.readiness import check_readiness
@@ -27,6 +27,7 @@ from dashboard.repositories import (
 )
 from dashboard.snapshots import ops_snapshot, repository_live
 from dashboard.summaries import repository_summary
+from dashboard.traces import run_trace
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +184,15 @@ def readyz(request: HttpRequest) -> HttpResponse:
     which dependency is down (host:port, never a password)."""
     readiness = check_readiness(timeout=0.5)
     return JsonResponse(readiness.as_dict(), status=200 if readiness.ready else 503)
+
+
+@login_required
+def run(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run: its attempts, each with its trace as a timeline (``dashboard.traces``).
+    Operations data: needs ``dashboard.view_jobrun``."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return render(request, "forbidden.html", status=403)
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        raise Http404("run not found")
+    return render(request, "run.html", {"run": run_trace(found)})
