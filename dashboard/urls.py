@@ -13,6 +13,7 @@ urlpatterns = [
     path("repos/", views.repositories, name="repositories"),
     path("repos/<int:repo_id>/", views.repository, name="repository"),
     path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/job/<str:job_id>/", views.run_by_job, name="run-by-job"),
     path("locks/", views.locks, name="locks"),
     path("workers/", views.workers, name="workers"),
     path("dead-letters/", views.dead_letters, name="dead-letters"),

@@ -169,8 +169,16 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "commits": commits,
             "next_cursor": nxt,
             "first_page": not request.GET.get("cursor"),
+            "recent_runs": _recent_runs(request, repo),
         },
     )
+
+
+def _recent_runs(request: HttpRequest, repo: Repository) -> list[JobRun]:
+    """The repository's last runs, linked to their run pages (operators only)."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return []
+    return list(JobRun.objects.filter(repository=repo).order_by("-pk")[:10])
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -196,3 +204,12 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
     if found is None:
         raise Http404("run not found")
     return render(request, "run.html", {"run": run_trace(found)})
+
+
+@login_required
+def run_by_job(request: HttpRequest, job_id: str) -> HttpResponse:
+    """A job id (lock holders, workers' current jobs) → its run page."""
+    found = JobRun.objects.filter(job_id=job_id).values_list("pk", flat=True).first()
+    if found is None:
+        raise Http404("run not found")
+    return redirect("run", run_id=found)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from dashboard import leases, queues
 from dashboard.logs import JsonFormatter
-from dashboard.models import ApiToken, Chunk, JobAttempt, JobRun
+from dashboard.models import ApiToken, Chunk, JobAttempt, JobRun, WorkerBeat
 from dashboard.repositories import submit_repository
 from dashboard.traces import timeline, trace_id_of
 from tests.conftest import run_workers
@@ -183,3 +184,30 @@ def test_job_log_lines_carry_the_trace_context(git_repo: GitRepo) -> None:
     assert all(e["worker"] == run.worker for e in with_lock)
     assert Chunk.objects.get().state == "done"
     assert queues.queue(run.queue).count == 0
+
+
+def test_runs_are_linked_from_the_repository_locks_and_workers_pages(git_repo: GitRepo) -> None:
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    run = JobRun.objects.get(kind="analyze")
+    op = make_user("op", staff=True, perms=("view_jobrun",))
+    c = Client()
+    c.force_login(op)
+    repo_page = c.get(f"/repos/{run.repository_id}/").content.decode()
+    assert f'href="/runs/{run.pk}/"' in repo_page
+    assert c.get(f"/runs/job/{run.job_id}/").url == f"/runs/{run.pk}/"
+    assert c.get("/runs/job/no-such-job/").status_code == 404
+    # A job holding a lock and a worker busy with it: both tables link to the run.
+    lock = leases.redlock().acquire(
+        [run.lock_key], ttl=30.0, holder={"worker": "w1", "job": run.job_id}
+    )
+    WorkerBeat.objects.create(name="w1", host="h", pid=1, last_seen=timezone.now(), current_run=run)
+    try:
+        link = f'href="/runs/job/{run.job_id}/"'
+        assert link in c.get("/locks/").content.decode()
+        assert link in c.get("/workers/").content.decode()
+    finally:
+        lock.release()
+    plain = make_user("plain")
+    c.force_login(plain)
+    assert f"/runs/{run.pk}/" not in c.get(f"/repos/{run.repository_id}/").content.decode()
