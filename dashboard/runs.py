@@ -99,6 +99,7 @@ def _event(kind: str, run: JobRun, **extra: Any) -> None:
             "queue": run.queue,
             "repo": run.repository_id,
             "attempt": run.attempts,
+            "trace": traces.trace_id_of(run.job_id),
             **extra,
         },
         repo_id=run.repository_id,

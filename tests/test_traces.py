@@ -19,6 +19,7 @@ from dashboard.repositories import submit_repository
 from dashboard.traces import timeline, trace_id_of
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from tests.livetap import Tap
 from tests.test_live import make_user
 from tests.test_metrics import make_repo, synced_chunk
 
@@ -211,3 +212,16 @@ def test_runs_are_linked_from_the_repository_locks_and_workers_pages(git_repo: G
     plain = make_user("plain")
     c.force_login(plain)
     assert f"/runs/{run.pk}/" not in c.get(f"/repos/{run.repository_id}/").content.decode()
+
+
+def test_the_trace_id_follows_the_run_through_its_events(git_repo: GitRepo) -> None:
+    tap = Tap()
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    run = JobRun.objects.get(kind="analyze")
+    events = tap.until(
+        lambda evs: any(e["type"] == "job.succeeded" and e.get("run") == run.pk for e in evs)
+    )
+    mine = [e for e in events if e.get("run") == run.pk]
+    assert {e["type"] for e in mine} >= {"job.queued", "job.started", "job.succeeded"}
+    assert {e["trace"] for e in mine} == {trace_id_of(run.job_id)}
