@@ -7,12 +7,14 @@ logged and answered with a generic JSON error, never a traceback.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import redis
+from django.conf import settings
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -28,6 +30,7 @@ from dashboard.deadletters import act_now, group_runs, list_groups, run_dict, st
 from dashboard.deploylock import abort_rollout, driver_alive, rollback_rollout
 from dashboard.leases import force_release_lock
 from dashboard.live import publish_event
+from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import metrics_text
 from dashboard.models import ApiToken, BulkAction, JobRun, Repository, Rollout
 from dashboard.queues import RedisUnavailable
@@ -49,6 +52,7 @@ from dashboard.rollouts import (
 )
 from dashboard.snapshots import ops_snapshot
 from dashboard.summaries import repository_summary
+from dashboard.traces import run_trace
 from workers import lockkeys
 
 log = logging.getLogger(__name__)
@@ -360,12 +364,30 @@ def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
 
 
 @api_view(("GET",))
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus scrape endpoint (an operator's session or bearer token)."""
-
+def _metrics_for_operators(request: HttpRequest) -> HttpResponse:
     if (refused := _operator(request)) is not None:
         return refused
-    return HttpResponse(metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(metrics_text(), content_type=METRICS_CONTENT_TYPE)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint: a client in ``GITWARD_METRICS_NETWORKS`` (by
+    REMOTE_ADDR, so behind a proxy list the proxy only if it does not forward the public
+    to /metrics), else an operator's session or bearer token (``view_jobrun``)."""
+    if request.method == "GET" and _in_networks(request.META.get("REMOTE_ADDR", "")):
+        try:
+            return HttpResponse(metrics_text(), content_type=METRICS_CONTENT_TYPE)
+        except RedisUnavailable as exc:
+            return error(str(exc), 503)
+    return _metrics_for_operators(request)
+
+
+def _in_networks(addr: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(net) for net in settings.METRICS_NETWORKS)
 
 
 def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
@@ -653,3 +675,15 @@ def _run_rollout_action(
     record_audit(user=actor, action="rollout.takeover", target=f"rollout #{ro.pk}",
                  outcome="driver job enqueued", detail={"reason": reason})  # fmt: skip
     return ro, 202
+
+
+@api_view(("GET",))
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run with every attempt and its trace (the run page's data)."""
+
+    if (refused := _operator(request)) is not None:
+        return refused
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        return error("run not found", 404)
+    return JsonResponse(run_trace(found))

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import queues, telemetry, traces
 from dashboard.audit import record_audit
 from dashboard.fencing import next_token
 from dashboard.live import publish_event
@@ -38,7 +38,7 @@ HOUR = timedelta(hours=1)
 @functools.cache
 def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
     count, delay, jitter, drift, node_timeout = settings_key
-    return Redlock(
+    rl = Redlock(
         list(urls),
         retry_count=int(count),
         retry_delay=delay,
@@ -47,6 +47,8 @@ def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
         node_timeout=node_timeout,
         token_source=next_token,
     )
+    telemetry.watch_redlock(rl)  # its counters and latencies reach /metrics
+    return rl
 
 
 def redlock() -> Redlock:
@@ -168,9 +170,11 @@ def hold_lease(
     Raises ``LockNotAcquired`` if another holder has the key.
     """
     observer = LeaseObserver(key, job=str(holder.get("job", "")), on_lost=on_lost)
-    with redlock().hold(
-        [key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()
-    ) as lock:
+    with (
+        traces.lock_span(key) as traced_acquired,  # "lock wait" and "lock held" spans
+        redlock().hold([key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()) as lock,
+    ):
+        traced_acquired(lock)
         if on_acquired is not None:
             on_acquired(lock)
         observer.acquired(lock, holder)

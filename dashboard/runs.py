@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import queues, telemetry, traces
 from dashboard.live import publish_event
 from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
 from dashboard.versions import GATE_OPEN
@@ -98,6 +98,7 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
 
 
 def _event(kind: str, run: JobRun, **extra: Any) -> None:
+    telemetry.record_run_event(kind, run)
     publish_event(
         kind,
         {
@@ -107,6 +108,7 @@ def _event(kind: str, run: JobRun, **extra: Any) -> None:
             "queue": run.queue,
             "repo": run.repository_id,
             "attempt": run.attempts,
+            "trace": traces.trace_id_of(run.job_id),
             **extra,
         },
         repo_id=run.repository_id,
@@ -241,6 +243,7 @@ def begin_attempt(
     )
     WorkerBeat.objects.filter(name=worker).update(current_run=run, last_seen=now)
     _event("job.started", run, worker=worker)
+    traces.claimed(run, worker=worker)
     return Attempt(run=run, number=number, worker=worker)
 
 
@@ -251,6 +254,7 @@ def _pid() -> int:
 def record_phase(attempt: Attempt, **fields: Any) -> None:
     """Record timings (``fetched_at=…``) on the run, if this attempt is still its own."""
     JobRun.objects.filter(pk=attempt.run.pk, attempts=attempt.number).update(**fields)
+    traces.phase(fields)
 
 
 def record_lock(attempt: Attempt, *, key: str, token: int | None) -> None:

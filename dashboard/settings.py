@@ -292,6 +292,8 @@ ALLOWED_HOSTS_NETS = _networks(
     "GITWARD_ALLOWED_HOSTS_NETS", env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
 )
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
+#: Clients (by REMOTE_ADDR) that may scrape /metrics without a token: Prometheus's network.
+METRICS_NETWORKS = _networks("GITWARD_METRICS_NETWORKS", env_list("GITWARD_METRICS_NETWORKS", ""))
 
 # ---------------------------------------------------------------------------- fault injection
 # workers/failpoints.py reads these at call time (it imports no Django, and a test arms a
@@ -342,11 +344,27 @@ LOG_LEVEL = _choice(
     env_str("GITWARD_LOG_LEVEL", "INFO").upper(),
     ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 )
+# JSON lines for log shippers, or text for people; both carry the running job's context
+# (job, trace, repository, lock, token, worker, version) and redact credentials from every
+# line (dashboard/logs.py).
+LOG_FORMAT = _choice(
+    "GITWARD_LOG_FORMAT", env_str("GITWARD_LOG_FORMAT", "text").strip().lower(), ("json", "text")
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "dashboard.logs.ContextFilter"}},
+    "formatters": {
+        "json": {"()": "dashboard.logs.JsonFormatter"},
+        "text": {"()": "dashboard.logs.TextFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"rq.worker": {"level": "WARNING"}},
 }

@@ -12,11 +12,14 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("repos/", views.repositories, name="repositories"),
     path("repos/<int:repo_id>/", views.repository, name="repository"),
+    path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/job/<str:job_id>/", views.run_by_job, name="run-by-job"),
     path("locks/", views.locks, name="locks"),
     path("workers/", views.workers, name="workers"),
     path("dead-letters/", views.dead_letters, name="dead-letters"),
     path("audit/", views.audit, name="audit"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
     path("api/repos", api.repos, name="api-repos"),
     path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),
@@ -31,6 +34,7 @@ urlpatterns = [
     path(
         "api/rollouts/<int:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"
     ),
+    path("api/runs/<int:run_id>", api.run_detail, name="api-run"),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
     path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),

@@ -8,16 +8,17 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from dashboard.charts import sparklines, weekly_bars
 from dashboard.commits import BadCursor, commit_page
 from dashboard.forms import SubmitRepositoryForm
-from dashboard.models import AuditEntry, Repository
+from dashboard.models import AuditEntry, JobRun, Repository
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
+from dashboard.readiness import check_readiness
 from dashboard.repositories import (
     InvalidRemote,
     current_fingerprint,
@@ -26,6 +27,7 @@ from dashboard.repositories import (
 )
 from dashboard.snapshots import ops_snapshot, repository_live
 from dashboard.summaries import repository_summary
+from dashboard.traces import run_trace
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +169,47 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "commits": commits,
             "next_cursor": nxt,
             "first_page": not request.GET.get("cursor"),
+            "recent_runs": _recent_runs(request, repo),
         },
     )
 
 
+def _recent_runs(request: HttpRequest, repo: Repository) -> list[JobRun]:
+    """The repository's last runs, linked to their run pages (operators only)."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return []
+    return list(JobRun.objects.filter(repository=repo).order_by("-pk")[:10])
+
+
 def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
+
+
+def readyz(request: HttpRequest) -> HttpResponse:
+    """Readiness (``dashboard.readiness``): 200 when the database is migrated and a
+    majority of lock masters and the queue Redis answer, else 503; the JSON body names
+    every check and what failed. Anonymous, like ``/healthz``: it reveals no more than
+    which dependency is down (host:port, never a password)."""
+    readiness = check_readiness(timeout=0.5)
+    return JsonResponse(readiness.as_dict(), status=200 if readiness.ready else 503)
+
+
+@login_required
+def run(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run: its attempts, each with its trace as a timeline (``dashboard.traces``).
+    Operations data: needs ``dashboard.view_jobrun``."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return render(request, "forbidden.html", status=403)
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        raise Http404("run not found")
+    return render(request, "run.html", {"run": run_trace(found)})
+
+
+@login_required
+def run_by_job(request: HttpRequest, job_id: str) -> HttpResponse:
+    """A job id (lock holders, workers' current jobs) → its run page."""
+    found = JobRun.objects.filter(job_id=job_id).values_list("pk", flat=True).first()
+    if found is None:
+        raise Http404("run not found")
+    return redirect("run", run_id=found)

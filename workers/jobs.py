@@ -20,7 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 from rq import get_current_job
 
-from dashboard import leases, plans, runs
+from dashboard import leases, plans, runs, traces
 from dashboard.commits import write_chunk
 from dashboard.deadletters import run_bulk
 from dashboard.models import Repository
@@ -160,6 +160,7 @@ def _analyze(attempt: runs.Attempt) -> str:
 # ---------------------------------------------------------------------------- steps
 
 
+@traces.traced  # spans, log context: dashboard/traces.py
 def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> str:
     """Claim the attempt, run ``body``, record the outcome (DESIGN §5). The retry
     policy is the job's: a held lock defers the run (no attempt spent), a permanent

@@ -5,6 +5,9 @@
   "use strict";
 
   // ------------------------------------------------------------------ helpers
+  // A job id (lock holder, worker's current job) as a link to its run page.
+  function runLink(job) { return el("a", { href: `/runs/job/${encodeURIComponent(job)}/`, cls: "run-link", text: job }); }
+
   function el(tag, attrs, children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -157,7 +160,7 @@
     setText("dlq-groups", s.dlq.group_count);
     replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, cls: w.dead ? "stale" : null }, [
       td(w.name), td(w.host), td(w.pid), td(w.version), td(w.state), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
-      td(w.job ? `${w.job} (${elapsed(w.job_started_at)})` : "—"), el("td", { cls: "seen", text: w.last_seen })])), "No workers have reported.", 8);
+      el("td", {}, w.job ? [runLink(w.job), ` (${elapsed(w.job_started_at)})`] : ["—"]), el("td", { cls: "seen", text: w.last_seen })])), "No workers have reported.", 8);
     const c = $("contention");
     if (c) for (const cell of c.querySelectorAll("[data-field]")) cell.textContent = s.contention[cell.dataset.field];
     const contended = $("contended");
@@ -180,7 +183,7 @@
     const canRelease = $("locks-table").dataset.canRelease === "1";
     const rows = [...state.locks.values()].sort((a, b) => a.key.localeCompare(b.key)).map((l) => {
       const resource = el("td", {}, [l.repo ? el("a", { href: `/repos/${l.repo}/`, text: l.repo_name || String(l.repo) }) : null, l.repo ? " · " : "", l.what || l.key]);
-      const holder = el("td", {}, [`${l.worker || "?"} · ${l.job || "?"}`, l.stale ? el("span", { cls: "pill bad", text: "holder gone" }) : null]);
+      const holder = el("td", {}, [`${l.worker || "?"} · `, l.job ? runLink(l.job) : "?", l.stale ? el("span", { cls: "pill bad", text: "holder gone" }) : null]);
       const action = el("td");
       if (canRelease) {
         const btn = el("button", { cls: "small danger", text: "force release" });
@@ -259,7 +262,7 @@
     if (!res.ok) { box.replaceChildren(el("p", { cls: "muted", text: "no runs" })); return; }
     const data = await res.json();
     box.replaceChildren(...data.runs.map((r) => {
-      const head = el("p", {}, [el("strong", { text: r.job_id }), ` · ${r.repository.url} · ${r.attempts} attempts · `, el("span", { cls: "error", text: r.error })]);
+      const head = el("p", {}, [el("a", { href: `/runs/${r.id}/` }, [el("strong", { text: r.job_id })]), ` · ${r.repository.url} · ${r.attempts} attempts · `, el("span", { cls: "error", text: r.error })]);
       if (canRetry) head.append(" ", button("retry", `Retry run ${r.job_id} with a fresh budget of attempts?`, () => post("/api/dlq/retry", { runs: [r.id] })));
       if (canDiscard) head.append(" ", button("discard", `Discard run ${r.job_id}? It will not be retried.`, () => post("/api/dlq/discard", { runs: [r.id] })));
       const attempts = el("ol", { cls: "attempts" }, r.history.map((a) => el("li", {}, [
