@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 #: Operators' view (locks, queues, workers, DLQ): needs ``dashboard.view_jobrun``.
 OPS_GROUP = "live.ops"
+#: The Rollouts pages: only ``rollout.*`` events (also sent to ``OPS_GROUP``), so a
+#: flood of job and lock events never reaches them. Needs ``dashboard.view_jobrun``.
+ROLLOUTS_GROUP = "live.rollouts"
 
 EVENT_TYPES = frozenset(
     {
@@ -92,6 +95,8 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
             return
         try:
             async_to_sync(layer.group_send)(OPS_GROUP, message)
+            if kind.startswith("rollout."):
+                async_to_sync(layer.group_send)(ROLLOUTS_GROUP, message)
             if repo_id is not None:
                 async_to_sync(layer.group_send)(repo_group(repo_id), message)
         except Exception as exc:  # the live view is best effort; the job goes on
