@@ -341,6 +341,14 @@ def rollout_view(ro: Rollout) -> dict[str, Any]:
         "diff": diff_view(ro),
         "timeline": timeline(ro),
         "actions": actions_for(ro, alive=alive),
+        # Changes no rollout.* event announces (warming writes commits; the diff and a
+        # failed request are recorded without one): the page polls while any is due.
+        "settling": ro.is_active
+        and (
+            ro.version.state == S.WARMING
+            or (ro.version.state == S.VERIFIED and not ro.diff)
+            or ro.pending_action is not None
+        ),
     }
 
 

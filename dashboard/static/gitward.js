@@ -321,8 +321,9 @@
   // The Rollouts pages are server-rendered; every rollout.* event (and a snapshot that
   // differs from the page, after a reconnect) fetches the page again and swaps its live
   // region in (same origin, escaped by the server) — never while a confirm step is open,
-  // so a dialog never changes under the operator's eyes. While a version warms, the page
-  // is refetched every 2 s too: warming writes commits, not rollout events.
+  // so a dialog never changes under the operator's eyes. While a rollout is settling
+  // (warming, verified without its diff yet, a request pending), the page is refetched
+  // every 2 s too: those changes are written without a rollout.* event.
   let swapTimer = null, swapPending = false, lastRollouts = null;
   function dialogOpen() { const d = $("confirm-dialog"); return !!(d && d.open); }
   function swapRolloutsSoon(delay) {
@@ -358,7 +359,7 @@
   }
   setInterval(() => {
     const live = $("rollouts-live");
-    if (live && live.dataset.warming) swapRolloutsSoon(0);
+    if (live && live.dataset.poll) swapRolloutsSoon(0);
   }, 2000);
 
   // Relative times ("12s ago") from each <time datetime> with data-rel, kept current.
@@ -447,32 +448,39 @@
 
   // "roll back to V" beside the dead letters (groups whose runs come from a ramping or
   // newly current version) and on the overview (a failing canary): from /rollouts/offers/.
-  let offersBusy = false;
+  let offersBusy = false, lastOffers = null;
   async function loadOffers() {
     const dlq = $("dlq"), overview = $("rollback-offers");
-    if ((!dlq && !overview) || offersBusy) return;
+    if (!dlq && !overview) return;
+    if (lastOffers) applyOffers(lastOffers);  // at once: the groups were just redrawn
+    if (offersBusy) return;
     offersBusy = true;
     try {
       const res = await fetch("/rollouts/offers/", { credentials: "same-origin" });
-      if (!res.ok) return;
-      const data = await res.json();
-      if (dlq) {
-        for (const d of document.querySelectorAll("#dlq-body details.group")) {
-          const tools = d.querySelector(".tools") || d.querySelector("summary");
-          d.querySelectorAll(".offer").forEach((x) => x.remove());
-          const o = data.groups[d.dataset.group];
-          if (!o) continue;
-          const box = el("span", { cls: "offer" }, [el("span", { cls: "small bad", text: ` ${o.why} ` })]);
-          if (data.can_rollback) box.append(offerButton(o));
-          tools.append(box);
-        }
-      }
-      if (overview) {
-        overview.replaceChildren(...data.canary.map((o) => el("p", { cls: "banner bad offer", "data-rollout": o.rollout },
-          [`${o.from}: ${o.why} `, data.can_rollback ? offerButton(o) : null])));
-      }
+      if (res.ok) { lastOffers = await res.json(); applyOffers(lastOffers); }
     } catch (err) { /* the next snapshot tries again */ }
     finally { offersBusy = false; }
+  }
+  function applyOffers(data) {
+    if ($("dlq")) {
+      for (const d of document.querySelectorAll("#dlq-body details.group")) {
+        // In the summary: visible (and clickable) while the group is collapsed.
+        const summary = d.querySelector("summary");
+        const o = data.groups[d.dataset.group];
+        const had = summary.querySelector(".offer");
+        if (had && o && had.dataset.rollout === String(o.rollout)) continue;
+        if (had) had.remove();
+        if (!o) continue;
+        const box = el("span", { cls: "offer", "data-rollout": o.rollout }, [el("span", { cls: "small bad", text: ` ${o.why} ` })]);
+        if (data.can_rollback) box.append(offerButton(o));
+        summary.append(box);
+      }
+    }
+    const overview = $("rollback-offers");
+    if (overview) {
+      overview.replaceChildren(...data.canary.map((o) => el("p", { cls: "banner bad offer", "data-rollout": o.rollout },
+        [`${o.from}: ${o.why} `, data.can_rollback ? offerButton(o) : null])));
+    }
   }
   function offerButton(o) {
     return el("button", { type: "button", cls: "small danger", "data-confirm": `/rollouts/${o.rollout}/rollback/`,
