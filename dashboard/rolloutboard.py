@@ -69,6 +69,13 @@ def permitted(user: Any, verb: str) -> bool:
     )
 
 
+def config_text(config: dict[str, Any]) -> str:
+    """``detect_renames=true, ignore_whitespace=false, exclude_paths=[vendor/**]``."""
+    flags = [f"{k}={'true' if config.get(k) else 'false'}"
+             for k in ("detect_renames", "ignore_whitespace")]  # fmt: skip
+    return ", ".join([*flags, f"exclude_paths=[{', '.join(config.get('exclude_paths') or [])}]"])
+
+
 def label(version: AnalyzerVersion | None) -> str:
     """``analysis@3f2a9c1e`` — the name operators see (the physical queue)."""
     if version is None:
@@ -94,6 +101,7 @@ def version_rows() -> list[dict[str, Any]]:
         {
             "version": v,
             "label": label(v),
+            "config": config_text(v.config),
             "workers": beats.get(v.fingerprint, []),
             "live_workers": sum(1 for w in beats.get(v.fingerprint, []) if w["alive"]),
         }
@@ -335,6 +343,8 @@ def rollout_view(ro: Rollout) -> dict[str, Any]:
         "data": describe_rollout(ro),
         "new": label(ro.version),
         "old": label(ro.previous),
+        "config": config_text(ro.version.config),
+        "old_config": config_text(ro.previous.config) if ro.previous else "",
         "alive": alive,
         "progress": progress_view(ro),
         "verdict": verdict_view(ro),
