@@ -319,7 +319,8 @@ def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
                 True,
             )
         )
-    if ro.is_active and not alive:
+    # Pending: its first driver has not taken the lock yet — nothing to take over.
+    if ro.state in {R.ACTIVE, R.ROLLING_BACK} and not alive:
         beat = ro.heartbeat_at.isoformat() if ro.heartbeat_at else "never"
         out.append(
             Action(

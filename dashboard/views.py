@@ -338,9 +338,13 @@ def rollout_action(request: HttpRequest, rollout_id: int, verb: str) -> HttpResp
     if form.is_valid() and verb == "set_ramp" and not form.cleaned_data.get("percent"):
         form.add_error("percent", "Give the ramp percentage (1..100).")
     if not form.is_valid():
-        context: dict[str, Any] = {"live_socket": "/ws/rollouts/", "can": _can(request.user)}
-        context.update(r=rollout_view(ro), checklist_blocks=checklist_blocks(rollout_checklist(ro)),
-                       action_form=form, failed_verb=verb)  # fmt: skip
+        context: dict[str, Any] = {"live_socket": "/ws/rollouts/", "can": _can(request.user),
+                                   "action_form": form, "failed_verb": verb}  # fmt: skip
+        try:
+            context["r"] = rollout_view(ro)
+            context["checklist_blocks"] = checklist_blocks(rollout_checklist(ro))
+        except RedisUnavailable as exc:
+            context["redis_error"] = str(exc)
         return render(request, "rollouts_detail.html", context, status=400)
     try:
         outcome = perform(
@@ -352,6 +356,11 @@ def rollout_action(request: HttpRequest, rollout_id: int, verb: str) -> HttpResp
         )
     except (RolloutError, RedisUnavailable) as exc:
         messages.error(request, f"{verb.replace('_', ' ').capitalize()} refused: {exc}")
+    except Exception:  # e.g. Redis masters unreachable mid-way: said, logged, never a 500
+        log.exception("rollout #%s: %s failed", ro.pk, verb)
+        messages.error(
+            request, f"{verb.replace('_', ' ').capitalize()} failed; the error was logged."
+        )
     else:
         messages.success(request, f"Rollout #{ro.pk}: {outcome}.")
     return redirect(back)

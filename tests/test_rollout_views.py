@@ -400,3 +400,29 @@ def test_checklist_blocks_render_the_markdown_subset() -> None:
         {"kind": "check", "done": False, "text": "Promoted"},
         {"kind": "table", "head": ["at", "who"], "rows": [["now", "a | b"]]},
     ]
+
+
+def test_a_rollout_whose_driver_is_gone_is_taken_over_or_aborted(tmp_path: Path) -> None:
+    ro, driver, _ = verified_rollout(tmp_path)
+    admin = client_for(make_user("admin", perms=ADMIN))
+    # A live driver: no takeover button; abort is a request to the driver.
+    html = admin.get(f"/rollouts/{ro.pk}/").content.decode()
+    assert 'data-verb="takeover"' not in html and "held by rollout-driver" in html
+    driver.release()  # the driver stops without finishing: its lease is gone
+    DRIVERS.remove(driver)
+    html = admin.get(f"/rollouts/{ro.pk}/").content.decode()
+    assert "no live holder" in html
+    takeover = re.search(r'data-verb="takeover" data-title="Take over" data-plan="([^"]+)"', html)
+    assert takeover is not None and "with a new fencing token" in takeover.group(1)
+    res = admin.post(f"/rollouts/{ro.pk}/takeover/", {"reason": "driver died"}, follow=True)
+    assert b"takeover driver queued" in res.content
+    assert f"rollout-{ro.pk}-takeover" in queues.queue(rollouts.DRIVER_QUEUE).job_ids
+    res = admin.post(f"/rollouts/{ro.pk}/takeover/", {}, follow=True)
+    assert b"already queued" in res.content
+    assert AuditEntry.objects.filter(action="rollout.page.takeover").count() == 2
+    # Abort with no live driver: the lock is taken here and the version drains.
+    res = admin.post(f"/rollouts/{ro.pk}/abort/", {"reason": "give up"}, follow=True)
+    assert res.status_code == 200 and b"is rolling_back" in res.content
+    assert AnalyzerVersion.objects.get(pk=ro.version_id).state in {S.DRAINING, S.DRAINED}
+    assert AnalyzerVersion.objects.get(pk=ro.previous_id).state == S.CURRENT
+    assert AuditEntry.objects.get(action="rollout.page.abort").detail["reason"] == "give up"
