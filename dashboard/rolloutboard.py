@@ -271,6 +271,10 @@ def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
             ro.state == R.COMPLETED
             and v.state == S.CURRENT
             and prev.state in {S.DRAINING, S.DRAINED}
+            # Re-opening it needs the queue free (one active rollout per queue).
+            and not Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
+            .exclude(pk=ro.pk)
+            .exists()
         )
     )
     if can_roll_back:
@@ -445,6 +449,13 @@ def perform(*, rollout: Rollout, verb: str, user: Any, reason: str = "",
     ``rollout.page.<verb>`` with the reason and the plan shown (refusals too).
 
     Raises ``RolloutError`` (refused by the domain: busy, wrong state, stale token).
+
+    Race: two operators press at once. Requests to a live driver go through
+    ``request_action``'s conditional UPDATE (one request, one refusal); two rollbacks of
+    a dead driver race for the deploy lock, Redlock gives it to one and the other is
+    refused (``RolloutBusy``) — or, once the first committed, is refused because the
+    rollout (rolling back) offers no rollback any more. The plan is read before
+    the action, so it can be a moment stale; the audit row records what was shown.
     """
     plan = next((a.plan for a in actions_for(rollout) if a.verb == verb), "")
     target = f"rollout #{rollout.pk} {rollout.queue}@{rollout.version.fp12}"
