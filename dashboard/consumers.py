@@ -17,6 +17,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard import live
 from dashboard.models import Repository
+from dashboard.rolloutboard import live_snapshot
 from dashboard.snapshots import ops_snapshot, repository_live
 
 log = logging.getLogger(__name__)
@@ -165,5 +166,24 @@ class RepositoryConsumer(_Coalescing):
 
     async def send_snapshot(self) -> None:
         data = await database_sync_to_async(repository_live)(self.repo_id)
+        self.last_snapshot = asyncio.get_running_loop().time()
+        await self.send_json({"type": "snapshot", "data": data})
+
+
+class RolloutsConsumer(_Coalescing):
+    """The Rollouts pages: ``rollout.*`` events only (``live.ROLLOUTS_GROUP``)."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if not await database_sync_to_async(user.has_perm)("dashboard.view_jobrun"):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self._start([live.ROLLOUTS_GROUP])
+
+    async def send_snapshot(self) -> None:
+        data = await database_sync_to_async(live_snapshot)()
         self.last_snapshot = asyncio.get_running_loop().time()
         await self.send_json({"type": "snapshot", "data": data})

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Operators' view (locks, queues, workers, DLQ): needs ``dashboard.view_jobrun``.
 OPS_GROUP = "live.ops"
+#: The Rollouts pages: only ``rollout.*`` events (also sent to ``OPS_GROUP``), so a
+#: flood of job and lock events never reaches them. Needs ``dashboard.view_jobrun``.
+ROLLOUTS_GROUP = "live.rollouts"
 
 EVENT_TYPES = frozenset(
     {
@@ -89,7 +92,11 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
     message = {"type": "live.event", "event": event}
 
     def send() -> None:
-        groups = [OPS_GROUP] if repo_id is None else [OPS_GROUP, repo_group(repo_id)]
+        groups = [OPS_GROUP]
+        if kind.startswith("rollout."):
+            groups.append(ROLLOUTS_GROUP)
+        if repo_id is not None:
+            groups.append(repo_group(repo_id))
         send_to_groups(groups, message, what=kind)
 
     transaction.on_commit(send)

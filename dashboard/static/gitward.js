@@ -90,6 +90,7 @@
 
   function onSnapshot(data) {
     if (socketPath.startsWith("/ws/repos/")) { renderRepo(data); return; }
+    if (socketPath.startsWith("/ws/rollouts/")) { onRolloutsSnapshot(data); return; }
     state.snapshot = data;
     const now = performance.now();
     state.locks = new Map(data.locks.map((l) => [l.key, { ...l, expiresAt: now + l.ttl_ms }]));
@@ -100,6 +101,7 @@
   function onEvent(ev) {
     const t = ev.type;
     if (socketPath.startsWith("/ws/repos/")) { onRepoEvent(ev); return; }
+    if (socketPath.startsWith("/ws/rollouts/")) { onRolloutEvent(ev); return; }
     if (t === "lock.acquired") {
       state.locks.set(ev.key, { ...ev, expiresAt: performance.now() + ev.ttl_ms });
       renderLocks();
@@ -168,6 +170,7 @@
       el("li", {}, [el("a", { href: `/repos/${r.repo}/`, text: r.url }), ` — ${r.refusals}`])) : [el("li", { cls: "muted", text: "none" })]));
     renderDlq(s);
     s.actions.forEach(renderAction);
+    loadOffers();
   }
   function setText(id, v) { const n = $(id); if (n) n.textContent = String(v); }
   function elapsed(iso) { if (!iso) return ""; const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000); return s < 120 ? Math.round(s) + "s" : Math.round(s / 60) + "m"; }
@@ -319,6 +322,176 @@
     if (fresh && current) current.replaceWith(document.importNode(fresh, true));
   }
 
+  // ------------------------------------------------------------------ rollouts
+  // The Rollouts pages are server-rendered; every rollout.* event (and a snapshot that
+  // differs from the page, after a reconnect) fetches the page again and swaps its live
+  // region in (same origin, escaped by the server) — never while a confirm step is open,
+  // so a dialog never changes under the operator's eyes. While a rollout is settling
+  // (warming, verified without its diff yet, a request pending), the page is refetched
+  // every 2 s too: those changes are written without a rollout.* event.
+  let swapTimer = null, swapPending = false, lastRollouts = null;
+  function dialogOpen() { const d = $("confirm-dialog"); return !!(d && d.open); }
+  function swapRolloutsSoon(delay) {
+    if (!$("rollouts-live")) return;
+    if (swapTimer) { swapPending = true; return; }
+    swapTimer = setTimeout(async () => {
+      try { await swapRollouts(); } finally {
+        swapTimer = null;
+        if (swapPending) { swapPending = false; swapRolloutsSoon(200); }
+      }
+    }, delay === undefined ? 150 : delay);
+  }
+  async function swapRollouts() {
+    if (dialogOpen()) { swapPending = true; return; }
+    const res = await fetch(location.href, { credentials: "same-origin" });
+    if (!res.ok) return;
+    const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+    const fresh = doc.getElementById("rollouts-live"), current = $("rollouts-live");
+    if (!fresh || !current || dialogOpen()) { swapPending = true; return; }
+    const open = new Set([...current.querySelectorAll("details[data-key]")].filter((d) => d.open).map((d) => d.dataset.key));
+    current.replaceWith(document.importNode(fresh, true));
+    for (const d of $("rollouts-live").querySelectorAll("details[data-key]")) if (open.has(d.dataset.key)) d.open = true;
+    tickTimes();
+    window.dispatchEvent(new CustomEvent("gitward:rollouts-swapped"));
+  }
+  function onRolloutsSnapshot(data) {
+    const sig = JSON.stringify(data.rollouts);
+    if (lastRollouts !== null && sig !== lastRollouts) swapRolloutsSoon();
+    lastRollouts = sig;
+  }
+  function onRolloutEvent(ev) {
+    if (String(ev.type).startsWith("rollout.")) swapRolloutsSoon();
+  }
+  setInterval(() => {
+    const live = $("rollouts-live");
+    if (live && live.dataset.poll) swapRolloutsSoon(0);
+  }, 2000);
+
+  // Relative times ("12s ago") from each <time datetime> with data-rel, kept current.
+  function ago(iso) {
+    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (s < 60) return Math.round(s) + "s ago";
+    if (s < 3600) return Math.round(s / 60) + "m ago";
+    if (s < 86400) return Math.round(s / 3600) + "h ago";
+    return Math.round(s / 86400) + "d ago";
+  }
+  function tickTimes() {
+    for (const t of document.querySelectorAll("time[data-rel]")) {
+      const iso = t.getAttribute("datetime");
+      if (iso) t.textContent = ago(iso);
+    }
+  }
+  setInterval(tickTimes, 1000);
+
+  // The confirm step of every rollout button (server-rendered or drawn here): a modal
+  // <dialog> naming exactly what will happen, with an optional reason for the audit log.
+  function openConfirm(btn) {
+    const dialog = $("confirm-dialog");
+    if (!dialog) return;
+    const form = $("confirm-form");
+    form.action = btn.dataset.confirm;
+    $("confirm-title").textContent = btn.dataset.title || btn.textContent;
+    $("confirm-plan").textContent = btn.dataset.plan || "";
+    const needsPercent = btn.dataset.percent === "1";
+    $("confirm-percent-row").hidden = !needsPercent;
+    $("confirm-percent").required = needsPercent;
+    $("confirm-percent").value = "";
+    $("confirm-reason").value = "";
+    $("confirm-next").value = location.pathname;
+    const ok = $("confirm-ok");
+    ok.textContent = btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm";
+    ok.className = btn.dataset.danger === "1" ? "danger" : "";
+    dialog.dataset.verb = btn.dataset.verb || "";
+    dialog.showModal();
+    (needsPercent ? $("confirm-percent") : $("confirm-reason")).focus();
+  }
+  document.addEventListener("click", (e) => {
+    const btn = e.target instanceof Element ? e.target.closest("button[data-confirm]") : null;
+    if (btn) { e.preventDefault(); openConfirm(btn); return; }
+    if (e.target instanceof Element && e.target.id === "confirm-cancel") $("confirm-dialog").close("cancel");
+  });
+  document.addEventListener("close", (e) => {
+    if (e.target && e.target.id === "confirm-dialog" && swapPending) { swapPending = false; swapRolloutsSoon(0); }
+  }, true);
+
+  // Starting a rollout: the form's submit opens the same confirm step, naming the config.
+  document.addEventListener("submit", (e) => {
+    const form = e.target;
+    if (!(form instanceof HTMLFormElement) || form.id !== "start-form" || form.dataset.confirmed === "1") return;
+    e.preventDefault();
+    const f = new FormData(form);
+    const paths = String(f.get("exclude_paths") || "").split(/[\n,]/).map((x) => x.trim()).filter(Boolean);
+    const config = `detect_renames=${f.get("detect_renames") ? "true" : "false"}, ignore_whitespace=${f.get("ignore_whitespace") ? "true" : "false"}, exclude_paths=[${paths.join(", ")}]`;
+    const plan = `start a rollout of ${f.get("queue")} with ${config}: register the version (its own queue ${f.get("queue")}@<fingerprint>), ` +
+      `a driver takes locks:queue:${f.get("queue")}:deploy, warms the warm set under the new fingerprint and opens the gate only if the verdict passes; ` +
+      `then ramp ${String(f.get("steps") || "").split(/[\s,]+/).filter(Boolean).map((x) => x.replace(/%$/, "") + "%").join(" → ")} ` +
+      (f.get("auto") ? "automatically, health-checked between steps." : "when you promote each step.");
+    const dialog = $("confirm-dialog");
+    $("confirm-title").textContent = "Start rollout";
+    $("confirm-plan").textContent = plan;
+    $("confirm-percent-row").hidden = true;
+    $("confirm-percent").required = false;
+    $("confirm-reason").value = String(f.get("reason") || "");
+    $("confirm-ok").textContent = "Confirm: start rollout";
+    $("confirm-ok").className = "";
+    dialog.dataset.verb = "start";
+    dialog.showModal();
+    $("confirm-reason").focus();
+  });
+  document.addEventListener("submit", (e) => {
+    const form = e.target;
+    if (!(form instanceof HTMLFormElement) || form.id !== "confirm-form") return;
+    const dialog = $("confirm-dialog");
+    if (dialog.dataset.verb !== "start") return;
+    e.preventDefault();
+    const start = $("start-form");
+    start.querySelector("[name=reason]").value = $("confirm-reason").value;
+    start.dataset.confirmed = "1";
+    dialog.close("ok");
+    start.submit();
+  });
+
+  // "roll back to V" beside the dead letters (groups whose runs come from a ramping or
+  // newly current version) and on the overview (a failing canary): from /rollouts/offers/.
+  let offersBusy = false, lastOffers = null;
+  async function loadOffers() {
+    const dlq = $("dlq"), overview = $("rollback-offers");
+    if (!dlq && !overview) return;
+    if (lastOffers) applyOffers(lastOffers);  // at once: the groups were just redrawn
+    if (offersBusy) return;
+    offersBusy = true;
+    try {
+      const res = await fetch("/rollouts/offers/", { credentials: "same-origin" });
+      if (res.ok) { lastOffers = await res.json(); applyOffers(lastOffers); }
+    } catch (err) { /* the next snapshot tries again */ }
+    finally { offersBusy = false; }
+  }
+  function applyOffers(data) {
+    if ($("dlq")) {
+      for (const d of document.querySelectorAll("#dlq-body details.group")) {
+        // In the summary: visible (and clickable) while the group is collapsed.
+        const summary = d.querySelector("summary");
+        const o = data.groups[d.dataset.group];
+        const had = summary.querySelector(".offer");
+        if (had && o && had.dataset.rollout === String(o.rollout)) continue;
+        if (had) had.remove();
+        if (!o) continue;
+        const box = el("span", { cls: "offer", "data-rollout": o.rollout }, [el("span", { cls: "small bad", text: ` ${o.why} ` })]);
+        if (data.can_rollback) box.append(offerButton(o));
+        summary.append(box);
+      }
+    }
+    const overview = $("rollback-offers");
+    if (overview) {
+      overview.replaceChildren(...data.canary.map((o) => el("p", { cls: "banner bad offer", "data-rollout": o.rollout },
+        [`${o.from}: ${o.why} `, data.can_rollback ? offerButton(o) : null])));
+    }
+  }
+  function offerButton(o) {
+    return el("button", { type: "button", cls: "small danger", "data-confirm": `/rollouts/${o.rollout}/rollback/`,
+      "data-verb": "rollback", "data-title": `Roll back to ${o.to}`, "data-plan": o.plan, "data-danger": "1", text: `roll back to ${o.to}` });
+  }
+
   // ------------------------------------------------------------------ plain pages
   // The repository list has no socket: it refreshes the rows of active repositories.
   async function pollRow(row) {
@@ -337,6 +510,7 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     if (socketPath) connect();
+    tickTimes();
     if (!socketPath || !socketPath.startsWith("/ws/ops/")) {
       for (const row of document.querySelectorAll("#repo-table tr[data-repo-id]")) if (ACTIVE.has(row.dataset.status)) pollRow(row);
     }
