@@ -32,6 +32,7 @@ from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
+from dashboard.models import AnalyzerVersion
 from workers.analyzer import DEFAULT, queue_name
 from workers.redisurls import is_sentinel_url, parse_sentinel_url, safe_sentinel_url
 
@@ -43,9 +44,24 @@ MAINTENANCE_QUEUE = "maintenance"
 
 
 def queue_names() -> list[str]:
-    """The queues this version's workers listen on (and the operations view shows):
-    sync, the current analyzer fingerprint's queue, maintenance."""
-    return [SYNC_QUEUE, queue_name(DEFAULT.fingerprint()), MAINTENANCE_QUEUE]
+    """The queues the operations view shows (and pause/resume accept): sync, the
+    physical queue of every staffed analyzer version (the current one first; the
+    deployed default's before any rollout), maintenance and, once a rollout exists, the
+    ``rollouts`` driver queue."""
+    rows = list(
+        AnalyzerVersion.objects.filter(state__in=_STAFFED)
+        .order_by("-state_changed_at")
+        .values_list("fingerprint", "state")
+    )
+    current = [fp for fp, st in rows if st == AnalyzerVersion.State.CURRENT]
+    fps = current or [DEFAULT.fingerprint()]
+    fps += [fp for fp, _ in rows if fp not in fps]
+    names = [SYNC_QUEUE, *(queue_name(fp) for fp in fps), MAINTENANCE_QUEUE]
+    return names + (["rollouts"] if rows else [])
+
+
+#: ``dashboard.versions.STAFFED`` (that module imports this one).
+_STAFFED = ("warming", "verified", "ramping", "current", "draining")
 
 
 class RedisUnavailable(ImproperlyConfigured):

@@ -63,6 +63,11 @@ def test_syncs_plan_the_canary_for_exactly_the_routed_repositories() -> None:
     assert {r.queue for r in runs.filter(fingerprint=new.fingerprint)} == {
         rollouts.physical_queue("analysis", new.fingerprint)
     }
+    # The operations view (and pause/resume) know every staffed version's queue.
+    assert queues.queue_names() == [
+        "sync", rollouts.physical_queue("analysis", base.fingerprint),
+        rollouts.physical_queue("analysis", new.fingerprint), "maintenance", "rollouts",
+    ]  # fmt: skip
     # Readers still see the current version: the canary is a shadow until promotion.
     assert set(Repository.objects.values_list("fingerprint", flat=True)) == {base.fingerprint}
     # Planning again (a redelivered sync) routes the same way and adds nothing.

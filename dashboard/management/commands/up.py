@@ -1,7 +1,9 @@
 """``manage.py up``: the whole system in one process tree.
 
 Embedded Redis nodes (when ``REDIS_URLS`` is unset), migrations, the first admin user,
-the reconciler, the worker pool and the ASGI server on ``HOST:PORT``. Ctrl-C/SIGTERM
+the reconciler (with the rollouts' drain checks), the worker pool — one set of workers
+per staffed analyzer version plus the ``rollouts`` driver worker, following the versions
+table without a restart (``workers.pool``) — and the ASGI server on ``HOST:PORT``. Ctrl-C/SIGTERM
 stops the server, lets workers finish or hand back their job, then stops the nodes.
 """
 
