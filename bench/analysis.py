@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -282,12 +283,25 @@ def bench_git_log(repo: Path, runs: int = 3) -> float:
         f"--format={_FORMAT}",
     ]
     times = []
+    cpu = []
     for i in range(runs + 1):
+        before = _children_cpu()
         start = time.perf_counter()
         subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
         if i:  # the first run only warms the page cache
             times.append(time.perf_counter() - start)
+            cpu.append(_children_cpu() - before)
+    LAST_CPU["git_log"] = statistics.median(cpu)
     return statistics.median(times)
+
+
+#: CPU seconds of the last anchor measured (median), by anchor.
+LAST_CPU: dict[str, float] = {}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench_clone_and_log(origin: Path, tmp: Path, *, local: bool, runs: int = 2) -> float:
@@ -298,8 +312,10 @@ def bench_clone_and_log(origin: Path, tmp: Path, *, local: bool, runs: int = 2) 
     from workers.history import _FORMAT
 
     times = []
+    cpu = []
     for i in range(runs + 1):
         dest = tmp / f"anchor-clone-{i}.git"
+        before = _children_cpu()
         start = time.perf_counter()
         cmd = ["git", "clone", "-q", "--bare", *([] if local else ["--no-local"])]
         subprocess.run([*cmd, str(origin), str(dest)], check=True)
@@ -313,7 +329,9 @@ def bench_clone_and_log(origin: Path, tmp: Path, *, local: bool, runs: int = 2) 
         )  # fmt: skip
         if i:
             times.append(time.perf_counter() - start)
+            cpu.append(_children_cpu() - before)
         shutil.rmtree(dest, ignore_errors=True)
+    LAST_CPU["clone_local" if local else "clone_remote"] = statistics.median(cpu)
     return statistics.median(times)
 
 
@@ -415,6 +433,25 @@ class MemoryPoller(threading.Thread):
         }
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) used so far by the process tree under ``root``: each
+    live process's own time plus its reaped children's (``cutime``/``cstime``), so a
+    forked work horse and its git processes count once they have been waited for. Far
+    less sensitive to other load on the machine than wall time."""
+    total = 0
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / _TICK
+
+
 def _stop_tree(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
     """SIGTERM the pool (it stops its workers), then SIGKILL whatever is left, by pid."""
     tree = descendants(proc.pid)
@@ -511,6 +548,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.2)
         idle = max(idle, poller.summary()["max_python_hwm_mb"])
 
+        cpu_before = tree_cpu_seconds(worker_proc.pid)
         start = time.perf_counter()
         repo, _ = submit_repository(url=str(origin))
         if repo.pk != 1:
@@ -529,7 +567,9 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError(f"timed out in status {status}")
             time.sleep(0.05)
         wall = time.perf_counter() - start
-        time.sleep(0.1)
+        # the last horses are reaped just after their job; a moment for the CPU to land
+        time.sleep(0.5)
+        cpu = tree_cpu_seconds(worker_proc.pid) - cpu_before
         poller.stop_event.set()
         poller.join()
 
@@ -542,6 +582,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         first_analyze = min((r.started_at for r in runs), default=None)
         n_runs = max(len(runs), 1)
         return {
+            "cpu_s": cpu,
             "database": connection_vendor(),
             "queue_wait_s_per_chunk": sum(secs(r.enqueued_at, r.started_at) for r in runs) / n_runs,
             "before_lock_s_per_chunk": sum(secs(r.started_at, r.lock_acquired_at) for r in runs)
@@ -749,7 +790,9 @@ def main() -> None:
             )
             print(
                 f"(c0) baseline {args.baseline}: {base['wall_s']:.2f} s  c0/a "
-                f"{base['wall_s'] / a_s:.2f}x; git+parse {base['analyze_git_parse_s']:.2f} s, "
+                f"{base['wall_s'] / a_s:.2f}x; CPU {base['cpu_s']:.2f} s = "
+                f"{base['cpu_s'] / LAST_CPU['git_log']:.2f}x git log's; "
+                f"git+parse {base['analyze_git_parse_s']:.2f} s, "
                 f"db write {base['analyze_db_write_s']:.2f} s (worker time, all chunks)"
             )
             print_overhead(base)
@@ -776,6 +819,12 @@ def main() -> None:
         )
         print_overhead(c)
         print(f"c/a wall time: {c['wall_s'] / a_s:.2f}x (goal <= 0.75x)")
+        print(
+            f"CPU: git log {LAST_CPU['git_log']:.2f} s, gitward {c['cpu_s']:.2f} s (workers, "
+            f"horses, git) = {c['cpu_s'] / LAST_CPU['git_log']:.2f}x; on 2 idle cores the "
+            f"wall-time floor is about half of that"
+        )
+        print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if b_rate:
             print(f"c/b throughput: {c_rate / b_rate:.1f}x PyDriller (goal >= 25x)")
 
@@ -887,6 +936,10 @@ def clone_mode(args: argparse.Namespace, origin: Path, tmp: Path, chunk: int) ->
             f"({bw / a_remote:.2f}x with --no-local); runs "
             f"{', '.join(f'{w:.2f}' for w in base_walls)} s"
         )
+    print(
+        f"CPU: anchor {LAST_CPU['clone_local']:.2f} s (--no-local {LAST_CPU['clone_remote']:.2f}"
+        f" s), gitward {c['cpu_s']:.2f} s = {c['cpu_s'] / LAST_CPU['clone_local']:.2f}x"
+    )
     print(
         f"c/a: {wall / a_local:.2f}x git clone --bare + git log (goal <= 1.0x); "
         f"{wall / a_remote:.2f}x with --no-local"
