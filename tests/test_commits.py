@@ -127,6 +127,9 @@ def _linear_with_files(tmp: Path) -> quirks.Quirk:
     repo.commit("root", {"README.md": "hello\n", "src/app.py": "print(1)\n"})
     repo.commit("binary and unicode", {"img/logo.png": b"\x89PNG\0\1\2", "docs/ñandú.md": "ñ\n"})
     repo.commit("edit", {"src/app.py": "print(2)\nprint(3)\n", "Makefile": "all:\n"})
+    # what COPY's text format must escape (tab, newline, backslash) and what SQL quotes
+    awkward = ["tab\there.md", "new\nline.py", "back\\slash.c", "quote'd \\N.txt", "\x1esep"]
+    repo.commit("awkward\tsubject \\N", {name: f"{i}\n" for i, name in enumerate(awkward)})
     return quirks.Quirk(repo.path / ".git")
 
 
