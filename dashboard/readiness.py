@@ -78,7 +78,7 @@ def check_readiness(*, timeout: float = 1.0) -> Readiness:
             database,
             migrations,
             _lock_quorum(list(settings.REDIS_URLS), timeout=timeout),
-            _queue(str(settings.REDIS_URL or ""), timeout=timeout),
+            queue_check(str(settings.REDIS_URL or ""), timeout=timeout),
         )
     )
 
@@ -142,7 +142,8 @@ def _lock_quorum(urls: list[str], *, timeout: float) -> Check:
     )
 
 
-def _queue(url: str, *, timeout: float) -> Check:
+def queue_check(url: str, *, timeout: float) -> Check:
+    """The queue server's check (a Sentinel URL is asked through its Sentinels)."""
     if not url:
         return Check("queue", False, "queue Redis: REDIS_URL is empty")
     if answers_ping(url, timeout=timeout):

@@ -19,7 +19,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from dashboard import queues
-from dashboard.management.commands.ready import queue_problem
+from dashboard.readiness import queue_check
 from dashboard.settings import channel_layer_host
 from tests.test_settings import manage
 from workers.redisnode import RedisNode, find_redis_server, free_port
@@ -197,9 +197,9 @@ def test_queues_and_the_channel_layer_follow_the_master_through_a_failover(
     assert queues.enqueue_unique(queues.queue("sentinel"), "builtins.len", "ab", job_id="j1")
     assert sentinel_group["master"].llen("rq:queue:sentinel") == 1
     assert _channel_round_trip() == {"type": "ping", "n": 1}
-    assert queue_problem(sentinel_group["url"], timeout=1.0) is None
+    assert _queue_problem(sentinel_group["url"], timeout=1.0) is None
     assert queues.queue_server()["ok"] is True
-    assert queue_problem(sentinel_group["url"], timeout=1.0) is None  # manage.py ready
+    assert _queue_problem(sentinel_group["url"], timeout=1.0) is None  # manage.py ready
 
     # The master dies (SIGKILL); the Sentinel notices after down-after-milliseconds and
     # promotes the replica.
@@ -232,10 +232,17 @@ def test_queues_and_the_channel_layer_follow_the_master_through_a_failover(
     assert queues.enqueue_unique(queues.queue("sentinel"), "builtins.len", "cd", job_id="j2")
     assert sentinel_group["replica"].llen("rq:queue:sentinel") == 2  # j1 replicated, j2 new
     assert _channel_round_trip() == {"type": "ping", "n": 1}
-    assert queue_problem(sentinel_group["url"], timeout=1.0) is None
+    assert _queue_problem(sentinel_group["url"], timeout=1.0) is None
 
 
 def test_ready_names_the_sentinels_when_none_answers(tmp_path: Path) -> None:
     url = f"redis+sentinel://127.0.0.1:{free_port()}/{SERVICE}/0"
-    problem = queue_problem(url, timeout=0.3)
+    problem = _queue_problem(url, timeout=0.3)
     assert problem is not None and "127.0.0.1:" in problem and "PING" in problem
+
+
+def _queue_problem(url: str, *, timeout: float) -> str | None:
+    """The readiness check of the queue server (``/readyz`` and ``manage.py ready``):
+    None when it answers, else what failed."""
+    check = queue_check(url, timeout=timeout)
+    return None if check.ok else check.detail
