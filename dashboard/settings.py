@@ -135,6 +135,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.middleware.ContentSecurityPolicyMiddleware",
+    "dashboard.audit.AuditReasonMiddleware",
 ]
 
 ROOT_URLCONF = "dashboard.urls"
@@ -150,6 +151,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # |ago, |shortid, |count, |level on every page (dashboard/templatetags).
+            "builtins": ["dashboard.templatetags.gitward"],
         },
     }
 ]
