@@ -71,9 +71,10 @@ def y_ticks(peak: float, plot_h: float) -> list[dict[str, Any]]:
 
 
 def history_bars(weekly: list[dict[str, Any]], *, field: str = "commits",
-                 unit: str = "commits") -> dict[str, Any]:  # fmt: skip
+                 unit: str = "commit") -> dict[str, Any]:  # fmt: skip
     """Bars of ``field`` summed per week, month or year (``bucket_for`` the range),
-    empty buckets included, with axes and hover titles."""
+    empty buckets included, with axes and hover titles. ``unit`` is a noun for the
+    ``|count`` filter: ``"commit"`` or ``"singular,plural"``."""
     points = [(date.fromisoformat(w["week"]), int(w.get(field, 0) or 0)) for w in weekly]
     if not points:
         return {"bars": [], "width": WIDTH, "height": HEIGHT, "max": 0}
@@ -176,4 +177,68 @@ def sparklines(series: dict[str, Any]) -> dict[str, Any]:
         "backlog_now": next((b for b in reversed(backlog) if b is not None), 0),
         "throughput_samples": spark_samples(thr, minutes, "jobs/min"),
         "backlog_samples": spark_samples(backlog, minutes, "queued"),
+    }
+
+
+def labelled_bars(
+    values: list[float], labels: list[str], *, unit: str, ticks: list[str] | None = None,
+    warn: float | None = None, bad: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Bars for a fixed series (e.g. the 24 hours of ``samples.day_series``): one per
+    value, ``labels`` in the hover titles, ``ticks`` (same length, "" to skip) under the
+    axis. With ``warn``/``bad`` limits each bar gets the class ``good``/``warn``/``bad``."""
+    if not values:
+        return {"bars": [], "width": WIDTH, "height": HEIGHT, "max": 0}
+    peak = max(values) or 1
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - TOP - BOTTOM
+    step = plot_w / len(values)
+    bar_w = min(MAX_BAR, max(1.0, step - 2))
+    bars: list[dict[str, Any]] = []
+    for i, v in enumerate(values):
+        h = round(plot_h * v / peak, 1)
+        level = ""
+        if warn is not None and bad is not None:
+            level = "bad" if v >= bad else "warn" if v >= warn else "good"
+        bars.append(
+            {
+                "x": round(LEFT + i * step + (step - bar_w) / 2, 2),
+                "y": round(TOP + plot_h - h, 1),
+                "w": round(bar_w, 2),
+                "h": h,
+                "label": labels[i],
+                "value": v,
+                "level": level,
+            }
+        )
+    x_labels = [
+        {"x": round(b["x"] + bar_w / 2, 1), "text": t}
+        for b, t in zip(bars, ticks or [""] * len(bars), strict=True)
+        if t
+    ]
+    return {
+        "bars": bars,
+        "width": WIDTH,
+        "height": HEIGHT,
+        "left": LEFT,
+        "max": peak,
+        "unit": unit,
+        "bucket": "hour",
+        "y_ticks": y_ticks(peak, plot_h),
+        "x_labels": x_labels,
+        "x_label_y": HEIGHT - 4,
+        "first": labels[0],
+        "last": labels[-1],
+    }
+
+
+def day_charts(day: dict[str, Any]) -> dict[str, Any]:
+    """The three 24-hour charts of the Overview from ``samples.day_series``."""
+    labels = [f"{h[11:16]} UTC" for h in day["hours"]]
+    ticks = [lab[:5] if i % 4 == 0 else "" for i, lab in enumerate(labels)]
+    return {
+        "throughput": labelled_bars(day["throughput"], labels, unit="job", ticks=ticks),
+        "failure_pct": labelled_bars(
+            day["failure_pct"], labels, unit="% failed,% failed", ticks=ticks, warn=5, bad=20
+        ),
+        "backlog": labelled_bars(day["backlog"], labels, unit="queued,queued", ticks=ticks),
     }

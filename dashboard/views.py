@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from dashboard.audit import audit_actions, audit_page
-from dashboard.charts import history_bars, sparklines
+from dashboard.charts import day_charts, history_bars, sparklines
 from dashboard.commits import BadCursor, commit_page
 from dashboard.deadletters import group_page
 from dashboard.forms import SubmitRepositoryForm
@@ -29,6 +29,7 @@ from dashboard.repositories import (
     submit_repository,
 )
 from dashboard.runs import search_runs
+from dashboard.samples import day_series
 from dashboard.snapshots import ops_snapshot, repository_live
 from dashboard.summaries import repository_summary
 
@@ -61,7 +62,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm("dashboard.view_jobrun"):
         return redirect("repositories")  # users without operations access see their work
     recent = repository_rows(Repository.objects.order_by("-id"), limit=10)
-    return _ops_page(request, "overview.html", repositories=recent)
+    return _ops_page(request, "overview.html", repositories=recent, day=day_charts(day_series()))
 
 
 @login_required
@@ -245,7 +246,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
                     for w in summary["weekly"]
                 ],
                 field="lines",
-                unit="lines",
+                unit="line",
             ),
             "recent_runs": search_runs(repo=repo.pk, limit=10)[0],
             "commits": commits,

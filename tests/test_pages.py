@@ -21,7 +21,8 @@ from django.utils import timezone
 from dashboard import leases
 from dashboard.charts import history_bars
 from dashboard.deadletters import run_bulk
-from dashboard.models import AuditEntry, Chunk, JobRun, Repository
+from dashboard.models import AuditEntry, Chunk, JobAttempt, JobRun, Repository
+from dashboard.samples import day_series
 from dashboard.templatetags.gitward import relative, shorten
 from workers import lockkeys
 
@@ -167,6 +168,7 @@ def test_one_week_of_history_is_one_labelled_bar_with_an_axis() -> None:
     assert chart["bucket"] == "week" and len(chart["bars"]) == 1
     (bar,) = chart["bars"]
     assert bar["label"] == "week of 2023-11-13" and bar["value"] == 4 and bar["w"] <= 48
+    assert chart["unit"] == "commit"  # a noun for |count: "4 commits", "1 commit"
     assert [t["label"] for t in chart["y_ticks"]] == ["0", "2.0", "4"]
     assert [x["text"] for x in chart["x_labels"]] == ["13 Nov"]
 
@@ -180,6 +182,35 @@ def test_history_buckets_by_month_then_year_as_the_range_grows() -> None:
     assert twenty["bars"][0]["label"] == "2004" and len(twenty["x_labels"]) <= 7
     gap = history_bars([{"week": "2020-01-06", "commits": 1}, {"week": "2020-03-02", "commits": 2}])
     assert [b["value"] for b in gap["bars"]] == [1, 0, 0, 0, 0, 0, 0, 0, 2]  # empty weeks shown
+
+
+def test_the_last_24_hours_are_charted_per_hour_with_the_failure_rate_coloured(
+    operator: Client,
+) -> None:
+    repo = Repository.objects.create(url="https://example.com/a/busy.git")
+    run = JobRun.objects.create(
+        job_id="j-busy", kind=JobRun.Kind.SYNC, queue="sync", repository=repo
+    )
+    now = timezone.now()
+    two_hours_ago = now - timedelta(hours=2)
+    outcomes = ["succeeded"] * 3 + ["failed"]
+    JobAttempt.objects.bulk_create(
+        JobAttempt(run=run, number=i + 1, outcome=o, finished_at=two_hours_ago)
+        for i, o in enumerate(outcomes)
+    )
+    JobAttempt.objects.create(
+        run=run, number=9, outcome="succeeded", finished_at=now - timedelta(days=2)
+    )
+    day = day_series(now=now)
+    assert len(day["hours"]) == 24 and sum(day["throughput"]) == 3  # the 2-day-old one is out
+    hour = day["hours"].index(two_hours_ago.replace(minute=0, second=0, microsecond=0).isoformat())
+    assert day["throughput"][hour] == 3 and day["failures"][hour] == 1
+    assert day["failure_pct"][hour] == 25.0
+    page = operator.get("/").content.decode()
+    charts = page.split('id="day-charts"')[1].split("</section>")[0]
+    assert charts.count("<svg") == 3 and '<rect class="bar bad"' in charts  # 25 % is over 20 %
+    assert "25 % failed</title>" in charts and "3 jobs</title>" in charts
+    assert "1 jobs" not in charts and "jobss" not in charts and "0 queued</title>" in charts
 
 
 # ---------------------------------------------------------------------------- pagination

@@ -124,11 +124,12 @@ def count(value: Any, noun: str) -> str:
     """``1 repository``, ``2 repositories``, ``1,204 runs``: ``noun`` is
     ``singular,plural`` or a singular that takes an ``s``."""
     try:
-        n = int(value)
+        x = float(value)
     except (TypeError, ValueError):
-        n = 0
+        x = 0.0
     singular, _, plural = noun.partition(",")
-    return f"{n:,} {singular if n == 1 else (plural or singular + 's')}"
+    number = f"{int(x):,}" if x == int(x) else f"{x:,.1f}"
+    return f"{number} {singular if x == 1 else (plural or singular + 's')}"
 
 
 @register.filter
