@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import Any
 
-WIDTH = 720
+WIDTH = 600  # about the drawn width in a two-column card at 1280 px: text stays ~11 px
+DAY_WIDTH = 400  # the three 24-hour charts share a row
 HEIGHT = 160
 LEFT = 44  # room for the y labels
 BOTTOM = 20  # room for the x labels
@@ -182,15 +183,15 @@ def sparklines(series: dict[str, Any]) -> dict[str, Any]:
 
 def labelled_bars(
     values: list[float], labels: list[str], *, unit: str, ticks: list[str] | None = None,
-    warn: float | None = None, bad: float | None = None,
+    warn: float | None = None, bad: float | None = None, width: int = DAY_WIDTH,
 ) -> dict[str, Any]:  # fmt: skip
     """Bars for a fixed series (e.g. the 24 hours of ``samples.day_series``): one per
     value, ``labels`` in the hover titles, ``ticks`` (same length, "" to skip) under the
     axis. With ``warn``/``bad`` limits each bar gets the class ``good``/``warn``/``bad``."""
     if not values:
-        return {"bars": [], "width": WIDTH, "height": HEIGHT, "max": 0}
+        return {"bars": [], "width": width, "height": HEIGHT, "max": 0}
     peak = max(values) or 1
-    plot_w, plot_h = WIDTH - LEFT, HEIGHT - TOP - BOTTOM
+    plot_w, plot_h = width - LEFT, HEIGHT - TOP - BOTTOM
     step = plot_w / len(values)
     bar_w = min(MAX_BAR, max(1.0, step - 2))
     bars: list[dict[str, Any]] = []
@@ -217,7 +218,7 @@ def labelled_bars(
     ]
     return {
         "bars": bars,
-        "width": WIDTH,
+        "width": width,
         "height": HEIGHT,
         "left": LEFT,
         "max": peak,
@@ -234,7 +235,7 @@ def labelled_bars(
 def day_charts(day: dict[str, Any]) -> dict[str, Any]:
     """The three 24-hour charts of the Overview from ``samples.day_series``."""
     labels = [f"{h[11:16]} UTC" for h in day["hours"]]
-    ticks = [lab[:5] if i % 4 == 0 else "" for i, lab in enumerate(labels)]
+    ticks = [lab[:5] if i % 6 == 0 else "" for i, lab in enumerate(labels)]
     return {
         "throughput": labelled_bars(day["throughput"], labels, unit="job", ticks=ticks),
         "failure_pct": labelled_bars(

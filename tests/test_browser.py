@@ -232,5 +232,11 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
         small.goto(f"{base}/")
         small.wait_for_load_state("networkidle")
         small.screenshot(path=str(SHOTS / "overview-phone.png"), full_page=True)
-        assert small.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        wide = small.evaluate(
+            """() => document.documentElement.scrollWidth <= innerWidth + 1 ? [] :
+               [...document.querySelectorAll('body *')]
+                 .filter((e) => e.getBoundingClientRect().right > innerWidth + 1)
+                 .slice(0, 5).map((e) => e.tagName + '.' + e.className)"""
+        )
+        assert wide == [], wide
         browser.close()

@@ -132,6 +132,8 @@ def test_counts_have_units_and_plurals_and_times_are_relative(operator: Client) 
     assert re.search(stamp, page)
     assert relative(3) == "3 s ago" and relative(300) == "5 min ago"
     assert relative(7200) == "2 h ago" and relative(-30) == "in 30 s"
+    assert relative(10 * 86400) == "10 d ago" and relative(150 * 86400) == "5 mo ago"
+    assert relative(1111 * 86400) == "3 y ago" and relative(600 * 86400) == "1.6 y ago"
 
 
 def test_long_job_ids_are_short_with_a_copy_button(operator: Client) -> None:

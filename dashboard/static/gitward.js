@@ -51,7 +51,10 @@
   // "3 s ago" with the exact UTC time on hover, kept current once a second.
   function relative(seconds) {
     const future = seconds < 0, s = Math.abs(seconds);
-    const text = s < 90 ? Math.round(s) + " s" : s < 5400 ? Math.round(s / 60) + " min" : s < 129600 ? Math.round(s / 3600) + " h" : Math.round(s / 86400) + " d";
+    const day = 86400;
+    const text = s < 90 ? Math.round(s) + " s" : s < 5400 ? Math.round(s / 60) + " min" : s < 129600 ? Math.round(s / 3600) + " h"
+      : s < 45 * day ? Math.round(s / day) + " d" : s < 365 * day ? Math.round(s / (30.44 * day)) + " mo"
+      : (s / (365.25 * day)).toFixed(1).replace(/\.0$/, "") + " y";
     return future ? "in " + text : text + " ago";
   }
   function exact(iso) { return new Date(iso).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC").replace(/Z$/, " UTC"); }

@@ -31,7 +31,8 @@ def _parse(value: Any) -> datetime | None:
 
 
 def relative(seconds: float) -> str:
-    """``3 s ago``, ``5 min ago``, ``2 h ago``, ``4 d ago`` (``in …`` for the future)."""
+    """``3 s ago``, ``5 min ago``, ``2 h ago``, ``4 d ago``, ``5 mo ago``, ``3 y ago``
+    (``in …`` for the future). gitward.js has the same rule for live updates."""
     future = seconds < 0
     s = abs(seconds)
     if s < 90:
@@ -40,8 +41,12 @@ def relative(seconds: float) -> str:
         text = f"{round(s / 60)} min"
     elif s < 36 * 3600:
         text = f"{round(s / 3600)} h"
-    else:
+    elif s < 45 * 86400:
         text = f"{round(s / 86400)} d"
+    elif s < 365 * 86400:
+        text = f"{round(s / (30.44 * 86400))} mo"
+    else:
+        text = f"{s / (365.25 * 86400):.1f} y".replace(".0 y", " y")
     return f"in {text}" if future else f"{text} ago"
 
 
