@@ -269,7 +269,7 @@ def run_bulk(action_id: int) -> BulkAction:
         user=action.actor,
         action=f"dlq.{action.kind}",
         target=_target(action),
-        outcome=f"{done} runs",
+        outcome=f"{done} run{'' if done == 1 else 's'}",
         detail={"bulk": action.pk},
         reason=str(action.selector.get("reason", "")),
     )
@@ -292,7 +292,10 @@ def act_now(*, kind: str, run_ids: list[int], user: Any) -> int:
     publish_event("dlq.changed", {})
     verb = "re-queued" if kind == "retry" else "discarded"
     record_audit(
-        user=user, action=f"dlq.{kind}", target=f"runs {run_ids}", outcome=f"{moved} runs {verb}"
+        user=user,
+        action=f"dlq.{kind}",
+        target=f"runs {run_ids}",
+        outcome=f"{moved} run{'' if moved == 1 else 's'} {verb}",
     )
     return moved
 
