@@ -215,6 +215,20 @@ def test_the_last_24_hours_are_charted_per_hour_with_the_failure_rate_coloured(
     assert "1 jobs" not in charts and "jobss" not in charts and "0 queued</title>" in charts
 
 
+def test_sparklines_have_a_scale_and_a_value_per_minute_on_hover(operator: Client) -> None:
+    repo = Repository.objects.create(url="https://example.com/a/spark.git")
+    run = JobRun.objects.create(
+        job_id="j-spark", kind=JobRun.Kind.SYNC, queue="sync", repository=repo
+    )
+    JobAttempt.objects.create(run=run, number=1, outcome="succeeded", finished_at=timezone.now())
+    page = operator.get("/").content.decode()
+    spark = page.split('id="spark-throughput"')[1].split("</svg>")[0]
+    assert len(re.findall(r"<title>\d\d:\d\d UTC · \d+ jobs/min</title>", spark)) == 61
+    assert "· 1 jobs/min</title>" in spark  # this minute's one finished job
+    assert '<span id="spark-throughput-peak">1</span>' in page
+    assert "−60 min" in page and ">now<" in page
+
+
 # ---------------------------------------------------------------------------- pagination
 
 

@@ -377,10 +377,13 @@
     });
     return b;
   }
-  async function loadGroup(details, group, canRetry, canDiscard) {
+  // The runs of a group, newest first, 50 at a time ("show more" asks for 50 more, up
+  // to the API's 500; beyond that the Runs screen searches them all).
+  async function loadGroup(details, group, canRetry, canDiscard, limit) {
+    limit = limit || 50;
     const box = details.querySelector(".runs");
-    box.replaceChildren(el("p", { cls: "muted", text: "loading…" }));
-    const res = await fetch(`/api/dlq/${encodeURIComponent(group)}`, { credentials: "same-origin" });
+    if (limit === 50) box.replaceChildren(el("p", { cls: "muted", text: "loading…" }));
+    const res = await fetch(`/api/dlq/${encodeURIComponent(group)}?limit=${limit}`, { credentials: "same-origin" });
     if (!res.ok) { box.replaceChildren(el("p", { cls: "muted", text: "no runs" })); return; }
     const data = await res.json();
     box.replaceChildren(...data.runs.map((r) => {
@@ -396,6 +399,17 @@
         a.traceback ? el("details", {}, [el("summary", { text: "traceback" }), el("pre", { text: a.traceback })]) : null])));
       return el("div", { cls: "run", "data-run": r.id }, [head, attempts]);
     }));
+    const total = Number(details.dataset.count || 0);
+    if (data.runs.length >= limit && total > limit) {
+      const more = el("p", { cls: "pager" }, [`${data.runs.length} of ${plural(total, "run")} shown · `]);
+      if (limit < 500) {
+        const b = el("button", { type: "button", cls: "small secondary", text: "show 50 more" });
+        b.addEventListener("click", () => loadGroup(details, group, canRetry, canDiscard, limit + 50));
+        more.append(b, " · ");
+      }
+      more.append(el("a", { href: "/runs/?state=dead&q=" + encodeURIComponent(details.querySelector("summary").dataset.cause || ""), text: "all in the Runs screen" }));
+      box.append(more);
+    }
   }
   function renderAction(a) {
     const box = $("actions");
