@@ -47,10 +47,13 @@ RUN mkdir -p /var/lib/gitward/workspace /app/static \
 VOLUME ["/var/lib/gitward/workspace"]
 USER 10001:10001
 EXPOSE 8000
-# Readiness, not liveness: database migrated, a majority of lock masters and the queue
-# Redis answering. `manage.py ready` does it today; an HTTP /readyz can replace it.
+# Readiness, not liveness: GET /readyz (database migrated, a majority of lock masters and
+# the queue Redis answering; 503 with a JSON body naming what failed). The image's default
+# command is the web process; worker containers, which serve no HTTP, override this with
+# `manage.py ready` (the same checks, dashboard/readiness.py): see compose.yaml. The
+# X-Forwarded-Proto header spares the probe GITWARD_PRODUCTION's HTTPS redirect.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
-  CMD ["python", "manage.py", "ready", "--timeout", "1", "--verbosity", "0"]
+  CMD ["python", "-c", "import os, urllib.request as u; u.urlopen(u.Request(f\"http://127.0.0.1:{os.environ.get('PORT', '8000')}/readyz\", headers={'X-Forwarded-Proto': 'https'}), timeout=5)"]
 # tini forwards SIGTERM to manage.py alone (no -g): `up` and `worker` pass it on to their
 # workers once each, so RQ does a warm shutdown (finish the job) rather than a cold one.
 ENTRYPOINT ["tini", "--", "python", "manage.py"]

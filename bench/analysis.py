@@ -24,9 +24,18 @@ Worker peak memory is also measured at the ``--rss-sizes`` history sizes (a smal
 it stays flat as the history grows. ``--chunk-sizes`` repeats (c) with other
 ``GITWARD_CHUNK_SIZE`` values. Not a test: nothing is asserted.
 
+``--clone`` measures a fresh submission instead: no mirror beforehand, so the clock runs
+from ``submit_repository()`` through the sync job's clone (with all of gitward's git
+hardening: ``transfer.fsckObjects`` and the rest) to every commit stored; the anchor is
+``git clone --bare`` of the same repository plus one ``git log --numstat --no-renames
+--diff-merges=first-parent`` of the clone (also printed with ``--no-local``, a pack transfer
+like a remote clone; plain local clones hard-link). Anchor and gitward alternate, twice.
+``--baseline DIR`` repeats each gitward run with another source tree (before/after in one
+run); ``--database-url`` runs gitward on PostgreSQL. Every run prints the load average.
+
     .venv/bin/python bench/analysis.py [--commits 20000] [--repo PATH] [--workers 2]
         [--skip-pydriller] [--pydriller-commits 3000] [--rss-sizes 5000,20000]
-        [--chunk-sizes 500,2000] [--seed 1]
+        [--chunk-sizes 500,2000] [--seed 1] [--clone] [--database-url postgres://…/gw_x_bench]
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -47,8 +57,13 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
+import psycopg
+
+#: The gitward source tree the (c) runs use: this checkout, or ``--baseline``'s tree for
+#: the child processes of a side-by-side comparison.
+ROOT = Path(os.environ.get("GITWARD_BENCH_ROOT") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
 # ------------------------------------------------------------------ synthetic repository
@@ -268,11 +283,55 @@ def bench_git_log(repo: Path, runs: int = 3) -> float:
         f"--format={_FORMAT}",
     ]
     times = []
+    cpu = []
     for i in range(runs + 1):
+        before = _children_cpu()
         start = time.perf_counter()
         subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
         if i:  # the first run only warms the page cache
             times.append(time.perf_counter() - start)
+            cpu.append(_children_cpu() - before)
+    LAST_CPU["git_log"] = statistics.median(cpu)
+    return statistics.median(times)
+
+
+#: CPU seconds of the last anchor measured (median), by anchor.
+LAST_CPU: dict[str, float] = {}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_clone_and_log(origin: Path, tmp: Path, *, local: bool, runs: int = 2) -> float:
+    """``git clone --bare`` of ``origin`` into a fresh directory, then one ``git log``
+    (:func:`bench_git_log`'s command, one run) of the clone; median of ``runs`` after a
+    warm-up. ``local=False`` adds ``--no-local``: a pack transfer, as from a remote
+    (plain ``git clone`` of a local path hard-links the objects instead)."""
+    from workers.history import _FORMAT
+
+    times = []
+    cpu = []
+    for i in range(runs + 1):
+        dest = tmp / f"anchor-clone-{i}.git"
+        before = _children_cpu()
+        start = time.perf_counter()
+        cmd = ["git", "clone", "-q", "--bare", *([] if local else ["--no-local"])]
+        subprocess.run([*cmd, str(origin), str(dest)], check=True)
+        subprocess.run(
+            [
+                "git", "-C", str(dest), "log", "HEAD", "--numstat", "--no-renames",
+                "--diff-merges=first-parent", "--root", "--date=raw", f"--format={_FORMAT}",
+            ],
+            stdout=subprocess.DEVNULL,
+            check=True,
+        )  # fmt: skip
+        if i:
+            times.append(time.perf_counter() - start)
+            cpu.append(_children_cpu() - before)
+        shutil.rmtree(dest, ignore_errors=True)
+    LAST_CPU["clone_local" if local else "clone_remote"] = statistics.median(cpu)
     return statistics.median(times)
 
 
@@ -374,6 +433,25 @@ class MemoryPoller(threading.Thread):
         }
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) used so far by the process tree under ``root``: each
+    live process's own time plus its reaped children's (``cutime``/``cstime``), so a
+    forked work horse and its git processes count once they have been waited for. Far
+    less sensitive to other load on the machine than wall time."""
+    total = 0
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / _TICK
+
+
 def _stop_tree(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
     """SIGTERM the pool (it stops its workers), then SIGKILL whatever is left, by pid."""
     tree = descendants(proc.pid)
@@ -406,9 +484,12 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
             for k, v in os.environ.items()
             if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))
         }
+        database_url = cfg.get("database_url") or f"sqlite:///{var / 'db.sqlite3'}"
+        if database_url.startswith("postgres"):
+            _recreate_postgres(database_url)
         env.update(
             GITWARD_VAR_DIR=str(var),
-            DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+            DATABASE_URL=database_url,
             GITWARD_WORKSPACE=str(var / "workspace"),
             GITWARD_LOCAL_ROOTS=str(origin.parent),
             REDIS_URLS=",".join(n.url for n in nodes),
@@ -436,14 +517,15 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         # first repository of a fresh database gets (checked after the submission).
         remote = validate_remote(str(origin))
         start = time.perf_counter()
-        sync_mirror(
-            workspace=Path(settings.WORKSPACE),
-            repo_id=1,
-            git_url=remote.git_url(),
-            branch="",
-            runner=Runner(),
-            timeout=900,
-        )
+        if not cfg.get("clone"):  # --clone: the sync job clones it, inside the timed run
+            sync_mirror(
+                workspace=Path(settings.WORKSPACE),
+                repo_id=1,
+                git_url=remote.git_url(),
+                branch="",
+                runner=Runner(),
+                timeout=900,
+            )
         mirror_s = time.perf_counter() - start
 
         log = (var / "worker.log").open("wb")
@@ -466,6 +548,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.2)
         idle = max(idle, poller.summary()["max_python_hwm_mb"])
 
+        cpu_before = tree_cpu_seconds(worker_proc.pid)
         start = time.perf_counter()
         repo, _ = submit_repository(url=str(origin))
         if repo.pk != 1:
@@ -484,7 +567,9 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError(f"timed out in status {status}")
             time.sleep(0.05)
         wall = time.perf_counter() - start
-        time.sleep(0.1)
+        # the last horses are reaped just after their job; a moment for the CPU to land
+        time.sleep(0.5)
+        cpu = tree_cpu_seconds(worker_proc.pid) - cpu_before
         poller.stop_event.set()
         poller.join()
 
@@ -495,7 +580,18 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         runs = list(JobRun.objects.filter(kind=JobRun.Kind.ANALYZE))
         t_submit = repo.created_at
         first_analyze = min((r.started_at for r in runs), default=None)
+        n_runs = max(len(runs), 1)
         return {
+            "cpu_s": cpu,
+            "database": connection_vendor(),
+            "queue_wait_s_per_chunk": sum(secs(r.enqueued_at, r.started_at) for r in runs) / n_runs,
+            "before_lock_s_per_chunk": sum(secs(r.started_at, r.lock_acquired_at) for r in runs)
+            / n_runs,
+            "after_write_s_per_chunk": sum(secs(r.written_at, r.finished_at) for r in runs)
+            / n_runs,
+            "git_parse_s_per_chunk": sum(secs(r.lock_acquired_at, r.analysed_at) for r in runs)
+            / n_runs,
+            "write_s_per_chunk": sum(secs(r.analysed_at, r.written_at) for r in runs) / n_runs,
             "commits": repo.commits_total,
             "stored": stored,
             "file_rows": FileChange.objects.count(),
@@ -520,8 +616,35 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
             n.kill()
 
 
+def connection_vendor() -> str:
+    from django.db import connection
+
+    return str(connection.vendor)
+
+
+def _recreate_postgres(url: str) -> None:
+    """A fresh, empty database for one run (only a database whose name starts with
+    ``gw_`` and ends with ``bench``, so a mistyped URL cannot drop a real one)."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    if not (name.startswith("gw_") and name.endswith("bench")):
+        raise SystemExit(f"refusing to recreate database {name!r}: use gw_<name>_bench")
+    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
 def run_gitward(
-    origin: Path, work: Path, *, workers: int, chunk_size: int, timeout: float = 900
+    origin: Path,
+    work: Path,
+    *,
+    workers: int,
+    chunk_size: int,
+    timeout: float = 900,
+    clone: bool = False,
+    database_url: str = "",
+    root: Path | None = None,
 ) -> dict[str, Any]:
     cfg = {
         "origin": str(origin),
@@ -529,12 +652,16 @@ def run_gitward(
         "workers": workers,
         "chunk_size": chunk_size,
         "timeout": timeout,
+        "clone": clone,
+        "database_url": database_url,
     }
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL", "DJANGO_"))
     }
+    if root is not None:
+        env["GITWARD_BENCH_ROOT"] = str(root)
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", json.dumps(cfg)],
         env=env,
@@ -573,6 +700,25 @@ def main() -> None:
     parser.add_argument("--rss-sizes", default="5000,20000", help="history sizes for peak RSS")
     parser.add_argument("--chunk-sizes", default="500,2000", help="extra GITWARD_CHUNK_SIZE values")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--clone",
+        action="store_true",
+        help="only the fresh-submission figure: submit → all commits stored, the clone "
+        "included, against git clone --bare + one git log",
+    )
+    parser.add_argument(
+        "--database-url",
+        default="",
+        help="run gitward on this database (postgres://…/gw_<name>_bench, recreated for "
+        "each run) instead of a fresh SQLite file",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another gitward source tree (e.g. `git archive <rev>` unpacked): each (c) run "
+        "is repeated with it, alternated, for before/after figures from one run",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -611,6 +757,11 @@ def main() -> None:
         )
         print(f"repository: {what}: {total} commits ({merges} merges), {files} files at HEAD")
 
+        print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        if args.clone:
+            clone_mode(args, origin, tmp, default_chunk)
+            return
+
         a_s = bench_git_log(origin)
         a_rate = total / a_s
         print(
@@ -628,7 +779,30 @@ def main() -> None:
                 f"whole history extrapolated {total / b_rate:.0f} s)"
             )
 
-        c = run_gitward(origin, tmp / "run-main", workers=args.workers, chunk_size=default_chunk)
+        if args.baseline:
+            base = run_gitward(
+                origin,
+                tmp / "run-baseline",
+                workers=args.workers,
+                chunk_size=default_chunk,
+                database_url=args.database_url,
+                root=args.baseline.resolve(),
+            )
+            print(
+                f"(c0) baseline {args.baseline}: {base['wall_s']:.2f} s  c0/a "
+                f"{base['wall_s'] / a_s:.2f}x; CPU {base['cpu_s']:.2f} s = "
+                f"{base['cpu_s'] / LAST_CPU['git_log']:.2f}x git log's; "
+                f"git+parse {base['analyze_git_parse_s']:.2f} s, "
+                f"db write {base['analyze_db_write_s']:.2f} s (worker time, all chunks)"
+            )
+            print_overhead(base)
+        c = run_gitward(
+            origin,
+            tmp / "run-main",
+            workers=args.workers,
+            chunk_size=default_chunk,
+            database_url=args.database_url,
+        )
         c_rate = c["stored"] / c["wall_s"]
         print(
             f"(c) gitward end to end, {args.workers} workers, chunk {default_chunk}: "
@@ -643,7 +817,14 @@ def main() -> None:
             f"{c['analyze_git_parse_s']:.2f} s + db write {c['analyze_db_write_s']:.2f} s "
             f"+ other; attempts {c['analyze_attempts']}"
         )
-        print(f"c/a wall time: {c['wall_s'] / a_s:.2f}x (goal <= 1.0x)")
+        print_overhead(c)
+        print(f"c/a wall time: {c['wall_s'] / a_s:.2f}x (goal <= 0.75x)")
+        print(
+            f"CPU: git log {LAST_CPU['git_log']:.2f} s, gitward {c['cpu_s']:.2f} s (workers, "
+            f"horses, git) = {c['cpu_s'] / LAST_CPU['git_log']:.2f}x; on 2 idle cores the "
+            f"wall-time floor is about half of that"
+        )
+        print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if b_rate:
             print(f"c/b throughput: {c_rate / b_rate:.1f}x PyDriller (goal >= 25x)")
 
@@ -686,6 +867,84 @@ def main() -> None:
                 f"{r['analyze_git_parse_s']:.1f} s, db write {r['analyze_db_write_s']:.1f} s, "
                 f"max python {r['max_python_hwm_mb']:.0f} MB)"
             )
+
+
+def print_overhead(c: dict[str, Any]) -> None:
+    print(
+        f"    per chunk ({c['database']}): queue wait {c['queue_wait_s_per_chunk'] * 1000:.0f} ms, "
+        f"start→lock acquired (claim, plan check, mirror check, Redlock + token) "
+        f"{c['before_lock_s_per_chunk'] * 1000:.1f} ms, git+parse "
+        f"{c['git_parse_s_per_chunk'] * 1000:.0f} ms, "
+        f"write {c['write_s_per_chunk'] * 1000:.0f} ms, "
+        f"written→finished (finish chunk, release, record) "
+        f"{c['after_write_s_per_chunk'] * 1000:.1f} ms"
+    )
+
+
+def clone_mode(args: argparse.Namespace, origin: Path, tmp: Path, chunk: int) -> None:
+    """Fresh submission, the clone included, side by side with its anchors; alternated
+    (anchor, gitward, anchor, gitward) so a change of load hits both."""
+    walls: list[float] = []
+    local: list[float] = []
+    remote: list[float] = []
+    c: dict[str, Any] = {}
+    base_walls: list[float] = []
+    for i in range(2):
+        local.append(bench_clone_and_log(origin, tmp, local=True, runs=1))
+        remote.append(bench_clone_and_log(origin, tmp, local=False, runs=1))
+        if args.baseline:
+            b = run_gitward(
+                origin,
+                tmp / f"run-clone-base-{i}",
+                workers=args.workers,
+                chunk_size=chunk,
+                clone=True,
+                database_url=args.database_url,
+                root=args.baseline.resolve(),
+            )
+            base_walls.append(b["wall_s"])
+        c = run_gitward(
+            origin,
+            tmp / f"run-clone-{i}",
+            workers=args.workers,
+            chunk_size=chunk,
+            clone=True,
+            database_url=args.database_url,
+        )
+        walls.append(c["wall_s"])
+    a_local, a_remote, wall = (statistics.median(x) for x in (local, remote, walls))
+    print(
+        f"(a) git clone --bare + git log --numstat --no-renames --diff-merges=first-parent: "
+        f"{a_local:.2f} s (local clone, hard links); with --no-local (pack transfer) "
+        f"{a_remote:.2f} s"
+    )
+    print(
+        f"(c) gitward fresh submission, clone included ({c['database']}, {args.workers} "
+        f"workers, chunk {chunk}): {wall:.2f} s  ({c['stored']} commits, {c['chunks']} chunks; "
+        f"runs {', '.join(f'{w:.2f}' for w in walls)} s)"
+    )
+    print(
+        f"    breakdown: submit→sync start {c['submit_to_sync_start_s']:.2f} s, sync "
+        f"(clone+rev-list+plan) {c['sync_s']:.2f} s, sync end→first analyze "
+        f"{c['sync_to_first_analyze_s']:.2f} s; analyze jobs total {c['analyze_job_s']:.2f} s"
+    )
+    print_overhead(c)
+    if base_walls:
+        bw = statistics.median(base_walls)
+        print(
+            f"(c0) baseline {args.baseline}: {bw:.2f} s, c0/a {bw / a_local:.2f}x "
+            f"({bw / a_remote:.2f}x with --no-local); runs "
+            f"{', '.join(f'{w:.2f}' for w in base_walls)} s"
+        )
+    print(
+        f"CPU: anchor {LAST_CPU['clone_local']:.2f} s (--no-local {LAST_CPU['clone_remote']:.2f}"
+        f" s), gitward {c['cpu_s']:.2f} s = {c['cpu_s'] / LAST_CPU['clone_local']:.2f}x"
+    )
+    print(
+        f"c/a: {wall / a_local:.2f}x git clone --bare + git log (goal <= 1.0x); "
+        f"{wall / a_remote:.2f}x with --no-local"
+    )
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ repository, then for the chaos phase, at random (seeded) intervals:
     a job when there is one), or a worker together with all its descendants (a host dying);
   - kills -9 one Redis master and restarts it empty (sometimes two at once: no quorum for
     a moment);
-  - now and then FLUSHALLs every node.
+  - now and then FLUSHALLs every node;
+  - kills -9 the queue node (``REDIS_URL``, which with this layout is lock master 1 too)
+    for a few seconds and restarts it empty, or stalls it (SIGSTOP … SIGCONT).
+
+All along, a prober requests the operations pages, ``/api/status``, ``/api/runs`` and
+``/metrics`` (as the admin, by session and by API token) four times a second and counts
+every 5xx answer: ``server_errors`` must be 0 — a lost or stalled queue server is a
+banner and ``"queue_server": {"ok": false}``, never a 500.
 
 Then it stops injecting, waits (bounded) until every repository is ready — dead letters
 (crashes count as attempts, ``GITWARD_MAX_ATTEMPTS`` stays at its default of 3) are
@@ -23,8 +30,9 @@ process left working on it, and no process of ``up``'s tree left once ``up`` sto
 Last line (exit 0 iff nothing was lost, duplicated or left behind and all repositories
 are ready)::
 
-    chaos: runs=R attempts=A kills=K restarts=N flushes=F lost_work=0 duplicate_rows=0
-           dead_letters_retried=D leftovers=0 seconds=S
+    chaos: runs=R attempts=A kills=K restarts=N flushes=F queue_kills=Q queue_stalls=T
+           lost_work=0 duplicate_rows=0 server_errors=0 dead_letters_retried=D leftovers=0
+           seconds=S
 
     .venv/bin/python bench/chaos.py [--minutes M | --seconds S] [--repos N] [--commits C]
         [--seed K] [--short] [--keep]
@@ -45,7 +53,12 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +171,72 @@ def kill_pid(pid: int, start: int) -> bool:
     return True
 
 
+# ------------------------------------------------------------------ the prober
+
+
+class Prober(threading.Thread):
+    """Requests pages and API endpoints as the admin until stopped; counts answers by
+    status. A refused connection (``up`` itself gone) is counted apart, not as a 5xx."""
+
+    def __init__(self, base: str, password: str, token: str, repo_id: int) -> None:
+        super().__init__(name="chaos-prober", daemon=True)
+        self.base = base
+        self.password = password
+        self.token = token
+        self.pages = ["/", "/locks/", "/repos/", f"/repos/{repo_id}/"]
+        self.api = ["/api/status", "/api/runs", "/metrics", f"/api/repos/{repo_id}"]
+        self.stop = threading.Event()
+        self.statuses: dict[int, int] = {}
+        self.errors: list[str] = []
+        self.unreachable = 0
+        self.slowest = 0.0
+        self.queue_down_seen = 0
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+
+    def login(self) -> None:
+        page = self.opener.open(self.base + "/login/", timeout=30).read().decode()
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert match, "no CSRF token on the login page"
+        form = urllib.parse.urlencode(
+            {"username": "admin", "password": self.password, "csrfmiddlewaretoken": match[1]}
+        ).encode()
+        self.opener.open(self.base + "/login/", data=form, timeout=30).read()
+
+    def fetch(self, path: str, *, api: bool) -> None:
+        request = urllib.request.Request(self.base + path)
+        if api:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        start = time.monotonic()
+        try:
+            with self.opener.open(request, timeout=60) as response:
+                status, body = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read()
+        except (urllib.error.URLError, OSError):
+            self.unreachable += 1
+            return
+        self.slowest = max(self.slowest, time.monotonic() - start)
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if b"queue server unreachable" in body:
+            self.queue_down_seen += 1
+        if status >= 500:
+            self.errors.append(f"{status} {path}: {body[:200]!r}")
+
+    def run(self) -> None:
+        with contextlib.suppress(Exception):
+            self.login()
+        while not self.stop.is_set():
+            for path in self.pages:
+                self.fetch(path, api=False)
+            for path in self.api:
+                self.fetch(path, api=True)
+            self.stop.wait(0.25)
+
+    @property
+    def server_errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status >= 500)
+
+
 # ------------------------------------------------------------------ the run
 
 
@@ -174,7 +253,15 @@ class Chaos:
         self.up_log = self.tmp / "up.log"
         # (pid, start time) -> parent pid, for every process ever seen in up's tree
         self.seen: dict[tuple[int, int], int] = {}
-        self.counts = {"kills": 0, "restarts": 0, "flushes": 0, "no_quorum": 0}
+        self.counts = {
+            "kills": 0,
+            "restarts": 0,
+            "flushes": 0,
+            "no_quorum": 0,
+            "queue_kills": 0,
+            "queue_stalls": 0,
+        }
+        self.prober: Prober | None = None
         self.kill_kinds: dict[str, int] = {}
         self.dead_retried = 0
         self.pushed = 0  # commits appended to the origins while the system runs
@@ -247,6 +334,10 @@ class Chaos:
             repos.append((path, int(json.loads(out)["id"])))
         log(f"submitted {len(repos)} repositories")
         self.repo_paths = [p for p, _ in repos]
+        token = self.manage("api_token", "admin").stdout.strip()
+        self.prober = Prober(f"http://127.0.0.1:{port}", env["GITWARD_ADMIN_PASSWORD"],
+                             token, repos[0][1])  # fmt: skip
+        self.prober.start()
         return repos
 
     def append_commits(self, path: Path, n: int) -> None:
@@ -373,6 +464,29 @@ class Chaos:
         if both:
             self.counts["no_quorum"] += 1
 
+    def kill_queue_node(self) -> None:
+        """SIGKILL the queue node (``REDIS_URL``; lock master 1 in this layout), keep it
+        down for a while, restart it empty: every queued job in Redis is gone."""
+        node = self.nodes[0]
+        node.kill()
+        down = self.rng.uniform(1.5, 4.0)
+        log(f"killed the queue node {node.port}; down for {down:.1f}s")
+        self.sleep(down)
+        node.restart(empty=True)
+        self.counts["queue_kills"] += 1
+
+    def stall_queue_node(self) -> None:
+        """SIGSTOP the queue node: its sockets stay open and nothing answers."""
+        node = self.nodes[0]
+        node.pause()
+        stalled = self.rng.uniform(1.5, 4.0)
+        log(f"stalled the queue node {node.port} for {stalled:.1f}s")
+        try:
+            self.sleep(stalled)
+        finally:
+            node.resume()
+        self.counts["queue_stalls"] += 1
+
     def flush_all(self) -> None:
         for node in self.nodes:
             with contextlib.suppress(Exception):
@@ -394,11 +508,12 @@ class Chaos:
         log(f"chaos for {seconds:g}s")
         deadline = time.monotonic() + seconds
         # one of each first (in a seeded order), so even a short run exercises all
-        plan = ["kill", "restart", "kill", "flush"]
+        plan = ["kill", "restart", "kill", "flush", "queue_kill", "queue_stall"]
         self.rng.shuffle(plan)
-        while time.monotonic() < deadline:
+        # The planned faults all run even if the last of them starts past the deadline.
+        while time.monotonic() < deadline or plan:
             self.sleep(self.rng.uniform(0.4, 2.2))
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline and not plan:
                 break
             if self.up is not None and self.up.poll() is not None:
                 raise RuntimeError(f"up died during chaos:\n{self.tail()}")
@@ -410,7 +525,8 @@ class Chaos:
                 action = plan.pop()
             else:
                 action = self.rng.choices(
-                    ["kill", "restart", "restart2", "flush"], weights=[55, 30, 5, 10]
+                    ["kill", "restart", "restart2", "flush", "queue_kill", "queue_stall"],
+                    weights=[50, 25, 5, 8, 6, 6],
                 )[0]
             if action == "kill":
                 self.kill_something()
@@ -418,6 +534,10 @@ class Chaos:
                 self.restart_redis()
             elif action == "restart2":
                 self.restart_redis(both=True)
+            elif action == "queue_kill":
+                self.kill_queue_node()
+            elif action == "queue_stall":
+                self.stall_queue_node()
             else:
                 self.flush_all()
 
@@ -582,7 +702,23 @@ class Chaos:
             kill_pid(pid, start)
         return left
 
+    def stop_prober(self) -> int:
+        """Stop the prober; log what it saw; return the number of 5xx answers."""
+        p = self.prober
+        if p is None:
+            return -1
+        p.stop.set()
+        p.join(timeout=120)
+        log(f"prober: statuses {dict(sorted(p.statuses.items()))}, unreachable {p.unreachable}, "
+            f"'queue server unreachable' shown {p.queue_down_seen} times, "
+            f"slowest {p.slowest:.2f}s")  # fmt: skip
+        for line in p.errors[:20]:
+            log(f"server error: {line}")
+        return p.server_errors
+
     def cleanup(self) -> None:
+        if self.prober is not None:
+            self.prober.stop.set()
         for proc in self.submits:
             try:
                 proc.wait(timeout=60)
@@ -637,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     leftovers: list[str] = []
     orphans: list[str] = []
     totals = (-1, -1)
+    server_errors = -1
     try:
         repos = run.start()
         run.chaos(seconds)
@@ -644,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"chaos over: {run.counts}, kills by kind {run.kill_kinds}, "
             f"{pending[0][0]} runs not yet succeeded")  # fmt: skip
         ready = run.wait_ready(repos, args.wait)
+        server_errors = run.stop_prober()
         found = run.verify(repos)
         leftovers = run.workspace_leftovers()
         orphans = run.stop_up()
@@ -667,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
             and found["extra_commits"] == 0
             and found["file_mismatches"] == 0
             and found["files_changed_mismatches"] == 0
+            and server_errors == 0
             and not leftovers
         )
         if not ok:
@@ -691,7 +830,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"chaos: runs={totals[0]} attempts={totals[1]} kills={run.counts['kills']} "
         f"restarts={run.counts['restarts']} flushes={run.counts['flushes']} "
+        f"queue_kills={run.counts['queue_kills']} queue_stalls={run.counts['queue_stalls']} "
         f"lost_work={found.get('lost_work', -1)} duplicate_rows={found.get('duplicate_rows', -1)} "
+        f"server_errors={server_errors} "
         f"dead_letters_retried={run.dead_retried} leftovers={len(leftovers)} "
         f"seconds={time.monotonic() - started:.0f}",
         flush=True,

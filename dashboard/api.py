@@ -7,11 +7,14 @@ logged and answered with a generic JSON error, never a traceback.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import redis
+from django.conf import settings
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -21,12 +24,15 @@ from django.views.defaults import page_not_found
 
 from dashboard import queues
 from dashboard.audit import record_audit
+from dashboard.checklists import describe_rollout
 from dashboard.commits import BadCursor, commit_dict, commit_page
 from dashboard.deadletters import act_now, group_runs, list_groups, run_dict, start_bulk
+from dashboard.deploylock import abort_rollout, driver_alive, rollback_rollout
 from dashboard.leases import force_release_lock
 from dashboard.live import publish_event
+from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import metrics_text
-from dashboard.models import ApiToken, BulkAction, JobRun, Repository
+from dashboard.models import ApiToken, BulkAction, JobRun, Repository, Rollout
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 from dashboard.repositories import (
@@ -35,8 +41,18 @@ from dashboard.repositories import (
     repository_status,
     submit_repository,
 )
+from dashboard.rollouts import QUEUE as ROLLOUT_QUEUE
+from dashboard.rollouts import (
+    RolloutBusy,
+    RolloutError,
+    actor_name,
+    enqueue_driver_job,
+    request_action,
+    start_rollout,
+)
 from dashboard.snapshots import ops_snapshot
 from dashboard.summaries import repository_summary
+from dashboard.traces import run_trace
 from workers import lockkeys
 
 log = logging.getLogger(__name__)
@@ -98,6 +114,9 @@ def api_view(
                 return view(request, *args, **kwargs)
             except RedisUnavailable as exc:
                 return error(str(exc), 503)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # a lock master
+                log.warning("Redis unreachable on %s: %s", request.path, exc)
+                return error(f"Redis unreachable: {type(exc).__name__}", 503)
             except Exception:
                 log.exception("API error on %s", request.path)
                 return error("internal error; the failure was logged", 500)
@@ -345,12 +364,30 @@ def bulk_action(request: HttpRequest, action_id: int) -> HttpResponse:
 
 
 @api_view(("GET",))
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus scrape endpoint (an operator's session or bearer token)."""
-
+def _metrics_for_operators(request: HttpRequest) -> HttpResponse:
     if (refused := _operator(request)) is not None:
         return refused
-    return HttpResponse(metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(metrics_text(), content_type=METRICS_CONTENT_TYPE)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint: a client in ``GITWARD_METRICS_NETWORKS`` (by
+    REMOTE_ADDR, so behind a proxy list the proxy only if it does not forward the public
+    to /metrics), else an operator's session or bearer token (``view_jobrun``)."""
+    if request.method == "GET" and _in_networks(request.META.get("REMOTE_ADDR", "")):
+        try:
+            return HttpResponse(metrics_text(), content_type=METRICS_CONTENT_TYPE)
+        except RedisUnavailable as exc:
+            return error(str(exc), 503)
+    return _metrics_for_operators(request)
+
+
+def _in_networks(addr: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(net) for net in settings.METRICS_NETWORKS)
 
 
 def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
@@ -432,3 +469,221 @@ def runs(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
         {"results": [run_dict(r) for r in rows], "next": rows[-1].pk if more and rows else None}
     )
+
+
+# ---------------------------------------------------------------------------- rollouts
+# POST /api/rollouts starts one (CI after a merge), GET lists them; the actions go to
+# the rollout's driver or, for a dead driver, take the deploy lock here
+# (dashboard.deploylock). Every refusal is audited; accepted actions are audited by the
+# rollout's own timeline (rollouts.record_event writes an AuditEntry per event).
+
+ROLLOUT_ACTIONS = {
+    "promote": "dashboard.start_rollout",
+    "rollback": "dashboard.rollback_rollout",
+    "abort": "dashboard.rollback_rollout",
+    "takeover": "dashboard.rollback_rollout",
+}
+_ROLLOUT_VIEWERS = (
+    "dashboard.view_jobrun",
+    "dashboard.start_rollout",
+    "dashboard.rollback_rollout",
+)
+
+
+def _refuse_rollout(
+    request: HttpRequest, action: str, target: str, why: str, status: int
+) -> JsonResponse:
+    record_audit(
+        user=request.user, action=f"rollout.{action}", target=target, outcome=f"refused: {why}"
+    )
+    return error(why, status)
+
+
+def _rollout_reader(request: HttpRequest) -> JsonResponse | None:
+    if any(request.user.has_perm(p) for p in _ROLLOUT_VIEWERS):
+        return None
+    return error("rollouts need the view_jobrun, start_rollout or rollback_rollout permission", 403)
+
+
+@api_view(("GET", "POST"))
+def rollouts_collection(request: HttpRequest) -> HttpResponse:
+    """``GET`` → ``{"rollouts": [...]}`` (newest first, ``?queue=``, ``?limit=``);
+    ``POST {queue?, config, steps?, auto?, warm_set?, options?}`` → 202 ``{id, state,
+    rollout}``: the rollout is pending until its driver (the ``rollouts`` queue) takes
+    the deploy lock; poll ``GET /api/rollouts/<id>``."""
+    if request.method == "GET":
+        if (refused := _rollout_reader(request)) is not None:
+            return refused
+        rows = Rollout.objects.select_related("version", "previous").order_by("-created_at", "-id")
+        if request.GET.get("queue"):
+            rows = rows.filter(queue=request.GET["queue"])
+        limit = _int_param(request, "limit", 50, 1, 200)
+        return JsonResponse({"rollouts": [describe_rollout(r) for r in rows[:limit]]})
+    if not _permitted(request, "dashboard.start_rollout"):
+        return _refuse_rollout(
+            request, "start", request.path, "you do not have permission to start rollouts", 403
+        )
+    limited = _rate_limited(request, "submit")
+    if limited is not None:
+        return limited
+    try:
+        data = _json_body(request)
+        spec = _rollout_spec(data)
+    except ValueError as exc:
+        return _refuse_rollout(request, "start", request.path, str(exc), 400)
+    try:
+        ro = start_rollout(actor=request.user, **spec)
+    except RolloutBusy as exc:
+        return _refuse_rollout(request, "start", spec["queue"], str(exc), 409)
+    except RolloutError as exc:
+        return _refuse_rollout(request, "start", spec["queue"], str(exc), 400)
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    return JsonResponse(
+        {"id": ro.pk, "state": ro.state, "rollout": describe_rollout(ro)}, status=202
+    )
+
+
+def _rollout_spec(data: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``POST /api/rollouts`` checked for shape (values are checked by
+    ``start_rollout``): ValueError naming the field otherwise."""
+    unknown = sorted(set(data) - {"queue", "config", "steps", "auto", "warm_set", "options"})
+    if unknown:
+        raise ValueError(f"unknown field(s): {', '.join(unknown)}")
+    queue = data.get("queue", ROLLOUT_QUEUE)
+    if queue != ROLLOUT_QUEUE:
+        raise ValueError(f'"queue" must be {ROLLOUT_QUEUE!r} (the only logical queue)')
+    config = data.get("config")
+    if not isinstance(config, dict):
+        raise ValueError('"config" must be a JSON object, e.g. {"detect_renames": true}')
+    steps = data.get("steps")
+    if steps is not None and not (
+        isinstance(steps, list)
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+    ):
+        raise ValueError('"steps" must be a list of percentages, e.g. [10, 50, 100]')
+    auto = data.get("auto", False)
+    if not isinstance(auto, bool):
+        raise ValueError('"auto" must be true or false')
+    for name in ("warm_set", "options"):
+        if not isinstance(data.get(name, {}), dict):
+            raise ValueError(f'"{name}" must be a JSON object')
+    return {
+        "queue": queue,
+        "config": config,
+        "steps": steps,
+        "auto": auto,
+        "warm_set": _warm_spec(data.get("warm_set") or {}),
+        "options": data.get("options") or {},
+    }
+
+
+def _warm_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("repositories", "commits_per_repository"):
+        if key in spec:
+            value = spec[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f'"warm_set.{key}" must be a positive integer')
+            out[key] = value
+    if "threshold" in spec:
+        value = spec["threshold"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise ValueError('"warm_set.threshold" must be a number in (0, 1]')
+        out["threshold"] = float(value)
+    unknown = sorted(set(spec) - {"repositories", "commits_per_repository", "threshold"})
+    if unknown:
+        raise ValueError(f"unknown warm_set field(s): {', '.join(unknown)}")
+    return out
+
+
+@api_view(("GET",))
+def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """One rollout with its versions' states and its timeline."""
+    if (refused := _rollout_reader(request)) is not None:
+        return refused
+    ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
+    if ro is None:
+        return error(f"no rollout #{rollout_id}", 404)
+    return JsonResponse(describe_rollout(ro, timeline=True))
+
+
+@api_view(("POST",))
+def rollout_action(request: HttpRequest, rollout_id: int, action: str) -> HttpResponse:
+    """``POST /api/rollouts/<id>/promote|rollback|abort|takeover`` ``{reason?, force?}``.
+
+    * promote — asks the driver for the next step (current after the last): 202;
+    * rollback — the one button: a live driver is asked (202); a dead one's lock is
+      taken here, routing goes back at once and the lock is released (200);
+    * abort — for a dead driver (or ``force``): 200;
+    * takeover — a dead driver's rollout gets a new driver job on the ``rollouts``
+      queue (202); a live one is refused (409).
+    """
+    target = f"rollout #{rollout_id}"
+    perm = ROLLOUT_ACTIONS.get(action)
+    if perm is None:
+        return error(f"unknown action {action!r}: one of {', '.join(ROLLOUT_ACTIONS)}", 404)
+    if not _permitted(request, perm):
+        return _refuse_rollout(
+            request, action, target, f"you do not have permission to {action} rollouts", 403
+        )
+    try:
+        data = _json_body(request)
+    except ValueError as exc:
+        return _refuse_rollout(request, action, target, str(exc), 400)
+    reason, force = data.get("reason", ""), data.get("force", False)
+    if not isinstance(reason, str) or len(reason) > 500:
+        return _refuse_rollout(
+            request, action, target, '"reason" must be a string (≤ 500 characters)', 400
+        )
+    if not isinstance(force, bool):
+        return _refuse_rollout(request, action, target, '"force" must be true or false', 400)
+    ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
+    if ro is None:
+        return error(f"no rollout #{rollout_id}", 404)
+    try:
+        ro, status = _run_rollout_action(request, ro, action, reason, force)
+    except RolloutBusy as exc:
+        return _refuse_rollout(request, action, target, str(exc), 409)
+    except RolloutError as exc:
+        return _refuse_rollout(request, action, target, str(exc), 409)
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    return JsonResponse(describe_rollout(ro, timeline=True), status=status)
+
+
+def _run_rollout_action(
+    request: HttpRequest, ro: Rollout, action: str, reason: str, force: bool
+) -> tuple[Rollout, int]:
+    actor = request.user
+    if action == "promote":
+        return request_action(rollout=ro, action="promote", actor=actor), 202
+    if action == "rollback":
+        delegated = driver_alive(ro) and not force
+        done = rollback_rollout(
+            rollout=ro.pk, actor=actor, reason=reason or "rollback", force=force
+        )
+        return done, 202 if delegated else 200
+    if action == "abort":
+        return abort_rollout(rollout=ro.pk, actor=actor, reason=reason or "abort", force=force), 200
+    if not ro.is_active:
+        raise RolloutError(f"rollout #{ro.pk} is {ro.state}: nothing to take over")
+    if driver_alive(ro):
+        raise RolloutBusy(
+            f"rollout #{ro.pk} is still driven by {ro.lock_holder}: nothing to take over"
+        )
+    if not enqueue_driver_job(ro.pk, takeover=True, actor=actor_name(actor)):
+        raise RolloutBusy(f"a takeover driver job of rollout #{ro.pk} exists already")
+    record_audit(user=actor, action="rollout.takeover", target=f"rollout #{ro.pk}",
+                 outcome="driver job enqueued", detail={"reason": reason})  # fmt: skip
+    return ro, 202
+
+
+@api_view(("GET",))
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run with every attempt and its trace (the run page's data)."""
+
+    if (refused := _operator(request)) is not None:
+        return refused
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        return error("run not found", 404)
+    return JsonResponse(run_trace(found))

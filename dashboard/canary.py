@@ -13,7 +13,7 @@ from typing import Any
 
 from dashboard.models import AnalyzerVersion, JobAttempt, JobRun
 from dashboard.models import AnalyzerVersion as AV
-from dashboard.rollouts import QUEUE, ROUTABLE, RolloutError, physical_queue
+from dashboard.versions import QUEUE, ROUTABLE, RolloutError, physical_queue, served_fingerprint
 
 S = AnalyzerVersion.State
 
@@ -81,6 +81,31 @@ def queue_for(queue: str, key: str, attempt_version: str | None = None) -> str:
     """Physical queue name (``analysis@3f2a9c1e``) for work ``key``; see ``version_for``."""
     v = version_for(queue, key, attempt_version)
     return physical_queue(v.queue, v.fingerprint)
+
+
+def repository_key(repo_id: int) -> str:
+    """The idempotency key routing uses for a repository's analysis: a repository is
+    routed as a whole, so its canary results are complete, not a scatter of chunks."""
+    return f"repo:{repo_id}"
+
+
+def planned_fingerprints(queue: str = QUEUE, key: str = "") -> list[str]:
+    """The fingerprints a sync plans work for: the served one first (its results are
+    what readers see, so it is always brought up to date), then the ramping version's
+    if ``key`` routes to it (a shadow analysis: the canary's health and numbers are
+    measured on it, readers still see the current version until promotion).
+
+    A queue with no version at all serves the deployed default (``served_fingerprint``).
+    """
+    served = served_fingerprint(queue)
+    out = [served]
+    try:
+        chosen = version_for(queue, key)
+    except NoRoutableVersion:
+        return out
+    if chosen.fingerprint not in out:
+        out.append(chosen.fingerprint)
+    return out
 
 
 def _attempt_stats(fingerprint: str, since: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ of each lock, run, repository and worker.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -16,13 +17,18 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard import live
 from dashboard.models import Repository
+from dashboard.rolloutboard import live_snapshot
 from dashboard.snapshots import ops_snapshot, repository_live
+
+log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.1
 MAX_PENDING = 2000
 #: Clients only ever send tiny control messages; anything bigger is refused.
 MAX_INBOUND_BYTES = 4096
 SNAPSHOT_MIN_INTERVAL = 1.0
+#: Sockets re-join their groups this often (idempotent; restores lost memberships).
+REJOIN_SECONDS = 5.0
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -38,18 +44,32 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
         self.last_snapshot = 0.0
         self.pending: dict[str, dict[str, Any]] = {}
         self.dropped = 0
-        for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+        self.joined = await self._join_groups()
         await self.accept()
         self.flusher = asyncio.create_task(self._flush_forever())
         await self.send_snapshot()
+
+    async def _join_groups(self) -> bool:
+        """Join every group; False if the channel layer (the queue server) did not
+        answer. The socket is accepted either way: it gets snapshots, and events once a
+        later join succeeds (``_flush_forever`` joins again every ``REJOIN_SECONDS``,
+        which also restores memberships a queue server restarted empty forgot)."""
+        try:
+            for group in self.groups_to_join:
+                await self.channel_layer.group_add(group, self.channel_name)
+        except Exception:  # down or stalled: degrade, retry later
+            return False
+        return True
 
     async def disconnect(self, code: int) -> None:
         flusher = getattr(self, "flusher", None)
         if flusher is not None:
             flusher.cancel()
-        for group in getattr(self, "groups_to_join", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
+        try:
+            for group in getattr(self, "groups_to_join", []):
+                await self.channel_layer.group_discard(group, self.channel_name)
+        except Exception as exc:  # the membership expires on its own
+            log.debug("group discard failed: %s", exc)
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
@@ -62,8 +82,14 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
             self.dropped += 1
 
     async def _flush_forever(self) -> None:
+        next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
+            if asyncio.get_running_loop().time() >= next_join:
+                next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
+                was_joined, self.joined = self.joined, await self._join_groups()
+                if self.joined and not was_joined:
+                    await self.send_snapshot()  # events were missed while away
             if self.pending:
                 events, self.pending = list(self.pending.values()), {}
                 message: dict[str, Any] = {"type": "events", "events": events}
@@ -140,5 +166,24 @@ class RepositoryConsumer(_Coalescing):
 
     async def send_snapshot(self) -> None:
         data = await database_sync_to_async(repository_live)(self.repo_id)
+        self.last_snapshot = asyncio.get_running_loop().time()
+        await self.send_json({"type": "snapshot", "data": data})
+
+
+class RolloutsConsumer(_Coalescing):
+    """The Rollouts pages: ``rollout.*`` events only (``live.ROLLOUTS_GROUP``)."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if not await database_sync_to_async(user.has_perm)("dashboard.view_jobrun"):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self._start([live.ROLLOUTS_GROUP])
+
+    async def send_snapshot(self) -> None:
+        data = await database_sync_to_async(live_snapshot)()
         self.last_snapshot = asyncio.get_running_loop().time()
         await self.send_json({"type": "snapshot", "data": data})

@@ -18,7 +18,7 @@ from dashboard import queues
 from dashboard.audit import current_reason, record_audit
 from dashboard.live import publish_event
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
-from dashboard.runs import enqueue_run
+from dashboard.runs import enqueue_or_leave
 
 BATCH = 500
 
@@ -156,7 +156,7 @@ def retry_runs(run_ids: list[int]) -> int:
                 Repository.objects.filter(pk=r.repository_id, generation=r.generation).update(
                     status=Repository.Status.QUEUED
                 )
-        transaction.on_commit(lambda: [enqueue_run(r) for r in runs])
+        transaction.on_commit(lambda: [enqueue_or_leave(r) for r in runs])
     return len(moved)
 
 
@@ -189,14 +189,23 @@ def start_bulk(*, kind: str, selector: dict[str, Any], user: Any) -> BulkAction:
     if current_reason():  # the worker records the audit entry: the reason goes along
         selector = {**selector, "reason": current_reason()}
     action = new_bulk(kind=kind, selector=selector, actor=actor)
-    transaction.on_commit(
-        lambda: queues.queue(queues.MAINTENANCE_QUEUE).enqueue(
-            "workers.jobs.run_bulk_action",
-            action.pk,
-            job_id=f"bulk-{action.pk}",
-            result_ttl=3600,
-        )
-    )
+
+    def enqueue() -> None:
+        try:
+            queues.queue(queues.MAINTENANCE_QUEUE).enqueue(
+                "workers.jobs.run_bulk_action",
+                action.pk,
+                job_id=f"bulk-{action.pk}",
+                result_ttl=3600,
+            )
+        except queues.QueueUnavailable as exc:
+            # Nothing ran: the action ends failed (not stuck queued) and can be redone.
+            BulkAction.objects.filter(pk=action.pk).update(
+                state=BulkAction.State.FAILED, error=str(exc)[:500]
+            )
+            action.state, action.error = BulkAction.State.FAILED, str(exc)[:500]
+
+    transaction.on_commit(enqueue)
     return action
 
 

@@ -39,7 +39,7 @@ from django.utils import timezone
 from dashboard import leases, rollouts, warming
 from dashboard.canary import canary_health
 from dashboard.fencing import check_token
-from dashboard.models import AnalyzerVersion, Rollout
+from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.rollouts import RolloutBusy, RolloutError, describe_lock
 from workers import lockkeys
 from workers.locks import Lock, LockLost, LockNotAcquired, Redlock
@@ -367,12 +367,19 @@ class RolloutDriver:
                     },
                 )
                 ro.save(update_fields=["warm_set", "updated_at"])
-            rollouts.begin_warming(rollout=ro, token=token, actor=actor)
+            ro = rollouts.begin_warming(rollout=ro, token=token, actor=actor)
             if self.warmer is not None:
-                self.warmer(ro)
+                result = self.warmer(ro)
+                with transaction.atomic():
+                    rollouts.record_event(
+                        ro, ro.version, "warming.enqueued", "", "", actor,
+                        "warm set enqueued to the new version's queue", token,
+                        dict(result) if isinstance(result, dict) else {},
+                    )  # fmt: skip
             return
         if version.state == S.WARMING:
             verdict = warming.verify_warm_set(version=version, warm_set=ro.warm_set)
+            _record_progress(ro, verdict, token, actor)
             since = version.state_changed_at or ro.created_at
             timed_out = timezone.now() - since > timedelta(seconds=self.warm_timeout)
             definitive = not verdict["checks"]["errors"] or not verdict["checks"]["fingerprint"]
@@ -418,6 +425,26 @@ class RolloutDriver:
         return str(Rollout.objects.values_list("state", flat=True).get(pk=self.rollout_id))
 
 
+def _record_progress(ro: Rollout, verdict: dict[str, Any], token: int, actor: Any) -> None:
+    """A ``warming.progress`` event whenever the stored count of the warm set changed
+    (the rollout page's bar and the timeline read it)."""
+    last = (
+        RolloutEvent.objects.filter(rollout=ro, action="warming.progress")
+        .order_by("-at", "-id")
+        .first()
+    )
+    stored = int(verdict.get("stored", 0))
+    if last is not None and last.detail.get("stored") == stored:
+        return
+    with transaction.atomic():
+        rollouts.record_event(
+            ro, ro.version, "warming.progress", "", "", actor,
+            f"{stored}/{verdict.get('expected', 0)} warm commits stored", token,
+            {"stored": stored, "expected": verdict.get("expected", 0),
+             "coverage": verdict.get("coverage")},
+        )  # fmt: skip
+
+
 def abort_in_place(ro: Rollout, *, token: int, actor: Any, reason: str) -> Rollout:
     """Roll back (or, for a version never warmed, abort) as the lock holder."""
     state = AnalyzerVersion.objects.values_list("state", flat=True).get(pk=ro.version_id)
@@ -443,7 +470,7 @@ def drive_rollout(rollout_id: int, takeover: bool = False, actor: str = "system"
     """RQ entry point (queue ``rollouts``): take the rollout's deploy lock and drive it
     to its end; returns the final state. A second delivery of the same job finds the
     rollout no longer pending and stops (``RolloutError``)."""
-    driver = RolloutDriver(rollout_id)
+    driver = RolloutDriver(rollout_id, warmer=warming.warm_rollout)
     driver.acquire(actor=actor, takeover=takeover, reason="driver started")
     return driver.run()
 
@@ -528,3 +555,8 @@ def _holder_alive(ro: Rollout) -> bool:
     """The rollout's lock is in Redis under its recorded token (a live lease)."""
     info = _redlock().inspect(lockkeys.deploy(ro.queue))
     return bool(info and (info.get("holder") or {}).get("token") == ro.lock_token)
+
+
+def driver_alive(ro: Rollout) -> bool:
+    """Whether the rollout's recorded driver still holds its lease (read-only)."""
+    return ro.is_active and _holder_alive(ro)

@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from dashboard.models import FenceToken
+from dashboard.telemetry import count_fencing_rejection
 
 
 class StaleToken(RuntimeError):
@@ -74,4 +75,5 @@ def check_token(resource: str, token: int | None) -> None:
         .first()
     )
     if token is None or current is None or int(current) != int(token):
+        count_fencing_rejection(resource)
         raise StaleToken(f"fencing token {token} for {resource} is stale (newest is {current})")

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import queues, telemetry, traces
 from dashboard.audit import record_audit
 from dashboard.fencing import next_token
 from dashboard.live import publish_event
@@ -38,7 +38,7 @@ HOUR = timedelta(hours=1)
 @functools.cache
 def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
     count, delay, jitter, drift, node_timeout = settings_key
-    return Redlock(
+    rl = Redlock(
         list(urls),
         retry_count=int(count),
         retry_delay=delay,
@@ -47,6 +47,8 @@ def _redlock(urls: tuple[str, ...], settings_key: tuple[float, ...]) -> Redlock:
         node_timeout=node_timeout,
         token_source=next_token,
     )
+    telemetry.watch_redlock(rl)  # its counters and latencies reach /metrics
+    return rl
 
 
 def redlock() -> Redlock:
@@ -99,7 +101,8 @@ class LeaseObserver:
         return {"on_lost": self.lost, "on_extended": self.extended}
 
     def extended(self, lock: Lock) -> None:
-        queues.connection().hset(EXTENSIONS_HASH, self.key, str(lock.extensions))
+        with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+            queues.connection().hset(EXTENSIONS_HASH, self.key, str(lock.extensions))
         publish_event(
             "lock.extended",
             {
@@ -134,7 +137,8 @@ class LeaseObserver:
         )
 
     def released(self) -> None:
-        queues.connection().hdel(EXTENSIONS_HASH, self.key)
+        with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+            queues.connection().hdel(EXTENSIONS_HASH, self.key)
         publish_event("lock.released", {"key": self.key}, repo_id=self.repo_id)
 
 
@@ -166,9 +170,11 @@ def hold_lease(
     Raises ``LockNotAcquired`` if another holder has the key.
     """
     observer = LeaseObserver(key, job=str(holder.get("job", "")), on_lost=on_lost)
-    with redlock().hold(
-        [key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()
-    ) as lock:
+    with (
+        traces.lock_span(key) as traced_acquired,  # "lock wait" and "lock held" spans
+        redlock().hold([key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()) as lock,
+    ):
+        traced_acquired(lock)
         if on_acquired is not None:
             on_acquired(lock)
         observer.acquired(lock, holder)
@@ -204,9 +210,12 @@ def lock_rows(*, repo_id: int | None = None) -> list[dict[str, Any]]:
     if not infos:
         return []
     live = live_worker_names()
-    ext_raw: list[Any] = list(
-        queues.connection().hmget(EXTENSIONS_HASH, [i["key"] for i in infos])  # type: ignore[arg-type]
-    )
+    try:
+        ext_raw: list[Any] = list(
+            queues.connection().hmget(EXTENSIONS_HASH, [i["key"] for i in infos])  # type: ignore[arg-type]
+        )
+    except queues.QueueUnavailable:  # the locks come from the masters; only counts missing
+        ext_raw = [None] * len(infos)
     described = [describe_resource(i["key"]) for i in infos]
     names = dict(
         Repository.objects.filter(pk__in={d["repo"] for d in described if d["repo"]}).values_list(
@@ -288,7 +297,8 @@ def force_release_lock(*, key: str, user: Any) -> dict[str, Any]:
     token = next_token(key)
     failpoint("lock.force_release.fenced")
     released = rl.force_release(key, info["nonce"])
-    queues.connection().hdel(EXTENSIONS_HASH, key)
+    with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+        queues.connection().hdel(EXTENSIONS_HASH, key)
     holder = info.get("holder") or {}
     record_audit(
         user=user,

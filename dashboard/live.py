@@ -10,19 +10,29 @@ the caller: if the channel layer is down the live view misses an event, the job 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 import time
 from typing import Any
 
+import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
+from django.conf import settings
 from django.db import transaction
+
+from dashboard import queues
 
 log = logging.getLogger(__name__)
 
 #: Operators' view (locks, queues, workers, DLQ): needs ``dashboard.view_jobrun``.
 OPS_GROUP = "live.ops"
+#: The Rollouts pages: only ``rollout.*`` events (also sent to ``OPS_GROUP``), so a
+#: flood of job and lock events never reaches them. Needs ``dashboard.view_jobrun``.
+ROLLOUTS_GROUP = "live.rollouts"
 
 EVENT_TYPES = frozenset(
     {
@@ -57,13 +67,8 @@ def user_group(user_id: int) -> str:
 
 
 def close_user_sockets(user_id: int) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(user_group(user_id), {"type": "session.ended"})
-    except Exception as exc:  # the socket then lives until its next reconnect check
-        log.warning("could not close sockets of user %s: %s", user_id, exc)
+    # If the layer is down the socket lives until its next reconnect check.
+    send_to_groups([user_group(user_id)], {"type": "session.ended"}, what="session.ended")
 
 
 def coalesce_key(event: dict[str, Any]) -> str:
@@ -87,14 +92,95 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
     message = {"type": "live.event", "event": event}
 
     def send() -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        try:
-            async_to_sync(layer.group_send)(OPS_GROUP, message)
-            if repo_id is not None:
-                async_to_sync(layer.group_send)(repo_group(repo_id), message)
-        except Exception as exc:  # the live view is best effort; the job goes on
-            log.debug("live event %s not sent: %s", kind, exc)
+        groups = [OPS_GROUP]
+        if kind.startswith("rollout."):
+            groups.append(ROLLOUTS_GROUP)
+        if repo_id is not None:
+            groups.append(repo_group(repo_id))
+        send_to_groups(groups, message, what=kind)
 
     transaction.on_commit(send)
+
+
+# ---------------------------------------------------------------------------- delivery
+
+
+class _Dropped:
+    """Events not delivered because the channel layer (the queue server) was down."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def add(self, n: int = 1) -> None:
+        with self.lock:
+            self.count += n
+
+
+DROPPED = _Dropped()
+
+
+def dropped_events() -> int:
+    """Live events this process dropped (queue server down or too slow) since start."""
+    return DROPPED.count
+
+
+def send_to_groups(groups: list[str], message: dict[str, Any], *, what: str) -> bool:
+    """Deliver ``message`` to ``groups``, bounded by ``GITWARD_QUEUE_TIMEOUT`` per group;
+    never raises. While the queue server is known down (``queues.CIRCUIT``) nothing is
+    tried. A dropped event only costs the live view a refresh (clients re-ask for a
+    snapshot on reconnect); it is counted in ``dropped_events()``."""
+    layer = get_channel_layer()
+    if layer is None:
+        return True
+    try:
+        queues.CIRCUIT.check()
+    except queues.QueueUnavailable:
+        DROPPED.add()
+        return False
+    timeout = float(settings.QUEUE_TIMEOUT)
+
+    async def deliver() -> None:
+        async with asyncio.timeout(timeout * len(groups)):  # no extra task per send
+            for group in groups:
+                await layer.group_send(group, message)
+
+    try:
+        async_to_sync(deliver)()
+    except Exception as exc:  # the live view is best effort; the job goes on
+        DROPPED.add()
+        if isinstance(exc, OSError | TimeoutError | redis.RedisError):
+            queues.CIRCUIT.trip(exc)
+        log.debug("live event %s not sent: %s", what, exc)
+        return False
+    return True
+
+
+#: While the channel layer cannot be reached, a consumer's receive loop retries this often.
+RECEIVE_RETRY_SECONDS = 1.0
+_LAYER_FAILURES = (OSError, TimeoutError, redis.RedisError)
+
+
+class ResilientChannelLayer(RedisChannelLayer):
+    """channels-redis on the queue server, made to survive losing it.
+
+    * ``receive`` (every consumer's loop) waits and retries instead of raising, so a
+      socket stays open through an outage (it gets snapshots, not events);
+    * ``group_add``/``group_discard`` are bounded by ``GITWARD_QUEUE_TIMEOUT`` and raise
+      ``TimeoutError`` rather than hang on a stalled server (consumers catch it and join
+      again later: a server restarted empty has forgotten every membership anyway).
+    """
+
+    async def receive(self, channel: str) -> Any:
+        while True:
+            try:
+                return await super().receive(channel)
+            except _LAYER_FAILURES as exc:
+                log.debug("channel layer receive failed (retrying): %s", exc)
+                await asyncio.sleep(RECEIVE_RETRY_SECONDS)
+
+    async def group_add(self, group: str, channel: str) -> None:
+        await asyncio.wait_for(super().group_add(group, channel), float(settings.QUEUE_TIMEOUT))
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        await asyncio.wait_for(super().group_discard(group, channel), float(settings.QUEUE_TIMEOUT))

@@ -1,10 +1,19 @@
-"""Small security middleware."""
+"""Small middleware: security headers, and the last-resort 503 for Redis failures."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+import redis
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.html import escape
+
+from dashboard import queues
+from dashboard.queues import RedisUnavailable
+
+log = logging.getLogger(__name__)
 
 #: Scripts and styles only from our own origin; websockets back to our own origin.
 CSP = (
@@ -22,3 +31,38 @@ class ContentSecurityPolicyMiddleware:
         response = self.get_response(request)
         response.headers.setdefault("Content-Security-Policy", CSP)
         return response
+
+
+class QueueUnavailableMiddleware:
+    """Last resort: a Redis connection failure that escaped its adapter is a 503 (JSON
+    under ``/api/``, a short page elsewhere), never a 500. The adapters degrade on their
+    own (``dashboard.queues.QueueUnavailable``); this only catches what they missed,
+    and logs it so it gets fixed."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if not isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailable):
+            return None
+        log.error("Redis failure not handled by its adapter on %s: %s", request.path, exc)
+        message = queues.QUEUE_DOWN if isinstance(exc, queues.QueueUnavailable) else str(exc)
+        if request.path.startswith("/api/"):
+            response: HttpResponse = JsonResponse({"error": message}, status=503)
+        else:
+            response = HttpResponse(
+                f"<!doctype html><title>unavailable</title><p>{escape(message)}; "
+                "try again in a moment.</p>",
+                status=503,
+            )
+        response["Retry-After"] = "5"
+        return response
+
+
+def queue_server_context(request: HttpRequest) -> dict[str, Any]:
+    """Template context: ``queue_server`` for the banner in ``base.html``. A callable,
+    so the queue server is pinged only by a template that reads it."""
+    return {"queue_server": queues.queue_server}

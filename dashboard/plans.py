@@ -14,12 +14,15 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
+from dashboard import queues
+from dashboard.canary import planned_fingerprints, repository_key
 from dashboard.fencing import check_token
 from dashboard.live import publish_event
 from dashboard.models import Chunk, Commit, JobRun, Repository
-from dashboard.repositories import complete_repository, publish_repo_changed
+from dashboard.repositories import complete_repository, publish_repo_changed, refresh_repository
 from dashboard.runs import enqueue_after_commit, ensure_run
 from dashboard.summaries import repository_summary
+from dashboard.versions import served_fingerprint
 from workers.analyzer import queue_name
 from workers.chunks import chunk_key, plan_chunks
 
@@ -30,36 +33,51 @@ def plan_repository(
     *,
     repo_id: int,
     generation: int,
-    fingerprint: str,
     head: str,
     shas: Sequence[str],
     lock_key: str,
     token: int | None,
+    fingerprint: str | None = None,
 ) -> list[int]:
     """Record the new head and plan chunks for commits not yet analysed; return the ids
     of the analyze runs enqueued after commit.
+
+    ``fingerprint`` plans for that version only; by default the fingerprints are the
+    routing's (``canary.planned_fingerprints``): the served (current) one, plus the
+    ramping version's when the repository's key routes to it. The served one comes
+    first and decides the repository's status; the ramping one is a shadow analysis
+    whose runs go to its own physical queue.
 
     One transaction, guarded by the mirror lock ``lock_key``: its fencing ``token`` is
     checked first (``StaleToken`` if a newer holder exists), then:
 
     1. Lock the repository row (serialises with ``complete_repository``).
-    2. Pending = reachable commits − stored for this fingerprint − already in an open
-       chunk (queued/running, e.g. from an earlier generation still in flight).
+    2. Per fingerprint: pending = reachable commits − stored for this fingerprint −
+       already in an open chunk (queued/running, e.g. from an earlier generation).
     3. Plan content-defined chunks; insert the new ones (existing keys are kept, and a
        failed one is reset to queued: a re-submission retries it).
-    4. Status: analyzing while any chunk is open, else ready.
+    4. Status (served fingerprint): analyzing while any chunk is open, else ready.
+
+    Race: a promote or rollback commits right after the fingerprints were read. The
+    plan is then for the version that was current a moment ago; that version is
+    draining, its queued runs are cancelled (``runs.cancel_runs``), and the catch-up of
+    the new current version (``catch_up``) re-syncs this repository because its
+    ``fingerprint`` column names the old one.
     """
     with transaction.atomic():
         check_token(lock_key, token)
-        return _plan(
-            repo_id=repo_id, generation=generation, fingerprint=fingerprint, head=head, shas=shas
-        )
+        repo = Repository.objects.select_for_update().get(pk=repo_id)
+        fps = [fingerprint] if fingerprint else planned_fingerprints(key=repository_key(repo_id))
+        run_ids, open_served = _plan_chunks(repo_id, fps[0], shas)
+        for extra in fps[1:]:
+            run_ids += _plan_chunks(repo_id, extra, shas)[0]
+        _record_plan(repo, fps[0], head, len(shas), open_served)
+        enqueue_after_commit(run_ids)
+        return run_ids
 
 
-def _plan(
-    *, repo_id: int, generation: int, fingerprint: str, head: str, shas: Sequence[str]
-) -> list[int]:
-    repo = Repository.objects.select_for_update().get(pk=repo_id)
+def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
+    """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``."""
     stored = set(
         Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint).values_list(
             "sha", flat=True
@@ -100,15 +118,17 @@ def _plan(
     open_chunks = list(
         Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES)
     )
-    open_ids = [c.pk for c in open_chunks]
-    run_ids = _runs_for(open_chunks, fingerprint)
+    return _runs_for(open_chunks, fingerprint), bool(open_chunks)
+
+
+def _record_plan(repo: Repository, fingerprint: str, head: str, total: int, busy: bool) -> None:
     now = timezone.now()
     repo.head = head
-    repo.commits_total = len(shas)
+    repo.commits_total = total
     repo.fingerprint = fingerprint
     repo.synced_at = now
     repo.error = ""
-    if open_ids:
+    if busy:
         repo.status = Repository.Status.ANALYZING
     else:
         repo.status = Repository.Status.READY
@@ -125,8 +145,6 @@ def _plan(
             "updated_at",
         ]
     )
-    enqueue_after_commit(run_ids)
-    return run_ids
 
 
 def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
@@ -195,3 +213,75 @@ def finish_chunk(chunk: Chunk) -> bool:
     repository_summary(Repository.objects.get(pk=repo.pk), chunk.fingerprint)
     publish_repo_changed(repo.pk)
     return True
+
+
+# ---------------------------------------------------------------------------- catch-up
+
+#: Repositories looked at per catch-up job; the next batch is a new job.
+CATCH_UP_BATCH = 50
+#: A catch-up batch waits while the sync queue holds more than this many jobs, so a
+#: promote on thousands of repositories never floods the workers (no stampede).
+CATCH_UP_BACKLOG = 100
+CATCH_UP_FUNC = "workers.jobs.catch_up_repositories"
+
+
+def needs_catch_up(repo: Repository, fingerprint: str) -> bool:
+    """Whether the repository's results under ``fingerprint`` are behind its last sync."""
+    if repo.status in {Repository.Status.QUEUED, Repository.Status.SYNCING}:
+        return False  # its sync plans for the served fingerprint anyway
+    if repo.fingerprint != fingerprint:
+        return True
+    return Commit.objects.filter(repository=repo, fingerprint=fingerprint).count() < (
+        repo.commits_total
+    )
+
+
+def catch_up(*, fingerprint: str, after: int = 0, batch: int = CATCH_UP_BATCH) -> int | None:
+    """Bring the next ``batch`` repositories (by id, after ``after``) up to date under
+    ``fingerprint`` by re-syncing those that lag (``refresh_repository``); return the
+    cursor of the next batch, or None when done or when ``fingerprint`` is no longer
+    served (a later promote or rollback runs its own catch-up).
+
+    Deduplicated: a refresh is a conditional UPDATE (one new generation per repository,
+    whatever the number of concurrent catch-ups) and the sync plans only commits not
+    stored and not in an open chunk, under deterministic job ids.
+    """
+    if served_fingerprint() != fingerprint:
+        return None
+    rows = list(Repository.objects.filter(pk__gt=after).order_by("pk")[:batch])
+    for repo in rows:
+        if needs_catch_up(repo, fingerprint):
+            refresh_repository(repo_id=repo.pk, fingerprint=fingerprint)
+    return rows[-1].pk if len(rows) == batch else None
+
+
+def enqueue_catch_up(fingerprint: str, after: int = 0) -> bool:
+    """Put the catch-up batch after ``after`` on the maintenance queue (deterministic id
+    ``catchup-<fp8>-<after>``: a second enqueue of the same batch is a no-op), delayed
+    while the sync queue is backed up."""
+    backlog = queues.queue(queues.SYNC_QUEUE).count
+    delay = 2.0 if backlog > CATCH_UP_BACKLOG else 0.0
+    return queues.enqueue_unique(
+        queues.queue(queues.MAINTENANCE_QUEUE),
+        CATCH_UP_FUNC,
+        fingerprint,
+        after,
+        job_id=f"catchup-{fingerprint[:8]}-{after}",
+        delay=delay,
+    )
+
+
+def plan_warm_set(*, fingerprint: str, items: Sequence[tuple[int, Sequence[str]]]) -> list[int]:
+    """Plan the warm set's commits (``[[repo_id, [sha, …]], …]``, newest first) under
+    ``fingerprint``: chunks and analyze runs on that version's physical queue, enqueued
+    after commit. The repositories' rows are not touched (readers keep the served
+    version). Idempotent: stored commits and open chunks are skipped and job ids are
+    deterministic, so planning twice enqueues nothing new."""
+    run_ids: list[int] = []
+    with transaction.atomic():
+        for repo_id, shas in items:
+            ordered = list(reversed(shas))
+            if ordered:
+                run_ids += _plan_chunks(repo_id, fingerprint, ordered)[0]
+        enqueue_after_commit(run_ids)
+    return run_ids

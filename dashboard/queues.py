@@ -1,24 +1,40 @@
 """Redis connections and RQ queues: names, enqueueing, scheduled jobs, pauses.
 
 The process-wide Redlock lives in ``dashboard.leases``; this module knows no lock.
+
+The queue server (``REDIS_URL``) may be down or stalled at any moment. Every client
+built here has short timeouts (``GITWARD_QUEUE_TIMEOUT``), no redis-py retries, and
+turns a refused, dropped or timed-out command into one exception, ``QueueUnavailable``
+(``"queue server unreachable"``). After a failure every command fails at once for
+``RETRY_AFTER_SECONDS`` (a per-process circuit), so a page that reads the queue server
+ten times waits for one timeout, not ten. Adapters catch ``QueueUnavailable`` and
+degrade; the database stays the truth and the reconciler enqueues what is missing.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+from redis.client import Pipeline
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
+from dashboard.models import AnalyzerVersion
 from workers.analyzer import DEFAULT, queue_name
+from workers.redisurls import is_sentinel_url, parse_sentinel_url, safe_sentinel_url
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +44,24 @@ MAINTENANCE_QUEUE = "maintenance"
 
 
 def queue_names() -> list[str]:
-    """The queues this version's workers listen on (and the operations view shows):
-    sync, the current analyzer fingerprint's queue, maintenance."""
-    return [SYNC_QUEUE, queue_name(DEFAULT.fingerprint()), MAINTENANCE_QUEUE]
+    """The queues the operations view shows (and pause/resume accept): sync, the
+    physical queue of every staffed analyzer version (the current one first; the
+    deployed default's before any rollout), maintenance and, once a rollout exists, the
+    ``rollouts`` driver queue."""
+    rows = list(
+        AnalyzerVersion.objects.filter(state__in=_STAFFED)
+        .order_by("-state_changed_at")
+        .values_list("fingerprint", "state")
+    )
+    current = [fp for fp, st in rows if st == AnalyzerVersion.State.CURRENT]
+    fps = current or [DEFAULT.fingerprint()]
+    fps += [fp for fp, _ in rows if fp not in fps]
+    names = [SYNC_QUEUE, *(queue_name(fp) for fp in fps), MAINTENANCE_QUEUE]
+    return names + (["rollouts"] if rows else [])
+
+
+#: ``dashboard.versions.STAFFED`` (that module imports this one).
+_STAFFED = ("warming", "verified", "ramping", "current", "draining")
 
 
 class RedisUnavailable(ImproperlyConfigured):
@@ -50,13 +81,163 @@ def redis_url() -> str:
     return str(settings.REDIS_URL or redis_urls()[0])
 
 
+#: The one message pages, the API and logs show while the queue server is down.
+QUEUE_DOWN = "queue server unreachable"
+#: After a failed command, commands fail at once for this long (then one tries again).
+RETRY_AFTER_SECONDS = 0.5
+
+
+class QueueUnavailable(RedisUnavailable, redis.ConnectionError):
+    """The queue server (``REDIS_URL``) refused, dropped or did not answer in time.
+
+    A ``RedisUnavailable`` (adapters that already answer that with a 503 keep doing
+    so) and a ``redis.ConnectionError`` (RQ's worker loop backs off and retries on it).
+    """
+
+
+class _Circuit:
+    """Per process: the time until which commands fail without trying."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open_until = 0.0
+        self.last_error = ""
+
+    def check(self) -> None:
+        # Race: two threads read ``open_until`` while a third trips it; the worst case
+        # is one extra attempt that times out on its own, never a wrong answer.
+        if time.monotonic() < self.open_until:
+            raise QueueUnavailable(f"{QUEUE_DOWN} ({self.last_error})")
+
+    def trip(self, exc: BaseException) -> QueueUnavailable:
+        if isinstance(exc, QueueUnavailable):
+            return exc
+        with self.lock:
+            self.open_until = time.monotonic() + RETRY_AFTER_SECONDS
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        log.warning("%s: %s", QUEUE_DOWN, self.last_error)
+        return QueueUnavailable(f"{QUEUE_DOWN} ({self.last_error})")
+
+    def reset(self) -> None:
+        with self.lock:
+            self.open_until = 0.0
+
+
+CIRCUIT = _Circuit()
+_FAILURES = (redis.ConnectionError, redis.TimeoutError)
+
+
+class _QueuePipeline(Pipeline):
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        CIRCUIT.check()
+        try:
+            return super().execute(raise_on_error)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        """Commands a WATCHing pipeline sends at once (RQ's check-and-set enqueues)."""
+        CIRCUIT.check()
+        try:
+            return super().immediate_execute_command(*args, **options)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
+
+class QueueRedis(redis.Redis):
+    """A client whose connection failures are ``QueueUnavailable`` (see the module)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        CIRCUIT.check()
+        try:
+            return super().execute_command(*args, **options)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> _QueuePipeline:
+        return _QueuePipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+
+
+def connection_options() -> dict[str, Any]:
+    """Timeouts of every queue-server client: a stalled server costs one timeout."""
+    timeout = float(settings.QUEUE_TIMEOUT)
+    return {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),  # no silent retries: the circuit decides
+        "health_check_interval": 30,
+    }
+
+
+def build_client(url: str, **overrides: Any) -> QueueRedis:
+    """A new client for ``url``: ``redis://``/``rediss://``/``unix://`` directly, or the
+    master of a ``redis+sentinel://`` group, rediscovered through the Sentinels on every
+    new connection (so after a failover the next connection goes to the new master)."""
+    options = {**connection_options(), **overrides}
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinel = Sentinel(
+            list(target.sentinels),
+            sentinel_kwargs={
+                "socket_connect_timeout": options["socket_connect_timeout"],
+                "socket_timeout": options["socket_timeout"],
+            },
+        )
+        client = sentinel.master_for(
+            target.service,
+            redis_class=QueueRedis,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            **options,
+        )
+        assert isinstance(client, QueueRedis)
+        return client
+    client = QueueRedis.from_url(url, **options)
+    assert isinstance(client, QueueRedis)
+    return client
+
+
 @functools.cache
-def _connection(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+def _connection(url: str) -> QueueRedis:
+    return build_client(url)
 
 
-def connection() -> redis.Redis:
+def connection() -> QueueRedis:
+    """The process's shared client for the queue server (short timeouts)."""
     return _connection(redis_url())
+
+
+def worker_connection() -> QueueRedis:
+    """A client of its own for an RQ worker: RQ raises the socket timeout of the
+    connection it is given above its blocking dequeue time, which must not leak into
+    the shared client that requests use."""
+    return build_client(redis_url())
+
+
+def safe_queue_url() -> str:
+    """``REDIS_URL`` without its password."""
+    url = redis_url()
+    if is_sentinel_url(url):
+        return safe_sentinel_url(parse_sentinel_url(url))
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def queue_server() -> dict[str, Any]:
+    """``{ok, url, latency_ms | error}``: one PING of the queue server (bounded by the
+    client's timeouts, at once while the circuit is open)."""
+    start = time.perf_counter()
+    try:
+        connection().ping()
+    except QueueUnavailable as exc:
+        return {"ok": False, "url": safe_queue_url(), "error": QUEUE_DOWN, "detail": str(exc)}
+    latency = round((time.perf_counter() - start) * 1000, 2)
+    return {"ok": True, "url": safe_queue_url(), "latency_ms": latency}
 
 
 def queue(name: str) -> Queue:

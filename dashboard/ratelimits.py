@@ -1,9 +1,13 @@
 """Per-user rate limits, counted in Redis so every web process shares them.
 
 A fixed one-minute window per (scope, user): ``INCR`` + ``EXPIRE`` in one MULTI, so
-concurrent requests from many processes are counted exactly. If Redis cannot be
-reached the limit fails open (logged): submissions then fail on their own with a
-clear "no Redis" error, and reads stay available.
+concurrent requests from many processes are counted exactly.
+
+If the queue server cannot be reached (``QueueUnavailable``: refused, or no answer
+within ``GITWARD_QUEUE_TIMEOUT``; at once while its circuit is open) the limit **fails
+open**, logged: these limits protect capacity, not authentication, and refusing every
+request because the counter is down would turn one component's outage into a full one.
+Submissions are then accepted into the database and enqueued by the reconciler later.
 """
 
 from __future__ import annotations

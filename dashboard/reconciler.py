@@ -13,7 +13,8 @@ from rq.registry import ScheduledJobRegistry
 from dashboard import queues
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import complete_repository
-from dashboard.runs import crash_attempt, enqueue_run
+from dashboard.rollouts import reconcile_drains
+from dashboard.runs import cancel_runs, closed_fingerprints, crash_attempt, enqueue_run
 from dashboard.workerbeats import live_worker_names, orphaned_runs
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,14 @@ def reconcile() -> dict[str, int]:
        overdue. The attempt is claimed in the database, so even a false alarm here
        cannot run the work twice.
     3. Analysing repositories whose chunks have all ended are marked ready (or failed).
+    4. Queued runs of closed analyzer versions are cancelled (a retry scheduled just
+       before a rollback), and every draining version gets a drain check
+       (``rollouts.reconcile_drains``: drained after two empty checks).
+
+    With the queue server unreachable, steps 1 and 3 (database only) still run and
+    step 2 waits for the next round (``queue_unreachable: 1`` in the result): a run
+    submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
+    missing and enqueues once the server is back.
 
     Races: two reconcilers, or a reconciler and a worker finishing late, both go
     through the conditional UPDATEs of ``dashboard.runs``: one wins, the rest no-op.
@@ -42,6 +51,41 @@ def reconcile() -> dict[str, int]:
         for run in orphaned_runs()
         if crash_attempt(run_id=run.pk, number=run.attempts, reason="worker died (heartbeat lost)")
     )
+    try:
+        promoted, requeued = _requeue_stale()
+        cancelled = sum(
+            cancel_runs(fingerprint=fp, reason="its analyzer version is closed")
+            for fp in closed_fingerprints()
+        )
+        drained = reconcile_drains()
+        queue_down = 0
+    except queues.QueueUnavailable as exc:
+        # The database keeps every queued run; the next round (once the queue server
+        # answers) finds their RQ jobs missing and enqueues them; cancels and drain
+        # checks (which read and edit the queues) wait for it too.
+        log.warning("reconciler: %s; queued runs wait for it", exc)
+        promoted = requeued = cancelled = drained = 0
+        queue_down = 1
+    completed = 0
+    for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
+        completed += int(complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint))
+    result = {
+        "crashed": crashed,
+        "requeued": requeued,
+        "completed": completed,
+        "promoted": promoted,
+        "cancelled": cancelled,
+        "drained": drained,
+        "queue_unreachable": queue_down,
+    }
+    if any(result.values()):
+        log.info("reconciler: %s", result)
+    return result
+
+
+def _requeue_stale() -> tuple[int, int]:
+    """Step 2 of ``reconcile``: promote due scheduled jobs, enqueue stale runs again.
+    Raises ``QueueUnavailable`` while the queue server is unreachable."""
     requeued = 0
     conn = queues.connection()
     promoted = queues.promote_due_jobs(
@@ -74,18 +118,7 @@ def reconcile() -> dict[str, int]:
                 conn.delete(Job.key_for(run.rq_id()))  # the stale hash, if any
                 if enqueue_run(run):
                     requeued += 1
-    completed = 0
-    for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
-        completed += int(complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint))
-    result = {
-        "crashed": crashed,
-        "requeued": requeued,
-        "completed": completed,
-        "promoted": promoted,
-    }
-    if any(result.values()):
-        log.info("reconciler: %s", result)
-    return result
+    return promoted, requeued
 
 
 #: A job younger than this is never judged stale (it may be between two Redis steps).

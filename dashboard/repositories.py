@@ -16,7 +16,7 @@ from dashboard import queues
 from dashboard.live import publish_event
 from dashboard.models import Chunk, Commit, JobRun, Repository
 from dashboard.runs import enqueue_after_commit, ensure_run
-from workers.analyzer import DEFAULT
+from dashboard.versions import served_fingerprint
 from workers.remotes import InvalidRemote, Remote, RemotePolicy, normalise_branch, parse_remote
 
 __all__ = [
@@ -25,13 +25,16 @@ __all__ = [
     "complete_repository",
     "current_fingerprint",
     "publish_repo_changed",
+    "refresh_repository",
     "repository_status",
     "submit_repository",
 ]
 
 
 def current_fingerprint() -> str:
-    return DEFAULT.fingerprint()
+    """The fingerprint readers are served (``versions.served_fingerprint``): the current
+    analyzer version's. Read per call, so a promote or rollback shows at once."""
+    return served_fingerprint()
 
 
 def remote_policy() -> RemotePolicy:
@@ -88,6 +91,36 @@ def submit_repository(
         run = ensure_sync_run(repo)
         enqueue_after_commit([run.pk])
     return repo, created
+
+
+def refresh_repository(*, repo_id: int, fingerprint: str) -> bool:
+    """Start a new sync generation of a repository whose results under ``fingerprint``
+    lag (a promote or rollback changed the served version); True if this call did.
+
+    Race: two catch-ups (or a catch-up and a user's re-submission) at once. The change
+    is one conditional UPDATE — ready/failed, or analysing for another fingerprint
+    (its open chunks are a closed version's, cancelled) — so exactly one caller moves
+    the row to queued and enqueues; the others match nothing.
+    """
+    with transaction.atomic():
+        updated = (
+            Repository.objects.filter(pk=repo_id)
+            .filter(
+                Q(status__in=[Repository.Status.READY, Repository.Status.FAILED])
+                | (Q(status=Repository.Status.ANALYZING) & ~Q(fingerprint=fingerprint))
+            )
+            .update(
+                status=Repository.Status.QUEUED,
+                generation=F("generation") + 1,
+                error="",
+                updated_at=timezone.now(),
+            )
+        )
+        if not updated:
+            return False
+        repo = Repository.objects.get(pk=repo_id)
+        enqueue_after_commit([ensure_sync_run(repo).pk])
+    return True
 
 
 def ensure_sync_run(repo: Repository) -> JobRun:

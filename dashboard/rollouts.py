@@ -11,17 +11,22 @@ re-exported here so callers need one import.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rq.command import send_stop_job_command
 from rq.exceptions import DuplicateJobError
 
 from dashboard import leases, queues
-from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.models import AnalyzerVersion, JobRun, Rollout, RolloutEvent
+from dashboard.plans import enqueue_catch_up
+from dashboard.runs import cancel_runs, crash_attempt
 from dashboard.versions import (
     ALLOWED,
     QUEUE,
@@ -47,6 +52,7 @@ from dashboard.versions import (
     ramping_version,
     record_event,
     register_version,
+    served_fingerprint,
 )
 from workers import lockkeys
 
@@ -395,7 +401,29 @@ def promote(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
             reason="promoted",
             outcome=f"{ro.version} is current",
         )
+        closed = [ro.previous.fingerprint] if ro.previous is not None else []
+        served = ro.version.fingerprint
+        transaction.on_commit(lambda: rerouted(closed=closed, served=served, rollout=ro.pk))
     return Rollout.objects.get(pk=ro.pk)
+
+
+def rerouted(*, closed: Sequence[str], served: str, rollout: int | None = None) -> dict[str, int]:
+    """After a promote or rollback committed: cancel the queued work of the versions
+    whose gate just closed (``runs.cancel_runs``; their workers take no job, and the
+    served version has its own plan) and start the catch-up that brings every
+    repository up to date under the served fingerprint (``plans.catch_up``: batches on
+    the maintenance queue, deduplicated). Recorded on the rollout's timeline."""
+    cancelled = {fp: cancel_runs(fingerprint=fp, reason="analyzer version closed") for fp in closed}
+    enqueue_catch_up(served)
+    if rollout is not None:
+        ro = Rollout.objects.select_related("version").get(pk=rollout)
+        with transaction.atomic():
+            record_event(
+                ro, ro.version, "jobs.moved", "", "", "system",
+                f"cancelled {sum(cancelled.values())} queued job(s); catch-up of {served[:12]}",
+                None, {"cancelled": cancelled, "catch_up": served},
+            )  # fmt: skip
+    return cancelled
 
 
 def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = "") -> Rollout:
@@ -440,6 +468,9 @@ def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = ""
         set_rollout_state(
             rollout=ro, to=Rollout.State.ROLLING_BACK, actor=actor, token=token, reason=why
         )
+        closed = [version.fingerprint]
+        served = served_fingerprint(ro.queue)
+        transaction.on_commit(lambda: rerouted(closed=closed, served=served, rollout=ro.pk))
     return Rollout.objects.get(pk=ro.pk)
 
 
@@ -469,10 +500,41 @@ def check_drain(
     return drained
 
 
-def reconcile_drains(*, actor: Any = "reconciler") -> int:
+#: A draining version's jobs still running after this many seconds are stopped.
+DRAIN_STOP_AFTER = 300.0
+
+
+def stop_overdue(*, version: AnalyzerVersion, stop_after: float = DRAIN_STOP_AFTER) -> int:
+    """Stop the running jobs of a version draining for more than ``stop_after`` s.
+
+    Each attempt is first recorded as crashed (a conditional UPDATE from running: if it
+    finished meanwhile nothing happens), so its retry meets the closed gate and is
+    cancelled (``runs.enqueue_run``); then RQ is told to kill its work horse. A write the
+    horse commits between the two is a correct result of the closed version, never
+    another version's. Returns how many were stopped."""
+    since = version.state_changed_at
+    if since is None or timezone.now() - since < timedelta(seconds=stop_after):
+        return 0
+    stopped = 0
+    for run in JobRun.objects.filter(
+        kind=JobRun.Kind.ANALYZE, fingerprint=version.fingerprint, state=JobRun.State.RUNNING
+    ):
+        reason = f"stopped: its analyzer version drained for more than {stop_after:.0f}s"
+        if not crash_attempt(run_id=run.pk, number=run.attempts, reason=reason):
+            continue
+        stopped += 1
+        with contextlib.suppress(Exception):  # not running in RQ any more: nothing to stop
+            send_stop_job_command(queues.connection(), run.rq_id(run.attempts))
+    return stopped
+
+
+def reconcile_drains(*, actor: Any = "reconciler", stop_after: float = DRAIN_STOP_AFTER) -> int:
     """One drain check of every draining version (superseded ones after a promote,
-    and those of rollbacks whose driver died); returns how many became drained."""
+    and those of rollbacks whose driver died), after stopping jobs that run past
+    ``stop_after`` (``stop_overdue``); returns how many became drained."""
     done = 0
+    for version in AnalyzerVersion.objects.filter(state=S.DRAINING):
+        stop_overdue(version=version, stop_after=stop_after)
     for pk in AnalyzerVersion.objects.filter(state=S.DRAINING).values_list("pk", flat=True):
         ro = Rollout.objects.filter(version_id=pk, state=Rollout.State.ROLLING_BACK).first()
         if ro is not None:

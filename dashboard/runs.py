@@ -22,9 +22,10 @@ from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import queues, telemetry, traces
 from dashboard.live import publish_event
-from dashboard.models import Chunk, JobAttempt, JobRun, WorkerBeat
+from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
+from dashboard.versions import GATE_OPEN
 from workers.analyzer import DEFAULT
 from workers.remotes import redact
 
@@ -74,7 +75,15 @@ def ensure_run(
 
 def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
     """Put the run's next attempt on its queue (after ``delay`` seconds). Idempotent:
-    the RQ id names the attempt, and RQ refuses a second live job with that id."""
+    the RQ id names the attempt, and RQ refuses a second live job with that id.
+
+    An analyze run stays on its version's physical queue (retries stay on their
+    version: a chunk is planned per fingerprint). If that version's gate is closed
+    (draining after a rollback or a promote) the run is cancelled instead: no worker
+    would take it, and the served version has its own plan."""
+    if run.kind == JobRun.Kind.ANALYZE and run.fingerprint in closed_fingerprints():
+        cancel_runs(fingerprint=run.fingerprint, reason="its analyzer version is closed")
+        return False
     new = queues.enqueue_unique(
         queues.queue(run.queue),
         FUNCS[JobRun.Kind(run.kind)],
@@ -89,6 +98,7 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
 
 
 def _event(kind: str, run: JobRun, **extra: Any) -> None:
+    telemetry.record_run_event(kind, run)
     publish_event(
         kind,
         {
@@ -98,16 +108,89 @@ def _event(kind: str, run: JobRun, **extra: Any) -> None:
             "queue": run.queue,
             "repo": run.repository_id,
             "attempt": run.attempts,
+            "trace": traces.trace_id_of(run.job_id),
             **extra,
         },
         repo_id=run.repository_id,
     )
 
 
+def closed_fingerprints() -> set[str]:
+    """Fingerprints of versions whose gate is closed (``versions.GATE_OPEN``)."""
+    return set(
+        AnalyzerVersion.objects.exclude(state__in=GATE_OPEN).values_list("fingerprint", flat=True)
+    )
+
+
+def cancel_runs(*, fingerprint: str, reason: str) -> int:
+    """Cancel every queued (or failed, awaiting retry) analyze run of ``fingerprint``
+    and take its jobs out of Redis; returns how many. A cancelled run is ``discarded``
+    with its chunk left queued, so planning that fingerprint again later resumes it
+    (``plans._runs_for`` gives it a fresh budget).
+
+    Race: a worker dequeues one of these jobs meanwhile. The cancel is a conditional
+    UPDATE from queued/failed, and ``begin_attempt`` claims only queued/failed runs, so
+    either the worker claimed first (the run is running and finishes: drains wait for
+    it) or the cancel did (the worker's claim matches nothing and the job does nothing).
+    """
+    pending = JobRun.objects.filter(
+        kind=JobRun.Kind.ANALYZE,
+        fingerprint=fingerprint,
+        state__in=[JobRun.State.QUEUED, JobRun.State.FAILED],
+    )
+    cancelled = 0
+    conn = queues.connection()
+    for run in list(pending):
+        moved = JobRun.objects.filter(pk=run.pk, state=run.state, attempts=run.attempts).update(
+            state=JobRun.State.DISCARDED, error=f"cancelled: {reason}"[:2000],
+            finished_at=timezone.now(),
+        )  # fmt: skip
+        if not moved:
+            continue
+        cancelled += 1
+        conn.lrem(queues.queue(run.queue).key, 0, run.rq_id())
+        conn.zrem(f"rq:scheduled:{run.queue}", run.rq_id())
+        conn.delete(f"rq:job:{run.rq_id()}")
+        _event("job.deferred", run, delay=None, reason=f"cancelled: {reason}")
+    return cancelled
+
+
+def reroute_attempt(attempt: Attempt, *, queue: str, reason: str) -> bool:
+    """Hand a misrouted attempt back: the run goes to ``queue`` (its version's own)
+    without spending its budget — the worker that refused it did no work."""
+    with transaction.atomic():
+        moved = JobRun.objects.filter(
+            pk=attempt.run.pk, attempts=attempt.number, state=JobRun.State.RUNNING
+        ).update(state=JobRun.State.QUEUED, queue=queue, budget_base=F("budget_base") + 1)
+        if not moved:
+            return False
+        JobAttempt.objects.filter(run=attempt.run, number=attempt.number).update(
+            outcome=JobAttempt.Outcome.DEFERRED, error=redact(reason)[:2000],
+            finished_at=timezone.now(),
+        )  # fmt: skip
+        run = JobRun.objects.get(pk=attempt.run.pk)
+        _event("job.deferred", run, delay=0.0, reason=redact(reason)[:300])
+        transaction.on_commit(lambda: enqueue_run(run))
+    WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
+    return True
+
+
+def enqueue_or_leave(run: JobRun, *, delay: float = 0.0) -> bool:
+    """``enqueue_run``, except that an unreachable queue server leaves the run as it is
+    in the database (queued, or failed awaiting its retry): the reconciler enqueues
+    every such run whose RQ job is missing once the queue server answers again. For
+    on-commit callbacks, which must not fail the request or job that committed."""
+    try:
+        return enqueue_run(run, delay=delay)
+    except queues.QueueUnavailable as exc:
+        log.warning("run %s left for the reconciler: %s", run.pk, exc)
+        return False
+
+
 def enqueue_after_commit(run_ids: list[int]) -> None:
     def go() -> None:
         for run in JobRun.objects.filter(pk__in=run_ids, state__in=[JobRun.State.QUEUED]):
-            enqueue_run(run)
+            enqueue_or_leave(run)
 
     transaction.on_commit(go)
 
@@ -122,7 +205,9 @@ class Attempt:
     worker: str
 
 
-def begin_attempt(*, run_id: int, number: int, worker: str) -> Attempt | None:
+def begin_attempt(
+    *, run_id: int, number: int, worker: str, version: str | None = None
+) -> Attempt | None:
     """Claim attempt ``number`` of the run; None if it was already claimed or the run
     moved on (a redelivered or superseded job), in which case the caller does nothing.
 
@@ -141,7 +226,7 @@ def begin_attempt(*, run_id: int, number: int, worker: str) -> Attempt | None:
         worker=worker,
         host=socket.gethostname(),
         pid=_pid(),
-        version=DEFAULT.fingerprint(),
+        version=version or DEFAULT.fingerprint(),
         started_at=now,
         finished_at=None,
         lock_acquired_at=None,
@@ -158,6 +243,7 @@ def begin_attempt(*, run_id: int, number: int, worker: str) -> Attempt | None:
     )
     WorkerBeat.objects.filter(name=worker).update(current_run=run, last_seen=now)
     _event("job.started", run, worker=worker)
+    traces.claimed(run, worker=worker)
     return Attempt(run=run, number=number, worker=worker)
 
 
@@ -168,6 +254,7 @@ def _pid() -> int:
 def record_phase(attempt: Attempt, **fields: Any) -> None:
     """Record timings (``fetched_at=…``) on the run, if this attempt is still its own."""
     JobRun.objects.filter(pk=attempt.run.pk, attempts=attempt.number).update(**fields)
+    traces.phase(fields)
 
 
 def record_lock(attempt: Attempt, *, key: str, token: int | None) -> None:
@@ -232,7 +319,7 @@ def defer_attempt(attempt: Attempt, *, delay: float, reason: str) -> bool:
         )
         run = JobRun.objects.get(pk=attempt.run.pk)
         _event("job.deferred", run, delay=delay, reason=redact(reason)[:300])
-        transaction.on_commit(lambda: enqueue_run(run, delay=delay))
+        transaction.on_commit(lambda: enqueue_or_leave(run, delay=delay))
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
     return True
 
@@ -292,7 +379,7 @@ def _finish_failed(
         else:
             delays = settings.RETRY_BACKOFF
             delay = delays[min(run.budget_used, len(delays)) - 1] if delays else 0.0
-            transaction.on_commit(lambda: enqueue_run(run, delay=delay))
+            transaction.on_commit(lambda: enqueue_or_leave(run, delay=delay))
     return str(run.state)
 
 

@@ -20,18 +20,12 @@ HOUR = timedelta(hours=1)
 
 
 def queue_stats(name: str, *, now: datetime | None = None) -> dict[str, Any]:
-    """Backlog, oldest job age, running, jobs/min (5 min), retries and failure rate (1 h)."""
+    """Backlog, oldest job age, running, jobs/min (5 min), retries and failure rate (1 h).
+
+    With the queue server unreachable the live counts (backlog, running, oldest, paused)
+    are None and ``unreachable`` is True; the rates come from the database regardless.
+    """
     now = now or timezone.now()
-    conn = queues.connection()
-    q = Queue(name, connection=conn)
-    oldest_age = None
-    first = q.get_job_ids(0, 0)
-    if first:
-        job = q.fetch_job(first[0])
-        if job is not None and job.enqueued_at is not None:
-            enq = job.enqueued_at
-            enq = enq.replace(tzinfo=UTC) if enq.tzinfo is None else enq
-            oldest_age = round(max(0.0, (datetime.now(UTC) - enq).total_seconds()), 1)
     attempts = JobAttempt.objects.filter(run__queue=name, started_at__gte=now - HOUR)
     finished = attempts.exclude(outcome__in=[JobAttempt.Outcome.RUNNING, "deferred"])
     five_minutes_ago = now - timedelta(minutes=5)
@@ -42,26 +36,50 @@ def queue_stats(name: str, *, now: datetime | None = None) -> dict[str, Any]:
         retries=Count("id", filter=Q(number__gt=1)),
     )
     version = name.split("@", 1)[1] if "@" in name else None
+    try:
+        live = _live_counts(name)
+    except queues.QueueUnavailable:
+        live = {"paused": None, "backlog": None, "running": None, "oldest_age_s": None}
+        live["unreachable"] = True
     return {
         "name": name,
-        "paused": name in queues.paused_queue_names(),
         "version": version,
         "current": version is not None and current_fingerprint().startswith(version),
-        "backlog": q.count,
-        "running": StartedJobRegistry(name, connection=conn).count,
-        "oldest_age_s": oldest_age,
+        "unreachable": False,
+        **live,
         "jobs_per_min": round(counts["recent"] / 5, 1),
         "retries": counts["retries"],
         "failure_rate": round(counts["bad"] / counts["total"], 3) if counts["total"] else 0.0,
     }
 
 
+def _live_counts(name: str) -> dict[str, Any]:
+    """What only the queue server knows; raises ``QueueUnavailable``."""
+    conn = queues.connection()
+    q = Queue(name, connection=conn)
+    oldest_age = None
+    first = q.get_job_ids(0, 0)
+    if first:
+        job = q.fetch_job(first[0])
+        if job is not None and job.enqueued_at is not None:
+            enq = job.enqueued_at
+            enq = enq.replace(tzinfo=UTC) if enq.tzinfo is None else enq
+            oldest_age = round(max(0.0, (datetime.now(UTC) - enq).total_seconds()), 1)
+    return {
+        "paused": name in queues.paused_queue_names(),
+        "backlog": q.count,
+        "running": StartedJobRegistry(name, connection=conn).count,
+        "oldest_age_s": oldest_age,
+    }
+
+
 def record_samples() -> None:
-    """Sample every queue's backlog (called by the reconciler loop); keep one day."""
+    """Sample every queue's backlog (called by the reconciler loop); keep one day. With
+    the queue server unreachable no sample is taken (a gap in the chart, not a zero)."""
     now = timezone.now()
     conn = queues.connection()
-    QueueSample.objects.bulk_create(
-        [
+    try:
+        samples = [
             QueueSample(
                 queue=name,
                 at=now,
@@ -70,7 +88,9 @@ def record_samples() -> None:
             )
             for name in queues.queue_names()
         ]
-    )
+    except queues.QueueUnavailable:
+        return
+    QueueSample.objects.bulk_create(samples)
     QueueSample.objects.filter(at__lt=now - timedelta(days=1)).delete()
 
 

@@ -23,6 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.env import env_bool, env_float, env_int, env_list, env_str
 from workers.failpoints import parse_failpoints
+from workers.redisurls import FORM as SENTINEL_FORM
+from workers.redisurls import is_sentinel_url, parse_sentinel_url
 
 
 def _invalid(name: str, expected: str, got: str) -> ImproperlyConfigured:
@@ -65,6 +67,41 @@ def _redis_urls(name: str, items: list[str], *, schemes: tuple[str, ...]) -> lis
         # A master listed twice would vote twice: two real nodes could make a "majority".
         raise _invalid(name, "distinct Redis masters (each listed once)", ",".join(items))
     return items
+
+
+def _check_queue_url(url: str) -> None:
+    """``REDIS_URL``: a plain Redis URL or the Sentinel form (``workers.redisurls``)."""
+    if is_sentinel_url(url):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise _invalid("REDIS_URL", f"{SENTINEL_FORM} ({exc})", url) from None
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
+        raise _invalid("REDIS_URL", "a Redis URL (redis://host:6379/0)", url)
+
+
+def channel_layer_host(url: str, timeout: float) -> dict[str, object]:
+    """channels-redis's host entry for ``url`` (or its Sentinel form) with our connect
+    timeout. No read timeout: a consumer's receive blocks in BZPOPMIN for seconds by
+    design; publishes and group joins are bounded by ``dashboard.live`` instead."""
+    options: dict[str, object] = {"socket_connect_timeout": timeout}
+    if not is_sentinel_url(url):
+        return {"address": url, **options}
+    target = parse_sentinel_url(url)
+    host: dict[str, object] = {
+        "master_name": target.service,
+        "sentinels": [list(s) for s in target.sentinels],
+        "sentinel_kwargs": {"socket_connect_timeout": timeout, "socket_timeout": timeout},
+        "db": target.db,
+        **options,
+    }
+    if target.username:
+        host["username"] = target.username
+    if target.password:
+        host["password"] = target.password
+    return host
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -136,6 +173,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.middleware.ContentSecurityPolicyMiddleware",
     "dashboard.audit.AuditReasonMiddleware",
+    "dashboard.middleware.QueueUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "dashboard.urls"
@@ -150,6 +188,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.middleware.queue_server_context",
             ],
             # |ago, |shortid, |count, |level on every page (dashboard/templatetags).
             "builtins": ["dashboard.templatetags.gitward"],
@@ -205,14 +244,20 @@ REDIS_URLS = _redis_urls(
     schemes=("redis", "rediss", "unix"),
 )
 REDIS_URL = env_str("REDIS_URL", "") or (REDIS_URLS[0] if REDIS_URLS else "")
-if REDIS_URL and "://" not in REDIS_URL:
-    raise _invalid("REDIS_URL", "a Redis URL (redis://host:6379/0)", REDIS_URL)
+if REDIS_URL:
+    _check_queue_url(REDIS_URL)
 EMBEDDED_REDIS_NODES = env_int("GITWARD_EMBEDDED_REDIS_NODES", 3, minimum=1)
+#: Connect and read timeout (seconds) of every queue-server client, web and worker alike
+#: (workers raise the read timeout above their blocking dequeue).
+QUEUE_TIMEOUT = env_float("GITWARD_QUEUE_TIMEOUT", 1.0, minimum=0.05)
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL or "redis://127.0.0.1:6379/0"], "capacity": 1000},
+        "BACKEND": "dashboard.live.ResilientChannelLayer",
+        "CONFIG": {
+            "hosts": [channel_layer_host(REDIS_URL or "redis://127.0.0.1:6379/0", QUEUE_TIMEOUT)],
+            "capacity": 1000,
+        },
     }
 }
 
@@ -250,6 +295,8 @@ ALLOWED_HOSTS_NETS = _networks(
     "GITWARD_ALLOWED_HOSTS_NETS", env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
 )
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
+#: Clients (by REMOTE_ADDR) that may scrape /metrics without a token: Prometheus's network.
+METRICS_NETWORKS = _networks("GITWARD_METRICS_NETWORKS", env_list("GITWARD_METRICS_NETWORKS", ""))
 
 # ---------------------------------------------------------------------------- fault injection
 # workers/failpoints.py reads these at call time (it imports no Django, and a test arms a
@@ -300,11 +347,27 @@ LOG_LEVEL = _choice(
     env_str("GITWARD_LOG_LEVEL", "INFO").upper(),
     ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 )
+# JSON lines for log shippers, or text for people; both carry the running job's context
+# (job, trace, repository, lock, token, worker, version) and redact credentials from every
+# line (dashboard/logs.py).
+LOG_FORMAT = _choice(
+    "GITWARD_LOG_FORMAT", env_str("GITWARD_LOG_FORMAT", "text").strip().lower(), ("json", "text")
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "dashboard.logs.ContextFilter"}},
+    "formatters": {
+        "json": {"()": "dashboard.logs.JsonFormatter"},
+        "text": {"()": "dashboard.logs.TextFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"rq.worker": {"level": "WARNING"}},
 }

@@ -15,6 +15,7 @@ from rq import Queue
 
 from dashboard import leases, queues
 from dashboard.deadletters import dead_runs, list_groups
+from dashboard.live import dropped_events
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.nodes import quorum, redis_nodes
 from dashboard.repositories import current_fingerprint, repository_status
@@ -34,9 +35,15 @@ def user_can(user: Any) -> dict[str, bool]:
 
 def ops_snapshot(*, user: Any = None, dlq_groups: bool = True) -> dict[str, Any]:
     """Everything the operations pages show. ``dlq_groups=False`` (pages that only show
-    the dead-letter totals) skips grouping every dead letter by cause."""
+    the dead-letter totals) skips grouping every dead letter by cause.
+
+    Never fails on Redis: an unreachable queue server is ``queue_server: {ok: false,
+    error: "queue server unreachable"}`` (its queue counts None), locks come from the
+    lock masters that answer, and no quorum is an empty lock table with ``quorum``
+    saying why."""
     nodes = redis_nodes()
     q = quorum(nodes)
+    server = queues.queue_server()
     try:
         locks = leases.lock_rows() if q["up"] else []
     except Exception:  # no quorum reachable: the table says so rather than failing
@@ -62,6 +69,8 @@ def ops_snapshot(*, user: Any = None, dlq_groups: bool = True) -> dict[str, Any]
         "at": time.time(),
         "redis_nodes": nodes,
         "quorum": q,
+        "queue_server": server,
+        "live_events_dropped": dropped_events(),
         "queues": [queue_stats(n) for n in queues.queue_names()],
         "series": series(),
         "locks": locks,
@@ -110,7 +119,13 @@ def why_waiting(repo: Repository, *, limit: int = 5) -> list[str]:
                 left = info["ttl_ms"] / 1000
                 reasons.append(f"{label}: blocked, lock held by job {holder}, {left:.1f}s left")
                 continue
-        position = Queue(run.queue, connection=queues.connection()).get_job_position(run.rq_id())
+        try:
+            position = Queue(run.queue, connection=queues.connection()).get_job_position(
+                run.rq_id()
+            )
+        except queues.QueueUnavailable:
+            reasons.append(f"{label}: queued ({queues.QUEUE_DOWN}; enqueued when it returns)")
+            continue
         if position is not None:
             reasons.append(f"{label}: queued, position {position + 1}")
         elif run.state == JobRun.State.FAILED:

@@ -64,6 +64,10 @@ ALLOWED: dict[str, frozenset[str]] = {
 ROUTABLE = frozenset({S.VERIFIED, S.RAMPING, S.CURRENT})
 #: States whose versions need workers running (``up``/``worker`` pool, next wave).
 STAFFED = frozenset({S.WARMING, S.VERIFIED, S.RAMPING, S.CURRENT, S.DRAINING})
+#: States whose workers take jobs from their physical queue: the routable ones plus
+#: warming (its warm set is enqueued straight to its queue, never routed). A worker of
+#: any other state (draining, drained, …) listens on nothing: its gate is closed.
+GATE_OPEN = frozenset({S.WARMING, S.VERIFIED, S.RAMPING, S.CURRENT})
 #: Bookkeeping the drain reconciler does without the deploy lock.
 TOKENLESS = frozenset({S.DRAINED, S.RETIRED})
 
@@ -120,6 +124,32 @@ def current_version(queue: str = QUEUE) -> AnalyzerVersion | None:
 
 def ramping_version(queue: str = QUEUE) -> AnalyzerVersion | None:
     return AnalyzerVersion.objects.filter(queue=queue, state=S.RAMPING).first()
+
+
+def served_fingerprint(queue: str = QUEUE) -> str:
+    """The fingerprint whose results readers are shown: the current version's, or the
+    deployed default's on a queue that never had a version (no rollout yet)."""
+    fp = (
+        AnalyzerVersion.objects.filter(queue=queue, state=S.CURRENT)
+        .values_list("fingerprint", flat=True)
+        .first()
+    )
+    return str(fp) if fp else analyzer.DEFAULT.fingerprint()
+
+
+def closed_queue_names(queue: str = QUEUE) -> set[str]:
+    """Physical queues of versions whose gate is closed (not ``GATE_OPEN``): their
+    workers must take no job from them."""
+    return {
+        physical_queue(queue, fp)
+        for fp in AnalyzerVersion.objects.filter(queue=queue)
+        .exclude(state__in=GATE_OPEN)
+        .values_list("fingerprint", flat=True)
+    }
+
+
+def version_of(fingerprint: str, queue: str = QUEUE) -> AnalyzerVersion | None:
+    return AnalyzerVersion.objects.filter(queue=queue, fingerprint=fingerprint).first()
 
 
 def register_version(

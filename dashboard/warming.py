@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db.models import Count, F, Max, Q, Sum
 from django.utils import timezone
 
+from dashboard import leases
 from dashboard.models import (
     AnalyzerVersion,
     Chunk,
@@ -28,8 +29,12 @@ from dashboard.models import (
     JobRun,
     Repository,
     RepositoryView,
+    Rollout,
     WorkerBeat,
 )
+from dashboard.plans import plan_warm_set
+from workers import lockkeys
+from workers.locks import LockNotAcquired
 
 DEFAULT_REPOSITORIES = 20
 DEFAULT_COMMITS_PER_REPOSITORY = 50
@@ -312,3 +317,30 @@ def warm_progress(*, version: AnalyzerVersion, warm_set: Mapping[str, Any]) -> d
     )
     latest = Commit.objects.filter(fingerprint=version.fingerprint).aggregate(m=Max("id"))["m"]
     return {"expected": expected, "stored": stored, "latest_commit_id": latest}
+
+
+def warm_rollout(rollout: Rollout) -> dict[str, Any]:
+    """The driver's warmer: enqueue the analysis of the rollout's warm set under the new
+    version's fingerprint, to its physical queue (its workers take it: the gate is open
+    for a warming version, and no routed job goes there yet).
+
+    Held under the warming lock ``lockkeys.warm(queue, fp)`` while planning, so two
+    warmers (a driver and its takeover) never plan at once; and planning is idempotent
+    (``plans.plan_warm_set``), so a second warmer after the first enqueues nothing:
+    each warm commit is analysed once. Returns ``{"runs": n}`` or ``{"skipped": why}``.
+    """
+    version = rollout.version
+    key = lockkeys.warm(rollout.queue, version.fingerprint)
+    try:
+        lock = leases.redlock().acquire(
+            key,
+            ttl=max(float(settings.LOCK_TTL), 10.0),
+            holder={"worker": f"warmer-rollout-{rollout.pk}", "version": version.fingerprint},
+        )
+    except LockNotAcquired:
+        return {"skipped": "another warmer holds the warming lock"}
+    try:
+        runs = plan_warm_set(fingerprint=version.fingerprint, items=_items(rollout.warm_set))
+    finally:
+        lock.release()
+    return {"runs": len(runs), "expected": sum(len(s) for _, s in _items(rollout.warm_set))}

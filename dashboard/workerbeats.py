@@ -20,8 +20,9 @@ from dashboard.models import JobRun, WorkerBeat
 from workers.analyzer import DEFAULT
 
 
-def beat(*, name: str, queues_: list[str]) -> None:
-    """Refresh a worker's heartbeat row (called every few seconds by the worker)."""
+def beat(*, name: str, queues_: list[str], version: str | None = None) -> None:
+    """Refresh a worker's heartbeat row (called every few seconds by the worker);
+    ``version`` is the fingerprint of the analyzer the worker loaded."""
     now = timezone.now()
     rss = _rss_of_tree(os.getpid())
     publish_event("worker.heartbeat", {"worker": name, "last_seen": now.isoformat(), "rss": rss})
@@ -32,7 +33,7 @@ def beat(*, name: str, queues_: list[str]) -> None:
             defaults={
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
-                "version": DEFAULT.fingerprint(),
+                "version": version or DEFAULT.fingerprint(),
                 "queues": ",".join(queues_),
                 "last_seen": now,
             },
@@ -57,6 +58,11 @@ def _rss_of_tree(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+def set_queues(name: str, queues_: list[str]) -> None:
+    """The queues a worker listens on right now (they change with pauses and gates)."""
+    WorkerBeat.objects.filter(name=name).update(queues=",".join(queues_)[:500])
 
 
 def stop_beat(name: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from rq import SimpleWorker
 
+from dashboard import queues
 from tests.gitrepo import GitRepo
 from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
 from workers.redisnode import RedisNode
@@ -52,6 +53,7 @@ def _clean_redis(redis_nodes: list[RedisNode]) -> None:
         if not node.alive():
             node.restart()
         node.client().flushall()
+    queues.CIRCUIT.reset()  # a node an earlier test killed is back: no fail-fast window
 
 
 @pytest.fixture(autouse=True)
@@ -73,14 +75,13 @@ def git_repo(tmp_path: Path) -> GitRepo:
 
 def run_workers() -> int:
     """Drain every gitward queue with a real (in-process) RQ worker; return jobs run."""
-    from dashboard import queues
     from dashboard.management.commands.worker import worker_queues
     from workers.pool import PauseAware
 
     class Worker(PauseAware, SimpleWorker):
         pass
 
-    conn = queues.connection()
+    conn = queues.worker_connection()
     worker = Worker([queues.queue(n) for n in worker_queues()], connection=conn)
     worker.apply_pauses()
     worker.work(burst=True, with_scheduler=True, logging_level="WARNING")

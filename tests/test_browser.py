@@ -203,6 +203,7 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
             assert ops.evaluate(OVERFLOWING) == [], path
             if name in {"overview", "workers", "audit", "repositories", "runs"}:
                 ops.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        check_run_page(ops, base, "slow")
         # The Workers card fits its column at 1280 px ("Last heartbeat" was cut).
         ops.goto(f"{base}/")
         card = ops.locator("#workers-card")
@@ -239,4 +240,52 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
                  .slice(0, 5).map((e) => e.tagName + '.' + e.className)"""
         )
         assert wide == [], wide
+        browser.close()
+
+
+def check_run_page(ops, base: str, repo_name: str) -> None:
+    """From the repository's recent runs to an analyze run's page: its latest attempt's
+    trace as a timeline, one bar per span, drawn to scale against the attempt."""
+    from playwright.sync_api import expect
+
+    # A run's page, reached from the repository's recent runs: its trace as a
+    # timeline, one bar per span, drawn to scale against the attempt's duration.
+    ops.goto(f"{base}/repos/")
+    ops.locator("#repo-table tr", has_text=repo_name).locator("a").first.click()
+    ops.locator("#recent-runs a.run-link", has_text="analyze").first.click()
+    ops.wait_for_url(re.compile(r".*/runs/\d+/$"))
+    latest = ops.locator("section.attempt").first  # newest attempt first
+    expect(latest.locator("h2 .pill")).to_have_text("succeeded")
+    names = latest.locator("tr.span td.span-name").all_inner_texts()
+    assert names[:3] == ["queued", "dequeued", "lock wait"] and names[-1] == "finished"
+    assert {"lock held", "git stream", "rows write"} <= set(names)
+    track = latest.locator("svg.span-bar").first.bounding_box()
+    bars = [r.bounding_box() for r in latest.locator("svg.span-bar rect").all()]
+    assert track and len(bars) == len(names) and all(b and b["width"] > 0 for b in bars)
+    assert abs(bars[0]["x"] - track["x"]) < 2  # queued starts the timeline
+    end = bars[-1]["x"] + bars[-1]["width"]
+    assert abs(end - (track["x"] + track["width"])) < 2  # finished ends it
+    ops.screenshot(path=str(SHOTS / "run.png"), full_page=True)
+
+
+def test_a_run_page_draws_its_trace_to_scale_in_a_real_browser(system) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    base, tmp = system
+    repo = make_repo(tmp, "traced", 6)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        ops = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        ops.goto(f"{base}/login/")
+        ops.fill("input[name=username]", "admin")
+        ops.fill("input[name=password]", "admin-pass-123")
+        ops.click("button[type=submit]")
+        ops.wait_for_url(f"{base}/")
+        ops.goto(f"{base}/repos/")
+        ops.fill("input[name=url]", str(repo.path))
+        ops.click("form.submit button[type=submit]")
+        ops.wait_for_url(re.compile(r".*/repos/\d+/$"))
+        expect(ops.locator("#repo-progress")).to_have_attribute("value", "100", timeout=60000)
+        check_run_page(ops, base, "traced")
         browser.close()

@@ -36,4 +36,7 @@ def test_short_chaos_run_loses_nothing_duplicates_nothing_leaves_nothing() -> No
     assert summary["leftovers"] == "0", lines[-1]
     assert int(summary["kills"]) > 0, lines[-1]
     assert int(summary["restarts"]) > 0, lines[-1]
+    # The queue node (REDIS_URL, lock master 1 here) killed and stalled: never a 5xx.
+    assert int(summary["queue_kills"]) > 0 and int(summary["queue_stalls"]) > 0, lines[-1]
+    assert summary["server_errors"] == "0", lines[-1]
     assert int(summary["runs"]) > 0 and int(summary["attempts"]) >= int(summary["runs"])

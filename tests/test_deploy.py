@@ -130,7 +130,10 @@ def test_the_image_is_non_root_and_checks_readiness() -> None:
     assert stages == ["build", "runtime"] and "COPY --from=build" in dockerfile
     (user,) = re.findall(r"^USER (\S+)$", dockerfile, flags=re.M)
     assert user.split(":")[0].isdigit() and int(user.split(":")[0]) != 0
-    assert re.search(r'HEALTHCHECK [^\n]*\\\n\s+CMD \["python", "manage.py", "ready"', dockerfile)
+    assert re.search(r'HEALTHCHECK [^\n]*\\\n\s+CMD \["python", "-c", "[^\n]*/readyz', dockerfile)
+    # Workers serve no HTTP: their containers check readiness with the command.
+    worker = compose()["services"]["worker"]["healthcheck"]["test"]
+    assert worker[:4] == ["CMD", "python", "manage.py", "ready"]
     assert "collectstatic" in dockerfile
     assert (ROOT / "dashboard" / "management" / "commands" / "ready.py").exists()
 
@@ -158,15 +161,11 @@ def test_k8s_worker_pods_each_claim_their_own_workspace() -> None:
     assert "volumes" not in spec["template"]["spec"]  # nothing shared between pods
 
 
-def test_k8s_probes_use_the_ready_command_and_healthz() -> None:
+def test_k8s_probes_use_readyz_the_ready_command_and_healthz() -> None:
     web = find("Deployment", "gitward-web")["spec"]["template"]["spec"]["containers"][0]
     worker = find("StatefulSet", "gitward-worker")["spec"]["template"]["spec"]["containers"][0]
-    for container in (web, worker):
-        assert container["readinessProbe"]["exec"]["command"][:3] == [
-            "python",
-            "manage.py",
-            "ready",
-        ]
+    assert web["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert worker["readinessProbe"]["exec"]["command"][:3] == ["python", "manage.py", "ready"]
     assert web["livenessProbe"]["httpGet"]["path"] == "/healthz"
     host = {h["name"]: h["value"] for h in web["livenessProbe"]["httpGet"]["httpHeaders"]}["Host"]
     config = find("ConfigMap", "gitward-config")["data"]

@@ -686,3 +686,26 @@ def test_random_histories_match_git(
     assert_matches_git(
         bare, AnalyzerConfig(detect_renames=True, ignore_whitespace=True, exclude_paths=("m/**",))
     )
+
+
+def test_path_cache_overflow_and_block_boundaries_do_not_change_results(
+    repo: Repo, monkeypatch: Any
+) -> None:
+    """The parser's per-stream path cache is bounded: cleared when full. With a limit
+    of 1 (cleared on nearly every file) and 7-byte reads (every token split across
+    blocks), the records equal git's exactly, renames included."""
+    for i, name in enumerate(AWKWARD):
+        repo.write(name, f"{i}\n" * (i + 1))
+    repo.commit("awkward")
+    for name in AWKWARD:
+        repo.write(name, "changed\n")
+    repo.commit("modify all")
+    for name in AWKWARD[:4]:
+        (repo.root / name).rename(repo.root / (name + " moved"))
+    repo.commit("rename some")
+    bare = repo.bare()
+    expected = [as_dict(c) for c in assert_matches_git(bare, RENAMES)]
+    monkeypatch.setattr(history, "_PATH_CACHE_LIMIT", 1)
+    monkeypatch.setattr(history, "READ_BLOCK", 7)
+    assert [as_dict(c) for c in assert_matches_git(bare, RENAMES)] == expected
+    assert [as_dict(c) for c in assert_matches_git(bare)][2]["files"] != expected[2]["files"]

@@ -254,8 +254,8 @@ def test_metrics_are_prometheus_text_for_operators(git_repo: GitRepo) -> None:
             name, value = line.rsplit(" ", 1)
             samples[name] = float(value)
     assert samples['gitward_repositories{status="ready"}'] == 1
-    assert samples['gitward_runs{state="succeeded"}'] == 2  # one sync, one chunk
-    assert samples['gitward_attempts_total{outcome="succeeded"}'] == 2
+    assert samples['gitward_runs{state="queued"}'] == samples['gitward_runs{state="dead"}'] == 0
+    assert sum(v for k, v in samples.items() if k.startswith("gitward_jobs_succeeded_total")) == 2
     assert samples["gitward_redis_masters_up"] == samples["gitward_redis_masters"] == 3
     assert samples["gitward_locks_held"] == 0
-    assert samples['gitward_queue_backlog{queue="sync"}'] == 0
+    assert samples['gitward_queue_backlog{queue="sync",version=""}'] == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -17,11 +18,15 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from workers.locks import Lock, LockLost, LockNotAcquired, LockNotOwned, Redlock
-from workers.redisnode import RedisNode, free_port
+from workers.redisnode import RedisNode
 
 # Fixtures and helpers --------------------------------------------------------------------
+
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 class SqliteCounter:
@@ -114,11 +119,19 @@ def eventually(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
 
 
 def busy(node: RedisNode) -> bool:
-    """Whether the master is stuck in a command (``DEBUG SLEEP``): a PING gets no answer."""
+    """Whether the master is stuck in a command (``DEBUG SLEEP``): a PING gets no answer.
+
+    No retries: redis-py 6 retries a timed-out command 3 times by default, with jittered
+    exponential backoff (up to 1 s, 2 s, 4 s), so the PING would outlast the sleep, be
+    answered, and the master would never look busy.
+    """
+    client = node.client(socket_timeout=0.02, socket_connect_timeout=0.5, retry=NO_RETRY)
     try:
-        node.client(socket_timeout=0.02, socket_connect_timeout=0.5).ping()
+        client.ping()
     except redis.TimeoutError:
         return True
+    finally:
+        client.close()
     return False
 
 
@@ -510,8 +523,26 @@ def test_a_paused_master_counts_as_a_timeout(masters: list[RedisNode]) -> None:
         rl.close()
 
 
-def test_a_closed_port_is_a_refused_master(masters: list[RedisNode]) -> None:
-    closed = [f"redis://127.0.0.1:{free_port()}/0" for _ in range(2)]
+def closed_ports(n: int) -> Iterator[list[str]]:
+    """URLs of ``n`` distinct loopback ports that refuse connections.
+
+    Each port stays bound (never listening, so a connect is refused) until the test ends:
+    two free_port() calls in a row may return the same port, and then the two "masters"
+    would share one name in the failure's reasons.
+    """
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        yield [f"redis://127.0.0.1:{s.getsockname()[1]}/0" for s in socks]
+
+
+@pytest.fixture
+def closed() -> Iterator[list[str]]:
+    yield from closed_ports(2)
+
+
+def test_a_closed_port_is_a_refused_master(masters: list[RedisNode], closed: list[str]) -> None:
     rl = Redlock([masters[0].url, masters[1].url, closed[0]], retry_count=0)
     try:
         rl.acquire("locks:c", ttl=10.0).release()

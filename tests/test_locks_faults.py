@@ -223,3 +223,26 @@ def test_a_set_pending_on_a_stalled_master_is_released_as_soon_as_it_resumes(
     finally:
         a.close()
         b.close()
+
+
+# A master that lost its script cache answers NOSCRIPT after the quorum was decided ---------
+
+
+def test_a_noscript_reply_after_the_quorum_still_puts_the_lock_on_that_master(
+    masters: list[RedisNode], proxy: TcpProxy
+) -> None:
+    # A long node timeout: the reply read after the decision must not time out.
+    rl = Redlock([proxy.url, masters[1].url, masters[2].url], retry_count=0, node_timeout=1.0)
+    try:
+        rl.inspect("locks:noscript")  # a pooled connection to every master
+        masters[0].client().script_flush()  # what a restart does to the script cache
+        proxy.stall(0.2)  # master 0's NOSCRIPT comes after masters 1 and 2 decided
+        lock = rl.acquire("locks:noscript", ttl=5.0)
+        # The script did not run on master 0; it is sent again (EVAL) once the reply comes,
+        # so the key lands on every master, not on a bare quorum.
+        assert eventually(lambda: stored(masters[0], "locks:noscript") is not None)
+        info = rl.inspect("locks:noscript")
+        assert info is not None and info["agreeing"] == 3
+        lock.release()
+    finally:
+        rl.close()

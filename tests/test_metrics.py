@@ -1,40 +1,284 @@
-"""dashboard.metrics: the Prometheus text is exact for what the system holds (real
-queues, locks on three masters, rows in the database)."""
+"""dashboard.metrics and dashboard.telemetry: ``/metrics`` is exact for what the system
+holds (real queues, locks on three masters, rows in the database), and its counters and
+histograms move as real jobs run — in this process, in forked work horses of two worker
+processes, and in a work horse killed mid-job."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
-from dashboard import leases, queues
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+from rq import SimpleWorker
+
+from dashboard import leases, queues, telemetry
+from dashboard.commits import write_chunk
+from dashboard.fencing import StaleToken, next_token
 from dashboard.metrics import metrics_text
-from dashboard.models import JobRun, Repository
+from dashboard.models import ApiToken, Chunk, JobRun, Repository
+from dashboard.repositories import submit_repository
+from tests.conftest import run_workers
+from tests.gitrepo import GitRepo
+from tests.processes import ROOT, worker_env
+from tests.test_live import make_user
 from workers import lockkeys
+from workers.history import stream_commits
+from workers.mirror import mirror_path
+from workers.redisnode import RedisNode
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def samples(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+@pytest.fixture(autouse=True)
+def _clean_counters() -> None:
+    telemetry.discard()  # increments of earlier tests, not yet flushed
+
+
+class Scrape:
+    """The parsed exposition: every sample by name and labels."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples: list[tuple[str, dict[str, str], float]] = []
+        self.families: dict[str, str] = {}
+        for family in text_string_to_metric_families(text):
+            self.families[family.name] = family.type
+            for s in family.samples:
+                self.samples.append((s.name, dict(s.labels), s.value))
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels``."""
+        return sum(
+            v
+            for n, lab, v in self.samples
+            if n == name and all(lab.get(k) == want for k, want in labels.items())
+        )
+
+    def one(self, name: str, **labels: str) -> float:
+        found = [
+            v
+            for n, lab, v in self.samples
+            if n == name and all(lab.get(k) == want for k, want in labels.items())
+        ]
+        assert len(found) == 1, (name, labels, found)
+        return found[0]
+
+
+def scrape() -> Scrape:
+    return Scrape(metrics_text())
+
+
+def synced_chunk(git_repo: GitRepo) -> Chunk:
+    """Submit and run only the sync job: one chunk planned and queued, nothing analysed."""
+    repo, _ = submit_repository(url=str(git_repo.path))
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+        burst=True, logging_level="WARNING"
+    )
+    return Chunk.objects.get(repository=repo)
+
+
+def make_repo(tmp_path: Path, name: str, commits: int = 3) -> GitRepo:
+    repo = GitRepo.create(tmp_path / name)
+    for i in range(commits):
+        repo.commit(f"{name} {i}", {f"{name}.txt": f"{i}\n" * (i + 1)})
+    return repo
 
 
 def test_every_gauge_reports_what_is_there() -> None:
     repo = Repository.objects.create(url="https://example.com/t/x.git", status="ready")
-    JobRun.objects.create(job_id="a", kind="sync", queue="sync", repository=repo, state="dead")
+    JobRun.objects.create(
+        job_id="a", kind="sync", queue="sync", repository=repo, state="dead", cause_key="k1",
+        cause="Boom: N @ jobs.py:_sync",
+    )  # fmt: skip
     queues.queue(queues.SYNC_QUEUE).enqueue("workers.jobs.sync_repository", 1, 1, job_id="j")
     queues.set_paused(queues.MAINTENANCE_QUEUE, True)
     leases.redlock().acquire([lockkeys.mirror(repo.pk)], ttl=30.0, holder={"worker": "w"})
-    text = metrics_text()
-    got = samples(text)
-    assert "# TYPE gitward_attempts_total counter" in text
-    assert got['gitward_queue_backlog{queue="sync"}'] == 1
-    assert got['gitward_queue_paused{queue="maintenance"}'] == 1
-    assert got['gitward_queue_paused{queue="sync"}'] == 0
-    assert got['gitward_runs{state="dead"}'] == 1 and got['gitward_runs{state="queued"}'] == 0
-    assert got['gitward_repositories{status="ready"}'] == 1
-    assert got["gitward_redis_masters_up"] == 3 and got["gitward_redis_masters"] == 3
-    assert got["gitward_locks_held"] == 1
+    got = scrape()
+    assert got.families["gitward_jobs_started"] == "counter"
+    assert got.families["gitward_job_run_seconds"] == "histogram"
+    assert got.one("gitward_queue_backlog", queue="sync") == 1
+    assert got.one("gitward_queue_oldest_job_age_seconds", queue="sync") >= 0
+    assert got.one("gitward_queue_paused", queue="maintenance") == 1
+    assert got.one("gitward_queue_paused", queue="sync") == 0
+    assert (
+        got.one("gitward_runs", state="dead") == 1 and got.one("gitward_runs", state="queued") == 0
+    )
+    assert got.one("gitward_dead_letters", group="k1", cause="Boom: N @ jobs.py:_sync") == 1
+    assert got.one("gitward_repositories", status="ready") == 1
+    assert got.one("gitward_redis_masters_up") == 3 and got.one("gitward_redis_masters") == 3
+    assert got.one("gitward_lock_quorum_state", state="ok") == 1
+    assert got.one("gitward_locks_held") == 1
+    # This process's own lock figures are flushed before the scrape.
+    assert got.one("gitward_lock_acquired_total") == 1
+    assert got.one("gitward_lock_acquire_seconds_count") == 1
+    assert got.total("gitward_lock_master_calls_total") >= 3
+
+
+def test_the_oldest_job_age_grows_with_the_head_of_the_queue() -> None:
+    q = queues.queue(queues.SYNC_QUEUE)
+    q.enqueue("workers.jobs.sync_repository", 1, 1, job_id="old")
+    first = scrape().one("gitward_queue_oldest_job_age_seconds", queue="sync")
+    deadline = time.monotonic() + 10
+    while scrape().one("gitward_queue_oldest_job_age_seconds", queue="sync") <= first:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert scrape().one("gitward_queue_oldest_job_age_seconds", queue="maintenance") == 0
+
+
+def test_counters_and_histograms_move_across_a_real_run(git_repo: GitRepo) -> None:
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    assert Repository.objects.get().status == Repository.Status.READY  # one sync, one chunk
+    got = scrape()
+    run = JobRun.objects.get(kind="analyze")
+    version = telemetry.version_label(run.version)
+    for queue in ("sync", run.queue):
+        labels = {"queue": queue, "version": version}
+        assert got.one("gitward_jobs_started_total", **labels) == 1
+        assert got.one("gitward_jobs_succeeded_total", **labels) == 1
+        assert got.total("gitward_jobs_failed_total", **labels) == 0
+        assert got.one("gitward_job_run_seconds_count", **labels) == 1
+        assert got.one("gitward_job_wait_seconds_count", **labels) == 1
+        assert got.one("gitward_job_run_seconds_bucket", le="+Inf", **labels) == 1
+        assert 0 < got.one("gitward_job_run_seconds_sum", **labels) < 300
+    assert got.total("gitward_jobs_enqueued_total") == 2
+    # The mirror lock (sync) and the chunk lock (analyze), each taken once and released.
+    assert got.one("gitward_lock_acquired_total") == 2
+    assert got.one("gitward_lock_releases_total") == 2
+    assert got.one("gitward_lock_acquire_seconds_count") == 2
+    assert got.one("gitward_lock_refusals_total") == 0
+    masters = {lab["master"] for n, lab, _ in got.samples if n == "gitward_lock_master_calls_total"}
+    assert len(masters) == 3
+
+
+def test_a_lock_refused_under_contention_is_counted(git_repo: GitRepo, settings) -> None:
+    chunk = synced_chunk(git_repo)
+    before = scrape()
+    other = leases.redlock().acquire([chunk.lock_key()], ttl=30.0, holder={"worker": "other"})
+    run_workers()  # the analyze attempt finds the lock held and is deferred
+    got = scrape()
+    other.release()
+    run = JobRun.objects.get(kind="analyze")
+    assert run.state == JobRun.State.QUEUED
+    attempts = settings.LOCK_RETRY_COUNT + 1
+    refusals = got.one("gitward_lock_refusals_total") - before.one("gitward_lock_refusals_total")
+    # Every attempt was refused by at least two masters (a quorum became impossible; a
+    # third vote may arrive after the round was decided, and is then not counted).
+    assert attempts * 2 <= refusals <= attempts * 3
+    assert got.one("gitward_lock_acquire_failures_total") == 1
+    assert got.one("gitward_jobs_deferred_total", queue=run.queue) == 1
+    assert got.total("gitward_jobs_failed_total") == 0
+
+
+def test_a_lost_lock_is_counted(
+    redis_nodes: list[RedisNode], git_repo: GitRepo, settings, monkeypatch, tmp_path: Path
+) -> None:
+    chunk = synced_chunk(git_repo)
+    key = chunk.lock_key()
+    settings.LOCK_TTL = 0.6  # heartbeat every ~0.2 s
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.locked=sleep:1.2")
+    monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
+
+    def steal() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            info = leases.redlock().inspect(key)
+            if info and info["holder"].get("token") is not None:
+                for node in redis_nodes:
+                    node.client().delete(key)
+                return
+            time.sleep(0.01)
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    run_workers()  # attempt 1 loses its lease and aborts; attempt 2 succeeds
+    thief.join()
+    got = scrape()
+    run = JobRun.objects.get(kind="analyze")
+    assert run.state == JobRun.State.SUCCEEDED
+    assert got.one("gitward_lock_lost_total") == 1
+    assert got.one("gitward_lock_extension_failures_total") >= 1
+    labels = {"queue": run.queue}
+    assert got.total("gitward_jobs_failed_total", **labels) == 1
+    assert got.total("gitward_jobs_retries_total", **labels) == 1
+    assert got.total("gitward_jobs_succeeded_total", **labels) == 1
+
+
+def test_a_fencing_rejection_is_counted(git_repo: GitRepo, settings) -> None:
+    chunk = synced_chunk(git_repo)
+    key = chunk.lock_key()
+    stale = leases.redlock().acquire([key], ttl=30.0, holder={"worker": "A"})
+    next_token(key)  # a newer holder exists (e.g. after a forced release)
+    path = mirror_path(Path(settings.WORKSPACE), chunk.repository_id)
+    records = list(stream_commits(path, chunk.sha_list()))
+    assert scrape().total("gitward_fencing_rejections_total") == 0
+    with pytest.raises(StaleToken):
+        write_chunk(chunk=chunk, records=records, token=stale.token)
+    assert scrape().one("gitward_fencing_rejections_total", lock="chunk") == 1
+    stale.release()
+
+
+def test_a_dead_letter_is_counted_by_group(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.parsing#poison=raise")
+    submit_repository(url=str(make_repo(tmp_path, "poison").path))
+    run_workers()
+    run = JobRun.objects.get(kind="analyze")
+    assert run.state == JobRun.State.DEAD
+    got = scrape()
+    labels = {"queue": run.queue}
+    assert got.total("gitward_jobs_started_total", **labels) == 3
+    assert got.total("gitward_jobs_failed_total", **labels) == 3
+    assert got.total("gitward_jobs_retries_total", **labels) == 2
+    assert got.total("gitward_jobs_dead_total", **labels) == 1
+    assert got.total("gitward_job_run_seconds_count", **labels) == 3
+    assert got.one("gitward_dead_letters", group=run.cause_key) == 1
+
+
+@pytest.mark.slow
+def test_two_worker_processes_and_a_killed_work_horse_add_up(tmp_path: Path, settings) -> None:
+    """Two forking ``manage.py worker --burst`` processes drain four repositories; one
+    work horse SIGKILLs itself mid-analysis. Every attempt of every process is counted
+    once: started = succeeded + failed, the crash is one failure, nothing is lost."""
+    names = ["r0", "r1", "r2", "r3"]
+    for name in names:
+        submit_repository(url=str(make_repo(tmp_path, name).path))
+    once = tmp_path / "once"
+    once.mkdir()
+    env = worker_env(settings, tmp_path, GITWARD_FAILPOINTS="analyze.parsing#r2=kill",
+                     GITWARD_FAILPOINTS_ONCE=str(once))  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "manage.py"), "worker", "--burst"]
+    procs = [subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    # A crash found by a worker that exited before retrying leaves the retry queued.
+    run_workers()
+    assert set(JobRun.objects.values_list("state", flat=True)) == {"succeeded"}
+    got = scrape()
+    started = got.total("gitward_jobs_started_total")
+    succeeded = got.total("gitward_jobs_succeeded_total")
+    failed = got.total("gitward_jobs_failed_total")
+    assert succeeded == 8  # four syncs, four chunks
+    assert got.total("gitward_jobs_crashed_total") == 1 and failed == 1
+    assert started == succeeded + failed == 9
+    assert got.total("gitward_job_run_seconds_count") == 9
+    assert got.total("gitward_job_wait_seconds_count") == 9
+    # Every lock acquired by the horses of both processes (and the retry) was counted.
+    assert got.one("gitward_lock_acquired_total") >= 8
+
+
+def test_scrapes_need_an_operator_token_or_the_configured_network(settings) -> None:
+    anonymous = Client(REMOTE_ADDR="10.1.2.3")
+    assert anonymous.get("/metrics").status_code == 401
+    settings.METRICS_NETWORKS = ["10.0.0.0/8"]
+    res = anonymous.get("/metrics")
+    assert res.status_code == 200 and b"gitward_jobs_started_total" in res.content
+    assert Client(REMOTE_ADDR="192.168.1.1").get("/metrics").status_code == 401
+    _, raw = ApiToken.issue(make_user("prom", perms=("view_jobrun",)))
+    res = Client(REMOTE_ADDR="192.168.1.1").get("/metrics", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert res.status_code == 200

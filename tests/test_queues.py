@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
@@ -14,7 +15,10 @@ from workers.analyzer import DEFAULT, queue_name
 FUNC = "workers.jobs.sync_repository"
 
 
+@pytest.mark.django_db
 def test_workers_listen_on_sync_this_versions_analysis_queue_and_maintenance() -> None:
+    # Before any rollout: the deployed default's queue (with versions, see
+    # tests/test_rollout_routing.py).
     assert queues.queue_names() == ["sync", queue_name(DEFAULT.fingerprint()), "maintenance"]
 
 

@@ -29,6 +29,8 @@ from tests.rollout_support import (  # noqa: F401 (fixture)
     wait_for,
 )
 from workers import lockkeys
+from workers.analyzer import AnalyzerConfig
+from workers.jobs import load_versions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 S = AnalyzerVersion.State
@@ -51,16 +53,23 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
     seen: dict[str, object] = {}
 
     def play_the_new_versions_workers() -> None:
-        """Once the driver started warming: analyse the warm set with the new config
-        (the real analyzer path) and report a worker of that fingerprint."""
+        """Once the driver started warming: run the analyze jobs its warmer put on the
+        new version's physical queue with the real job function, as the new version's
+        worker (which loads its config) would, and report a worker of that fingerprint."""
         try:
             wait_for(lambda: AnalyzerVersion.objects.get(pk=ro.version_id).state == S.WARMING)
             row = Rollout.objects.get(pk=ro.pk)
             seen.update(state=row.state, token=row.lock_token, items=row.warm_set["items"])
             new = AnalyzerVersion.objects.get(pk=ro.version_id)
-            analyse_as(new, repo, list(reversed(row.warm_set["items"][0][1])))
+            load_versions([AnalyzerConfig.from_mapping(new.config)])
+            physical = queues.queue(rollouts.physical_queue("analysis", new.fingerprint))
+            wait_for(lambda: physical.count > 0, what="the warmer's jobs")
+            for job in physical.jobs:
+                physical.remove(job)
+                seen.setdefault("warm_jobs", []).append(job.func(*job.args))
             report_worker(new)
         finally:
+            load_versions([])
             connection.close()
 
     helper = threading.Thread(target=play_the_new_versions_workers, daemon=True)
@@ -75,6 +84,7 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
     # The driver took the lock and chose the warm set by itself.
     assert seen["state"] == "active" and seen["token"] is not None
     assert seen["items"] == [[repo.pk, origin.git("rev-list", "HEAD").split()]]
+    assert seen["warm_jobs"] == ["stored 5 commits"]  # one chunk, each warm commit once
     new = AnalyzerVersion.objects.get(pk=ro.version_id)
     ro.refresh_from_db()
     assert ro.state == Rollout.State.COMPLETED, ro.outcome
@@ -83,14 +93,19 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
     assert AnalyzerVersion.objects.get(pk=base.pk).state == S.DRAINING
     actions = list(
         RolloutEvent.objects.filter(rollout=ro)
-        .exclude(action="drain.check")
+        .exclude(action__in=["drain.check", "warming.progress"])
         .values_list("action", "to_state")
     )
+    # Progress is recorded whenever the stored count changed (how often depends on
+    # timing); the last one before the verdict counts every warm commit.
+    progress = RolloutEvent.objects.filter(rollout=ro, action="warming.progress").last()
+    assert progress is not None and progress.detail["stored"] == progress.detail["expected"] == 5
     assert actions == [
         ("rollout", "pending"),
         ("lock.taken", ""),
         ("rollout", "active"),
         ("transition", "warming"),
+        ("warming.enqueued", ""),
         ("verdict", ""),
         ("transition", "verified"),
         ("diff", ""),
@@ -99,6 +114,7 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
         ("transition", "draining"),
         ("transition", "current"),
         ("rollout", "completed"),
+        ("jobs.moved", ""),  # the superseded version's queued work cancelled, catch-up started
         ("lock.released", ""),
     ]
     assert leases.redlock().inspect(lockkeys.deploy("analysis")) is None

@@ -40,10 +40,9 @@ import signal
 import subprocess
 import threading
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, NamedTuple, Protocol
 
 from workers.analyzer import DEFAULT, AnalyzerConfig
 from workers.gitproc import command, death_prefix, hardened_env
@@ -110,8 +109,10 @@ def default_git_runner(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class FileStat:
+class FileStat(NamedTuple):
+    """One file of a commit's diff. A tuple (immutable, cheap to build: the parser makes
+    one per file and nothing else)."""
+
     path: str  # UTF-8 decoded with errors="replace" (see module docstring)
     added: int  # 0 for binary
     deleted: int  # 0 for binary
@@ -120,8 +121,9 @@ class FileStat:
     old_path: str | None = None  # the path before a detected rename (detect_renames only)
 
 
-@dataclass(frozen=True, slots=True)
-class CommitRecord:
+class CommitRecord(NamedTuple):
+    """One commit as git reports it (DESIGN §3). A tuple, like :class:`FileStat`."""
+
     sha: str
     parents: tuple[str, ...]
     author_name: str  # raw %an
@@ -246,11 +248,7 @@ def _check_rev(rev: str) -> bytes:
 # --------------------------------------------------------------------------- parsing
 
 
-def _decode(b: bytes) -> str:
-    return b.decode("utf-8", "replace")
-
-
-_TZ_CACHE: dict[bytes, timezone] = {}
+_TZ_CACHE: dict[str, timezone] = {}
 
 
 #: What git's own ``git log`` shows for an identity whose date it cannot parse.
@@ -259,7 +257,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
-def _parse_date(raw: bytes) -> datetime:
+def _parse_date(raw: str) -> datetime:
     """Parse git's ``--date=raw`` form: ``<unix seconds> <+|-><digits>``.
 
     The offset is read as git reads it (``+hhmm`` as a number: hours = n // 100,
@@ -270,15 +268,16 @@ def _parse_date(raw: bytes) -> datetime:
     :data:`LATEST`."""
     if not raw:
         return EPOCH
-    ts_b, _, off_b = raw.partition(b" ")
-    ts = int(ts_b)
+    ts_b, _, off_b = raw.partition(" ")
+    ts = int(ts_b)  # git prints ASCII digits; anything else raises ValueError
     tz = _TZ_CACHE.get(off_b)
     if tz is None:
-        if len(off_b) < 2 or off_b[:1] not in (b"+", b"-") or not off_b[1:].isdigit():
+        digits = off_b[1:]
+        if len(off_b) < 2 or off_b[0] not in "+-" or not (digits.isascii() and digits.isdigit()):
             raise ValueError(f"bad timezone {off_b!r}")
-        hours, minutes = divmod(int(off_b[1:]), 100)
+        hours, minutes = divmod(int(digits), 100)
         total = hours * 60 + minutes
-        delta = timedelta(minutes=-total if off_b[:1] == b"-" else total)
+        delta = timedelta(minutes=-total if off_b[0] == "-" else total)
         tz = timezone(delta) if abs(delta) < timedelta(hours=24) else UTC
         if len(off_b) == 5:  # bounded: at most 2 * 10**4 well-formed offsets
             _TZ_CACHE[off_b] = tz
@@ -288,41 +287,38 @@ def _parse_date(raw: bytes) -> datetime:
         return LATEST if ts > 0 else EPOCH
 
 
-class _Builder:
-    __slots__ = ("files", "header", "size")
-
-    def __init__(self, header: list[bytes], size: int) -> None:
-        self.header = header
-        self.files: list[FileStat] = []
-        self.size = size
+#: Builds a NamedTuple from a tuple of its fields without its Python-level ``__new__``.
+_new_tuple = tuple.__new__
 
 
-def _build(b: _Builder, max_subject: int) -> CommitRecord:
-    h = b.header
+def _header_record(header: bytes, files: list[FileStat], max_subject: int) -> CommitRecord:
+    """A :class:`CommitRecord` from one header token (without its \\x1e) and its files.
+
+    The header is decoded once as a whole and then split: \\x1f is ASCII, so a UTF-8
+    decoder with ``errors="replace"`` ends any broken sequence at it exactly as it would
+    at the end of a field decoded on its own (the quirk tests compare with git)."""
+    h = header.decode("utf-8", "replace").split("\x1f", _HEADER_FIELDS - 1)
+    if len(h) != _HEADER_FIELDS:
+        raise HistoryError(f"malformed commit header: {header[:200]!r}")
     try:
         authored = _parse_date(h[6])
         committed = _parse_date(h[9])
     except ValueError as exc:
-        raise HistoryError(f"malformed commit header for {_decode(h[0])}: {exc}") from None
-    parents = tuple(_decode(h[1]).split()) if h[1] else ()
-    subject = _decode(h[10])
+        raise HistoryError(f"malformed commit header for {h[0]}: {exc}") from None
+    parents = tuple(h[1].split())
+    subject = h[10]
     if len(subject) > max_subject:
         subject = subject[:max_subject]
-    return CommitRecord(
-        sha=_decode(h[0]),
-        parents=parents,
-        author_name=_decode(h[2]),
-        author_email=_decode(h[3]),
-        author_canonical_name=_decode(h[4]),
-        author_canonical_email=_decode(h[5]),
-        authored_at=authored,
-        committer_name=_decode(h[7]),
-        committer_email=_decode(h[8]),
-        committed_at=committed,
-        subject=subject,
-        is_merge=len(parents) > 1,
-        files=tuple(b.files),
-    )
+    return _new_tuple(
+        CommitRecord,
+        (h[0], parents, h[2], h[3], h[4], h[5], authored, h[7], h[8], committed, subject,
+         len(parents) > 1, tuple(files)),
+    )  # fmt: skip
+
+
+#: Paths decoded and classified per stream; bounded so a history of unique paths
+#: (a git bomb) cannot grow it without limit.
+_PATH_CACHE_LIMIT = 100_000
 
 
 def _parse_log(
@@ -334,14 +330,23 @@ def _parse_log(
 ) -> Iterator[CommitRecord]:
     """Parse ``git log -z --numstat --format=<_FORMAT>`` output, block by block.
 
-    Tokens are NUL-terminated.  A token starting with \\x1e is a commit header (the
-    subject is the last field and cannot contain NUL).  Other tokens are numstat entries
-    ``added\\tdeleted\\tpath`` (the first one after a header is prefixed by \\n); with
-    rename detection an entry ``added\\tdeleted\\t`` is followed by two raw path tokens
-    (old, new), which may contain any byte but NUL, so they are consumed by position:
-    ``added\\tdeleted\\t\\0old\\0new\\0`` is one file: ``path`` new, ``old_path`` old.
+    The format: tokens are NUL-terminated.  A token starting with \\x1e is a commit
+    header, its 11 fields separated by \\x1f (the subject is the last field and cannot
+    contain NUL).  Other tokens are numstat entries ``added\\tdeleted\\tpath`` (the first
+    one after a header is prefixed by \\n; binary files have ``-`` for both numbers);
+    with rename detection an entry ``added\\tdeleted\\t`` is followed by two raw path
+    tokens (old, new), which may contain any byte but NUL, so they are consumed by
+    position: ``added\\tdeleted\\t\\0old\\0new\\0`` is one file: ``path`` new,
+    ``old_path`` old.
+
+    Speed: each 64 KiB block is split at NUL by one C call; an entry is split at its two
+    tabs by another; a path is decoded and classified (:func:`language_for`) once per
+    stream (``paths`` cache) and each file is one tuple (:class:`FileStat`).  Nothing
+    else is allocated per file.
     """
-    cur: _Builder | None = None
+    header: bytes | None = None  # the current commit's header (without \x1e)
+    files: list[FileStat] = []
+    size = 0  # bytes of the current commit's record
     pending = b""
     # rename state: the numbers of a rename entry waiting for its paths; 2 = old, 1 = new
     want_paths = 0
@@ -349,15 +354,23 @@ def _parse_log(
     ren_binary = False
     ren_old = b""
     limit = MAX_RECORD_BYTES if max_record_bytes is None else max_record_bytes
-    entries = 0  # numstat entries of the current commit (git never prints excluded ones)
+    paths: dict[bytes, tuple[str, str]] = {}
+    add = files.append
 
-    def add_file(
-        path_b: bytes, added: int, deleted: int, binary: bool, old_b: bytes | None = None
-    ) -> None:
-        assert cur is not None
-        path = _decode(path_b)
-        old = None if old_b is None else _decode(old_b)
-        cur.files.append(FileStat(path, added, deleted, binary, language_for(path), old))
+    def path_of(raw: bytes) -> tuple[str, str]:
+        hit = paths.get(raw)
+        if hit is None:
+            text = raw.decode("utf-8", "replace")
+            hit = (text, language_for(text))
+            if len(paths) >= _PATH_CACHE_LIMIT:
+                paths.clear()
+            paths[raw] = hit
+        return hit
+
+    def too_large(what: str) -> CommitTooLarge:
+        assert header is not None
+        sha = header.split(b"\x1f", 1)[0].decode("utf-8", "replace")
+        return CommitTooLarge(f"commit {sha} is too large ({what})")
 
     for block in blocks:
         if pending:
@@ -368,42 +381,37 @@ def _parse_log(
             raise CommitTooLarge(f"commit record too large (more than {limit} bytes)")
         for tok in tokens:
             if want_paths:
-                if cur is None:  # pragma: no cover - cannot happen (want_paths set by entry)
-                    raise HistoryError("unexpected git output")
-                cur.size += len(tok)
+                size += len(tok)
                 want_paths -= 1
-                if want_paths == 1:
+                if want_paths:
                     ren_old = tok
                 else:
-                    add_file(tok, ren_added, ren_deleted, ren_binary, ren_old)
+                    path, lang = path_of(tok)
+                    old = ren_old.decode("utf-8", "replace")
+                    add(_new_tuple(FileStat, (path, ren_added, ren_deleted, ren_binary, lang, old)))
                 continue
-            if tok[:1] == b"\n":
+            first = tok[:1]
+            if first == b"\n":
                 tok = tok[1:]
+                first = tok[:1]
             if not tok:
                 continue
-            if tok[:1] == b"\x1e":
-                if cur is not None:
-                    yield _build(cur, max_subject)
-                header = tok[1:].split(b"\x1f", _HEADER_FIELDS - 1)
-                if len(header) != _HEADER_FIELDS:
+            if first == b"\x1e":
+                if tok.count(b"\x1f") < _HEADER_FIELDS - 1:
                     raise HistoryError(f"malformed commit header: {tok[:200]!r}")
-                cur = _Builder(header, len(tok))
-                entries = 0
+                if header is not None:
+                    yield _header_record(header, files, max_subject)
+                    files.clear()
+                header = tok[1:]
+                size = len(tok)
                 continue
-            if cur is None:
+            if header is None:
                 raise HistoryError(f"unexpected git output: {tok[:200]!r}")
-            cur.size += len(tok)
-            if cur.size > limit:
-                raise CommitTooLarge(
-                    f"commit {_decode(cur.header[0])} is too large "
-                    f"(record of more than {limit} bytes)"
-                )
-            entries += 1
-            if entries > max_files:
-                raise CommitTooLarge(
-                    f"commit {_decode(cur.header[0])} is too large "
-                    f"(changes more than {max_files} files)"
-                )
+            size += len(tok)
+            if size > limit:
+                raise too_large(f"record of more than {limit} bytes")
+            if len(files) >= max_files:
+                raise too_large(f"changes more than {max_files} files")
             parts = tok.split(b"\t", 2)
             if len(parts) != 3:
                 raise HistoryError(f"malformed numstat entry: {tok[:200]!r}")
@@ -413,12 +421,15 @@ def _parse_log(
                 binary = True
             else:
                 try:
-                    added, deleted = int(a), int(d)
+                    added = int(a)
+                    deleted = int(d)
                 except ValueError:
                     raise HistoryError(f"malformed numstat entry: {tok[:200]!r}") from None
                 binary = False
             if path_b:
-                add_file(path_b, added, deleted, binary)
+                hit = paths.get(path_b)
+                path, lang = path_of(path_b) if hit is None else hit
+                add(_new_tuple(FileStat, (path, added, deleted, binary, lang, None)))
             else:  # rename/copy: old and new path follow as separate tokens
                 want_paths = 2
                 ren_added, ren_deleted, ren_binary = added, deleted, binary
@@ -426,8 +437,8 @@ def _parse_log(
         raise HistoryError(f"truncated git output: {pending[:200]!r}")
     if want_paths:
         raise HistoryError("truncated git output (rename paths missing)")
-    if cur is not None:
-        yield _build(cur, max_subject)
+    if header is not None:
+        yield _header_record(header, files, max_subject)
 
 
 # --------------------------------------------------------------------------- public API

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 from rq import get_current_job
 
-from dashboard import leases, plans, runs
+from dashboard import leases, plans, runs, traces
 from dashboard.commits import write_chunk
 from dashboard.deadletters import run_bulk
 from dashboard.models import Repository
@@ -30,7 +30,7 @@ from dashboard.repositories import (
     publish_repo_changed,
     validate_remote,
 )
-from workers.analyzer import config_for
+from workers.analyzer import DEFAULT, AnalyzerConfig, VersionNotLoaded, config_for, queue_name
 from workers.failpoints import failpoint
 from workers.gitproc import GitError, ProcessGroups, Runner
 from workers.history import CommitTooLarge, list_commits, stream_commits
@@ -56,12 +56,35 @@ PERMANENT: tuple[type[BaseException], ...] = (
 )
 
 
+#: The analyzer versions this process analyses with (``load_versions``; the pool's
+#: worker of a version loads exactly that version's config). Forked work horses
+#: inherit it.
+_LOADED: list[AnalyzerConfig] = [DEFAULT]
+
+
+def load_versions(configs: list[AnalyzerConfig]) -> None:
+    """Set the versions this worker process loaded (before it takes any job)."""
+    _LOADED[:] = list(configs) or [DEFAULT]
+
+
+def loaded_fingerprints() -> list[str]:
+    return [c.fingerprint() for c in _LOADED]
+
+
 def sync_repository(run_id: int, attempt: int) -> str:
     return _execute(run_id, attempt, _sync)
 
 
 def analyze_chunk(run_id: int, attempt: int) -> str:
     return _execute(run_id, attempt, _analyze)
+
+
+def catch_up_repositories(fingerprint: str, after: int) -> str:
+    """One catch-up batch after a promote or rollback (``plans.catch_up``), then the next."""
+    cursor = plans.catch_up(fingerprint=fingerprint, after=after)
+    if cursor is not None:
+        plans.enqueue_catch_up(fingerprint, cursor)
+    return f"caught up to repository {cursor}" if cursor else "catch-up done"
 
 
 def run_bulk_action(action_id: int) -> str:
@@ -77,7 +100,6 @@ def _sync(attempt: runs.Attempt) -> str:
     fencing token in its own transaction.
     """
     run = attempt.run
-    fingerprint = current_fingerprint()
     repo = claim_sync(repo_id=run.repository_id, generation=run.generation)
     if repo is None:  # a job of a superseded generation ends here
         return "nothing to do"
@@ -92,7 +114,6 @@ def _sync(attempt: runs.Attempt) -> str:
         planned = plans.plan_repository(
             repo_id=repo.pk,
             generation=run.generation,
-            fingerprint=fingerprint,
             head=head,
             shas=shas,
             lock_key=repo.lock_key(),
@@ -114,7 +135,8 @@ def _analyze(attempt: runs.Attempt) -> str:
     if nothing_to_do:
         return nothing_to_do
     repo, shas, groups = chunk.repository, chunk.sha_list(), ProcessGroups()
-    config = config_for(chunk.fingerprint)  # exactly the version it was planned for, or refuse
+    # exactly the version it was planned for, or refuse (VersionNotLoaded, see _execute)
+    config = config_for(chunk.fingerprint, loaded=_LOADED)
     failpoint("analyze.before_lock", repo.name)
     path = _ensure_mirror(repo, attempt=attempt, groups=groups, need=shas[-1])
     with _locked(chunk.lock_key(), attempt, groups) as lock:
@@ -138,13 +160,16 @@ def _analyze(attempt: runs.Attempt) -> str:
 # ---------------------------------------------------------------------------- steps
 
 
+@traces.traced  # spans, log context: dashboard/traces.py
 def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> str:
     """Claim the attempt, run ``body``, record the outcome (DESIGN §5). The retry
     policy is the job's: a held lock defers the run (no attempt spent), a permanent
     failure dead-letters it at once, anything else fails the attempt."""
     job = get_current_job()
     worker = (job.worker_name if job else None) or f"{socket.gethostname()}.{os.getpid()}"
-    attempt = runs.begin_attempt(run_id=run_id, number=number, worker=str(worker))
+    attempt = runs.begin_attempt(
+        run_id=run_id, number=number, worker=str(worker), version=loaded_fingerprints()[0]
+    )
     if attempt is None:
         return "superseded: this attempt was already claimed or the run moved on"
     try:
@@ -153,6 +178,8 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         delay = _lock_wait(exc)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
         return f"deferred {delay:.1f}s: lock held by another job"
+    except VersionNotLoaded as exc:
+        return _refuse(attempt, exc, origin=job.origin if job else "")
     except PERMANENT as exc:
         runs.fail_attempt(attempt, exc, permanent=True, reason=str(exc))
         return f"failed: {exc}"
@@ -161,6 +188,20 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         raise
     runs.succeed_attempt(attempt)
     return result
+
+
+def _refuse(attempt: runs.Attempt, exc: VersionNotLoaded, *, origin: str) -> str:
+    """A job of a version this worker did not load. Taken from another version's
+    queue (misrouted): handed back to its own queue, no attempt spent. Taken from its
+    own version's queue, the worker is misconfigured (``run_one_worker`` refuses to
+    start that way): a permanent failure, so it is dead-lettered, never retried
+    three times on the wrong analyzer."""
+    own = queue_name(attempt.run.fingerprint)
+    if origin and origin != own:
+        runs.reroute_attempt(attempt, queue=own, reason=f"misrouted from {origin}: {exc}")
+        return f"handed back to {own}"
+    runs.fail_attempt(attempt, exc, permanent=True, reason=str(exc))
+    return f"refused: {exc}"
 
 
 def _lock_wait(exc: LockNotAcquired) -> float:

@@ -1,4 +1,13 @@
-"""The worker pool: N worker processes, each one RQ worker, supervised.
+"""The worker pool: worker processes, each one RQ worker, supervised per analyzer version.
+
+Which workers run (``desired_workers``, re-read from the versions table every few
+seconds, so a rollout changes the pool without a restart): ``size`` workers of the
+current version (its physical queue + sync + maintenance), one worker of every other
+staffed version (warming, verified, ramping, draining: its physical queue only), and
+one worker of the ``rollouts`` driver queue. Each version's worker loads exactly that
+version's ``AnalyzerConfig`` (``manage.py worker --analyzer FP``); a drained version's
+workers are stopped (warm shutdown). A worker whose version's gate is closed (draining)
+listens on nothing, so it takes no job while its running one finishes.
 
 Shutdown: SIGTERM/SIGINT to the pool sends SIGTERM to every child; RQ's warm shutdown
 lets each finish its current job (the job's lock is heartbeat-extended meanwhile). A
@@ -24,21 +33,28 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from rq import Queue, Worker
 
-import workers.jobs  # noqa: F401  (imported once in the parent, not in every forked horse)
-from dashboard import leases, queues, runs, workerbeats
+from dashboard import leases, queues, runs, versions, workerbeats
+from dashboard.models import AnalyzerVersion
+from dashboard.rollouts import DRIVER_QUEUE
+from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
+from workers.forkguard import ForkGuard
+from workers.jobs import load_versions, loaded_fingerprints
 
 log = logging.getLogger(__name__)
 
 
 class PauseAware:
-    """Worker mixin: listen only on queues that are not paused (re-read every second).
+    """Worker mixin: listen only on queues that are not paused and whose analyzer
+    version's gate is open (both re-read every second).
 
-    The dequeue timeout is one second so a paused queue stops feeding this worker within
-    that second; with every queue paused the worker listens on an always-empty queue.
+    The dequeue timeout is one second so a paused queue (or a closed gate) stops feeding
+    this worker within that second; with every queue shut the worker listens on an
+    always-empty queue. The effective list is recorded on the worker's heartbeat row.
     """
 
     queues: list[Any]
     connection: Any
+    name: str
     _ordered_queues: list[Any]
 
     @property
@@ -52,15 +68,32 @@ class PauseAware:
 
     def apply_pauses(self) -> None:
         try:
-            paused = queues.paused_queue_names()
-        except Exception:  # Redis trouble: keep the current list
+            shut = queues.paused_queue_names() | versions.closed_queue_names()
+        except Exception:  # Redis or database trouble: keep the current list
+            close_old_connections()
             return
-        active = [q for q in self.queues if q.name not in paused]
-        self._ordered_queues = active or [Queue(queues.IDLE_QUEUE, connection=self.connection)]
+        active = [q for q in self.queues if q.name not in shut]
+        chosen = active or [Queue(queues.IDLE_QUEUE, connection=self.connection)]
+        before = [q.name for q in getattr(self, "_ordered_queues", [])]
+        self._ordered_queues = chosen
+        if [q.name for q in chosen] != before:
+            try:
+                workerbeats.set_queues(getattr(self, "name", ""), [q.name for q in chosen])
+            except Exception:  # shown on the next change
+                close_old_connections()
 
 
-def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
+def run_one_worker(
+    queue_names: Sequence[str],
+    *,
+    burst: bool = False,
+    configs: Sequence[AnalyzerConfig] | None = None,
+) -> None:
     """Run one RQ worker in this process until stopped (Django must be set up).
+
+    ``configs`` are the analyzer versions it loads (default: the deployed default).
+    It refuses to listen on a physical analysis queue of a version it did not load
+    (``ValueError``): a job there would be analysed with the wrong configuration.
 
     Besides RQ's loop, the worker keeps a heartbeat row in the database (so a dead
     worker is noticed even if Redis was flushed) and records a crashed attempt the
@@ -89,28 +122,43 @@ def run_one_worker(queue_names: Sequence[str], *, burst: bool = False) -> None:
                 finally:
                     connections.close_all()
 
+    load_versions(list(configs or [DEFAULT]))
+    own = {queue_name(fp) for fp in loaded_fingerprints()}
+    foreign = [n for n in queue_names if n.startswith("analysis@") and n not in own]
+    if foreign:
+        raise ValueError(
+            f"this worker loaded {', '.join(sorted(own))} and refuses {', '.join(foreign)}"
+        )
     connections.close_all()
-    conn = queues.connection()
+    conn = queues.worker_connection()  # RQ raises its read timeout; not the shared one
     name = f"{socket.gethostname()}.{os.getpid()}"
+    version = loaded_fingerprints()[0]
     stop = threading.Event()
     interval = max(0.5, float(settings.WORKER_DEAD_AFTER) / 6)
+
+    # The work horse is forked while this thread may be inside SQLite or redis-py: the
+    # guard makes every fork wait for the end of the current round (workers/forkguard.py).
+    guard = ForkGuard().install()
 
     def heartbeat() -> None:
         """Beat every ``interval``; promote due scheduled jobs every second."""
         next_beat = 0.0
         while not stop.is_set():
             try:
-                if time.monotonic() >= next_beat:
-                    close_old_connections()
-                    workerbeats.beat(name=name, queues_=list(queue_names))
-                    next_beat = time.monotonic() + interval
-                queues.promote_due_jobs(list(queue_names))
+                with guard:
+                    if time.monotonic() >= next_beat:
+                        close_old_connections()
+                        workerbeats.beat(name=name, queues_=list(queue_names), version=version)
+                        next_beat = time.monotonic() + interval
+                    queues.promote_due_jobs(list(queue_names))
+            except queues.QueueUnavailable as exc:  # promotion waits; the beat went on
+                log.warning("worker heartbeat: %s", exc)
             except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)
         connections.close_all()
 
-    workerbeats.beat(name=name, queues_=list(queue_names))
+    workerbeats.beat(name=name, queues_=list(queue_names), version=version)
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()
     worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
@@ -135,48 +183,145 @@ def release_locks_of(pid: int) -> int:
     return leases.release_locks_of(host=socket.gethostname(), pid=pid)
 
 
+def version_config(fingerprint: str) -> AnalyzerConfig:
+    """The configuration of the version with this fingerprint (its row's config, checked
+    to hash to the same fingerprint under this code), or the default's."""
+    if fingerprint == DEFAULT.fingerprint():
+        return DEFAULT
+    row = AnalyzerVersion.objects.filter(fingerprint=fingerprint).first()
+    if row is None:
+        raise ValueError(f"no analyzer version {fingerprint}")
+    config = AnalyzerConfig.from_mapping(row.config)
+    if config.fingerprint() != fingerprint:
+        raise ValueError(
+            f"version {fingerprint} hashes to {config.fingerprint()} under this code version"
+        )
+    return config
+
+
+#: One child's ``manage.py worker`` arguments (after ``worker --workers 1``).
+Spec = tuple[str, ...]
+
+
+def desired_workers(size: int) -> list[Spec]:
+    """The children the pool should run now (see the module docstring)."""
+    rows = list(
+        AnalyzerVersion.objects.filter(queue=versions.QUEUE, state__in=versions.STAFFED)
+        .order_by("pk")
+        .values_list("fingerprint", "state")
+    )
+    current = next((fp for fp, st in rows if st == AnalyzerVersion.State.CURRENT), None)
+    served = current or DEFAULT.fingerprint()
+    specs: list[Spec] = [("--analyzer", served, "--shared")] * size
+    specs += [("--analyzer", fp) for fp, _ in rows if fp != served]
+    specs.append(("--queues", DRIVER_QUEUE))
+    return specs
+
+
 class Pool:
-    """Supervises ``size`` child processes running ``manage.py worker --workers 1``."""
+    """Supervises child processes running ``manage.py worker --workers 1 …``.
+
+    ``versioned`` (the default) runs ``desired_workers(size)``, re-read every ``poll``
+    seconds by ``check``; otherwise ``size`` plain workers of the served version.
+    """
 
     def __init__(
-        self, size: int, *, manage_py: Path, env: dict[str, str] | None = None, grace: float = 60.0
+        self,
+        size: int,
+        *,
+        manage_py: Path,
+        env: dict[str, str] | None = None,
+        grace: float = 60.0,
+        versioned: bool = True,
+        poll: float = 2.0,
     ) -> None:
         self.size = size
         self.manage_py = manage_py
         self.env = env
         self.grace = grace
-        self.children: list[subprocess.Popen[bytes]] = []
+        self.versioned = versioned
+        self.poll = poll
+        self.children: list[tuple[Spec, subprocess.Popen[bytes]]] = []
+        #: Children asked to stop (their version drained, or the pool shrank), with the
+        #: moment after which they are killed.
+        self.retiring: list[tuple[subprocess.Popen[bytes], float]] = []
         self.stopping = False
+        self._next_plan = 0.0
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def desired(self) -> list[Spec]:
+        if not self.versioned:
+            return [()] * self.size
+        try:
+            close_old_connections()
+            return desired_workers(self.size)
+        except Exception:  # database trouble: keep what runs
+            log.exception("could not read the analyzer versions; keeping the pool as is")
+            return [spec for spec, _ in self.children]
+
+    def _spawn(self, spec: Spec) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, str(self.manage_py), "worker", "--workers", "1"],
+            [sys.executable, str(self.manage_py), "worker", "--workers", "1", *spec],
             env=self.env,
             stdin=subprocess.DEVNULL,
         )
 
     def start(self) -> None:
-        self.children = [self._spawn() for _ in range(self.size)]
+        self.children = [(spec, self._spawn(spec)) for spec in self.desired()]
+        self._next_plan = time.monotonic() + self.poll
+
+    def specs(self) -> list[Spec]:
+        """What runs now (live children only)."""
+        return [spec for spec, child in self.children if child.poll() is None]
 
     def check(self) -> None:
-        """Restart children that died (unless stopping)."""
+        """Restart children that died, and (every ``poll`` s) match the desired set:
+        spawn missing workers, stop (SIGTERM: warm shutdown) those no longer wanted."""
         if self.stopping:
             return
-        for i, child in enumerate(self.children):
+        for i, (spec, child) in enumerate(self.children):
             if child.poll() is not None:
                 log.warning("worker pid %s exited with %s; restarting", child.pid, child.returncode)
-                self.children[i] = self._spawn()
+                self.children[i] = (spec, self._spawn(spec))
+        now = time.monotonic()
+        self.retiring = [(c, t) for c, t in self.retiring if not _reaped(c, kill=now > t)]
+        if now < self._next_plan:
+            return
+        self._next_plan = now + self.poll
+        want = list(self.desired())
+        keep: list[tuple[Spec, subprocess.Popen[bytes]]] = []
+        for spec, child in self.children:
+            if spec in want:
+                want.remove(spec)
+                keep.append((spec, child))
+            else:
+                log.info("stopping worker pid %s (%s): no longer needed", child.pid, spec)
+                child.send_signal(signal.SIGTERM)
+                self.retiring.append((child, now + self.grace))
+        keep += [(spec, self._spawn(spec)) for spec in want]
+        self.children = keep
 
     def stop(self) -> None:
         self.stopping = True
-        for child in self.children:
+        everyone = [child for _, child in self.children] + [c for c, _ in self.retiring]
+        for child in everyone:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
-        for child in self.children:
+        for child in everyone:
             remaining = max(0.1, deadline - time.monotonic())
             try:
                 child.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait(timeout=10)
+
+
+def _reaped(child: subprocess.Popen[bytes], *, kill: bool) -> bool:
+    """Whether a retiring child has exited (killed first if its grace ran out)."""
+    if child.poll() is not None:
+        return True
+    if kill:
+        child.kill()
+        child.wait(timeout=10)
+        return True
+    return False

@@ -5,6 +5,9 @@
   "use strict";
 
   // ------------------------------------------------------------------ helpers
+  // A job id (lock holder, worker's current job) as a link to its run page.
+  function runLink(job) { return el("a", { href: `/runs/job/${encodeURIComponent(job)}/`, cls: "run-link", text: job }); }
+
   function el(tag, attrs, children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -63,19 +66,21 @@
     return el("time", { cls: "ago", datetime: iso, title: exact(iso), text: relative((Date.now() - Date.parse(iso)) / 1000) });
   }
   function tickTimes() {
-    for (const t of document.querySelectorAll("time.ago[datetime]")) {
+    // time.ago: drawn here or by |ago; time[data-rel]: the Rollouts templates.
+    for (const t of document.querySelectorAll("time.ago[datetime], time[data-rel][datetime]")) {
       const at = Date.parse(t.getAttribute("datetime"));
       if (!Number.isNaN(at)) t.textContent = relative((Date.now() - at) / 1000);
     }
   }
   setInterval(tickTimes, 1000);
   function shorten(id, keep) { keep = keep || 22; return id.length <= keep ? id : id.slice(0, keep - 7) + "…" + id.slice(-6); }
-  // A long id shortened (full on hover) with a copy button; linked to link + id if given.
+  // A long id shortened (full on hover) with a copy button; linked to link + id if given
+  // ("{}" in link marks where the id goes, e.g. "/runs/job/{}/").
   function shortId(id, link) {
     if (!id) return document.createTextNode("—");
     const code = el("code", { text: shorten(String(id)) });
     return el("span", { cls: "id", title: String(id) }, [
-      link ? el("a", { href: link + encodeURIComponent(id) }, [code]) : code,
+      link ? el("a", { href: link.includes("{}") ? link.replace("{}", encodeURIComponent(id)) : link + encodeURIComponent(id), cls: link.startsWith("/runs/job/") ? "run-link" : null }, [code]) : code,
       el("button", { type: "button", cls: "copy", "data-copy": String(id), "aria-label": "copy " + id, text: "copy" })]);
   }
   document.addEventListener("click", async (e) => {
@@ -186,6 +191,7 @@
 
   function onSnapshot(data) {
     if (socketPath.startsWith("/ws/repos/")) { renderRepo(data); return; }
+    if (socketPath.startsWith("/ws/rollouts/")) { onRolloutsSnapshot(data); return; }
     state.snapshot = data;
     const now = performance.now();
     state.locks = new Map(data.locks.map((l) => [l.key, { ...l, expiresAt: now + l.ttl_ms }]));
@@ -196,6 +202,7 @@
   function onEvent(ev) {
     const t = ev.type;
     if (socketPath.startsWith("/ws/repos/")) { onRepoEvent(ev); return; }
+    if (socketPath.startsWith("/ws/rollouts/")) { onRolloutEvent(ev); return; }
     if (t === "lock.acquired") {
       state.locks.set(ev.key, { ...ev, expiresAt: performance.now() + ev.ttl_ms });
       renderLocks();
@@ -223,6 +230,8 @@
     const banner = $("quorum-banner");
     if (banner) {
       banner.replaceChildren();
+      const qs = s.queue_server;
+      if (qs && !qs.ok) banner.append(el("p", { cls: "banner bad", id: "queue-server-banner", text: `${qs.error}: submissions are accepted and enqueued when it returns; queue counts and live updates are paused` }));
       if (q.state === "lost") banner.append(el("p", { cls: "banner bad", text: `no quorum: ${q.up}/${q.total} masters up — no lock can be taken, work waits` }));
       else if (q.state === "at_risk") banner.append(el("p", { cls: "banner warn", text: `quorum at risk: ${q.up}/${q.total} masters` }));
     }
@@ -243,9 +252,9 @@
       return el("tr", {}, [
         el("td", {}, [x.name, x.paused ? " " : null, x.paused ? el("span", { cls: "pill warn", text: "⏸ paused" }) : null]),
         el("td", {}, [x.version ? shortId(x.version) : "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
-        td(plural(x.backlog, "job")),
+        td(x.backlog === null || x.backlog === undefined ? "—" : plural(x.backlog, "job")),
         el("td", {}, [x.oldest_age_s === null ? "—" : el("span", { cls: level(x.oldest_age_s, 60, 600), text: x.oldest_age_s + " s" })]),
-        td(x.running), td(x.jobs_per_min), td(x.retries),
+        td(x.running ?? "—"), td(x.jobs_per_min), td(x.retries),
         el("td", {}, [el("span", { cls: level(x.failure_rate, 0.05, 0.2), text: pct(x.failure_rate) })]), tools]);
     }), "no queues", 9);
     spark("spark-throughput", s.series.throughput, s.series.minutes, "jobs/min");
@@ -257,7 +266,7 @@
     replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, id: "worker-" + w.name, cls: w.dead ? "stale" : null }, [
       td(w.name, "path"), td(`${w.host} · ${w.pid}`), el("td", {}, [w.version ? shortId(w.version) : "—"]),
       el("td", {}, [w.dead ? el("span", { cls: "bad", text: "✕ gone" }) : w.state]), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
-      el("td", {}, w.job ? [shortId(w.job, "/runs/?q="), ` (${elapsed(w.job_started_at)})`] : ["—"]),
+      el("td", {}, w.job ? [shortId(w.job, "/runs/job/{}/"), ` (${elapsed(w.job_started_at)})`] : ["—"]),
       el("td", { cls: "seen", "data-at": w.last_seen }, [ago(w.last_seen)])])), "No workers have reported.", 7);
     const c = $("contention");
     if (c) for (const cell of c.querySelectorAll("[data-field]")) cell.textContent = s.contention[cell.dataset.field];
@@ -266,6 +275,7 @@
       el("li", {}, [el("a", { href: `/repos/${r.repo}/`, text: r.url }), ` — ${r.refusals}`])) : [el("li", { cls: "muted", text: "none" })]));
     renderDlq(s);
     s.actions.forEach(renderAction);
+    loadOffers();
   }
   function setText(id, v) { const n = $(id); if (n) n.textContent = String(v); }
   function elapsed(iso) { if (!iso) return ""; const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000); return s < 120 ? Math.round(s) + " s" : Math.round(s / 60) + " min"; }
@@ -294,7 +304,7 @@
     const rows = [...state.locks.values()].sort((a, b) => a.key.localeCompare(b.key)).map((l) => {
       const resource = el("td", {}, [l.repo ? el("a", { href: `/repos/${l.repo}/`, text: l.repo_name || String(l.repo) }) : null, l.repo ? " · " : "", l.what || l.key]);
       const holder = el("td", {}, [l.worker ? el("a", { href: `/workers/#worker-${encodeURIComponent(l.worker)}`, text: l.worker }) : "?", " · ",
-        shortId(l.job, "/runs/?q="), l.stale ? " " : null, l.stale ? el("span", { cls: "pill bad", text: "✕ holder gone" }) : null]);
+        shortId(l.job, "/runs/job/{}/"), l.stale ? " " : null, l.stale ? el("span", { cls: "pill bad", text: "✕ holder gone" }) : null]);
       const action = el("td");
       if (canRelease) {
         const btn = el("button", { type: "button", cls: "small danger", text: "force release" });
@@ -437,7 +447,7 @@
       `${h.what} — `, ACTIVE.has(r.status) ? null : el("span", { cls: "pill warn", text: "releasing" }),
       ACTIVE.has(r.status) ? null : " the analysis ended; the lock is let go as its job exits — ",
       "held by ", el("a", { href: `/workers/#worker-${encodeURIComponent(h.worker || "")}`, text: h.worker || "?" }),
-      " (job ", shortId(h.job, "/runs/?q="), `, token ${h.token})`])) : [el("li", { cls: "muted", text: "no locks held" })]));
+      " (job ", shortId(h.job, "/runs/job/{}/"), `, token ${h.token})`])) : [el("li", { cls: "muted", text: "no locks held" })]));
     if (r.waiting) $("repo-waiting").replaceChildren(...r.waiting.map((w) => el("li", { text: w })));
     if (box) box.dataset.status = r.status;
     if (was && ACTIVE.has(was) && !ACTIVE.has(r.status)) swapResults();
@@ -465,6 +475,162 @@
     if (fresh && current) current.replaceWith(document.importNode(fresh, true));
   }
 
+  // ------------------------------------------------------------------ rollouts
+  // The Rollouts pages are server-rendered; every rollout.* event (and a snapshot that
+  // differs from the page, after a reconnect) fetches the page again and swaps its live
+  // region in (same origin, escaped by the server) — never while a confirm step is open,
+  // so a dialog never changes under the operator's eyes. While a rollout is settling
+  // (warming, verified without its diff yet, a request pending), the page is refetched
+  // every 2 s too: those changes are written without a rollout.* event.
+  let swapTimer = null, swapPending = false, lastRollouts = null;
+  // Any dialog: the rollout step here or the shared confirm (templates/_confirm.html).
+  function dialogOpen() { return !!document.querySelector("dialog[open]"); }
+  function swapRolloutsSoon(delay) {
+    if (!$("rollouts-live")) return;
+    if (swapTimer) { swapPending = true; return; }
+    swapTimer = setTimeout(async () => {
+      try { await swapRollouts(); } finally {
+        swapTimer = null;
+        if (swapPending) { swapPending = false; swapRolloutsSoon(200); }
+      }
+    }, delay === undefined ? 150 : delay);
+  }
+  async function swapRollouts() {
+    if (dialogOpen()) { swapPending = true; return; }
+    const res = await fetch(location.href, { credentials: "same-origin" });
+    if (!res.ok) return;
+    const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+    const fresh = doc.getElementById("rollouts-live"), current = $("rollouts-live");
+    if (!fresh || !current || dialogOpen()) { swapPending = true; return; }
+    const open = new Set([...current.querySelectorAll("details[data-key]")].filter((d) => d.open).map((d) => d.dataset.key));
+    current.replaceWith(document.importNode(fresh, true));
+    for (const d of $("rollouts-live").querySelectorAll("details[data-key]")) if (open.has(d.dataset.key)) d.open = true;
+    tickTimes();
+    window.dispatchEvent(new CustomEvent("gitward:rollouts-swapped"));
+  }
+  function onRolloutsSnapshot(data) {
+    const sig = JSON.stringify(data.rollouts);
+    if (lastRollouts !== null && sig !== lastRollouts) swapRolloutsSoon();
+    lastRollouts = sig;
+  }
+  function onRolloutEvent(ev) {
+    if (String(ev.type).startsWith("rollout.")) swapRolloutsSoon();
+  }
+  setInterval(() => {
+    const live = $("rollouts-live");
+    if (live && live.dataset.poll) swapRolloutsSoon(0);
+  }, 2000);
+
+
+  // The confirm step of every rollout button (server-rendered or drawn here): a modal
+  // <dialog> naming exactly what will happen, with an optional reason for the audit log.
+  function openConfirm(btn) {
+    const dialog = $("rollout-dialog");
+    if (!dialog) return;
+    const form = $("rollout-form");
+    form.action = btn.dataset.confirm;
+    $("rollout-title").textContent = btn.dataset.title || btn.textContent;
+    $("rollout-plan").textContent = btn.dataset.plan || "";
+    const needsPercent = btn.dataset.percent === "1";
+    $("rollout-percent-row").hidden = !needsPercent;
+    $("rollout-percent").required = needsPercent;
+    $("rollout-percent").value = "";
+    $("rollout-reason").value = "";
+    $("rollout-next").value = location.pathname;
+    const ok = $("rollout-ok");
+    ok.textContent = btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm";
+    ok.className = btn.dataset.danger === "1" ? "danger" : "";
+    dialog.dataset.verb = btn.dataset.verb || "";
+    dialog.showModal();
+    (needsPercent ? $("rollout-percent") : $("rollout-reason")).focus();
+  }
+  document.addEventListener("click", (e) => {
+    const btn = e.target instanceof Element ? e.target.closest("button[data-confirm]") : null;
+    if (btn) { e.preventDefault(); openConfirm(btn); return; }
+    if (e.target instanceof Element && e.target.id === "rollout-cancel") $("rollout-dialog").close("cancel");
+  });
+  document.addEventListener("close", (e) => {
+    if (e.target instanceof HTMLDialogElement && swapPending && !dialogOpen()) { swapPending = false; swapRolloutsSoon(0); }
+  }, true);
+
+  // Starting a rollout: the form's submit opens the same confirm step, naming the config.
+  document.addEventListener("submit", (e) => {
+    const form = e.target;
+    if (!(form instanceof HTMLFormElement) || form.id !== "start-form" || form.dataset.confirmed === "1") return;
+    e.preventDefault();
+    const f = new FormData(form);
+    const paths = String(f.get("exclude_paths") || "").split(/[\n,]/).map((x) => x.trim()).filter(Boolean);
+    const config = `detect_renames=${f.get("detect_renames") ? "true" : "false"}, ignore_whitespace=${f.get("ignore_whitespace") ? "true" : "false"}, exclude_paths=[${paths.join(", ")}]`;
+    const plan = `start a rollout of ${f.get("queue")} with ${config}: register the version (its own queue ${f.get("queue")}@<fingerprint>), ` +
+      `a driver takes locks:queue:${f.get("queue")}:deploy, warms the warm set under the new fingerprint and opens the gate only if the verdict passes; ` +
+      `then ramp ${String(f.get("steps") || "").split(/[\s,]+/).filter(Boolean).map((x) => x.replace(/%$/, "") + "%").join(" → ")} ` +
+      (f.get("auto") ? "automatically, health-checked between steps." : "when you promote each step.");
+    const dialog = $("rollout-dialog");
+    $("rollout-title").textContent = "Start rollout";
+    $("rollout-plan").textContent = plan;
+    $("rollout-percent-row").hidden = true;
+    $("rollout-percent").required = false;
+    $("rollout-reason").value = String(f.get("reason") || "");
+    $("rollout-ok").textContent = "Confirm: start rollout";
+    $("rollout-ok").className = "";
+    dialog.dataset.verb = "start";
+    dialog.showModal();
+    $("rollout-reason").focus();
+  });
+  document.addEventListener("submit", (e) => {
+    const form = e.target;
+    if (!(form instanceof HTMLFormElement) || form.id !== "rollout-form") return;
+    const dialog = $("rollout-dialog");
+    if (dialog.dataset.verb !== "start") return;
+    e.preventDefault();
+    const start = $("start-form");
+    start.querySelector("[name=reason]").value = $("rollout-reason").value;
+    start.dataset.confirmed = "1";
+    dialog.close("ok");
+    start.submit();
+  });
+
+  // "roll back to V" beside the dead letters (groups whose runs come from a ramping or
+  // newly current version) and on the overview (a failing canary): from /rollouts/offers/.
+  let offersBusy = false, lastOffers = null;
+  async function loadOffers() {
+    const dlq = $("dlq"), overview = $("rollback-offers");
+    if (!dlq && !overview) return;
+    if (lastOffers) applyOffers(lastOffers);  // at once: the groups were just redrawn
+    if (offersBusy) return;
+    offersBusy = true;
+    try {
+      const res = await fetch("/rollouts/offers/", { credentials: "same-origin" });
+      if (res.ok) { lastOffers = await res.json(); applyOffers(lastOffers); }
+    } catch (err) { /* the next snapshot tries again */ }
+    finally { offersBusy = false; }
+  }
+  function applyOffers(data) {
+    if ($("dlq")) {
+      for (const d of document.querySelectorAll("#dlq-body details.group")) {
+        // In the summary: visible (and clickable) while the group is collapsed.
+        const summary = d.querySelector("summary");
+        const o = data.groups[d.dataset.group];
+        const had = summary.querySelector(".offer");
+        if (had && o && had.dataset.rollout === String(o.rollout)) continue;
+        if (had) had.remove();
+        if (!o) continue;
+        const box = el("span", { cls: "offer", "data-rollout": o.rollout }, [el("span", { cls: "small bad", text: ` ${o.why} ` })]);
+        if (data.can_rollback) box.append(offerButton(o));
+        summary.append(box);
+      }
+    }
+    const overview = $("rollback-offers");
+    if (overview) {
+      overview.replaceChildren(...data.canary.map((o) => el("p", { cls: "banner bad offer", "data-rollout": o.rollout },
+        [`${o.from}: ${o.why} `, data.can_rollback ? offerButton(o) : null])));
+    }
+  }
+  function offerButton(o) {
+    return el("button", { type: "button", cls: "small danger", "data-confirm": `/rollouts/${o.rollout}/rollback/`,
+      "data-verb": "rollback", "data-title": `Roll back to ${o.to}`, "data-plan": o.plan, "data-danger": "1", text: `roll back to ${o.to}` });
+  }
+
   // ------------------------------------------------------------------ plain pages
   // The repository list has no socket: it refreshes the rows of active repositories.
   async function pollRow(row) {
@@ -485,6 +651,7 @@
     const dlqBox = $("dlq");
     if (dlqBox) wireGroups(dlqBox);
     if (socketPath) connect();
+    tickTimes();
     if (!socketPath || !socketPath.startsWith("/ws/ops/")) {
       for (const row of document.querySelectorAll("#repo-table tr[data-repo-id]")) if (ACTIVE.has(row.dataset.status)) pollRow(row);
     }

@@ -76,7 +76,8 @@ def shorten(value: str, keep: int = 22) -> str:
 @register.filter
 def shortid(value: Any, link: str = "") -> SafeString | str:
     """A long id shortened, the full one on hover, with a copy button; linked to
-    ``link`` + the id (percent-encoded) when ``link`` is given, e.g. ``"/runs/?q="``."""
+    ``link`` + the id (percent-encoded) when ``link`` is given, e.g. ``"/runs/?q="``;
+    a ``{}`` in ``link`` marks where the id goes, e.g. ``"/runs/job/{}/"`` (the run page)."""
     return _copyable(value, link, shorten(str(value)))
 
 
@@ -91,7 +92,10 @@ def _copyable(value: Any, link: str, short: str) -> SafeString | str:
         return "—"
     full = str(value)
     if link:
-        label = format_html('<a href="{}{}"><code>{}</code></a>', link, quote(full, safe=""), short)
+        quoted = quote(full, safe="")
+        href = link.replace("{}", quoted) if "{}" in link else link + quoted
+        cls = "run-link" if link.startswith("/runs/job/") else "id-link"
+        label = format_html('<a class="{}" href="{}"><code>{}</code></a>', cls, href, short)
     else:
         label = format_html("<code>{}</code>", short)
     return format_html(

@@ -169,6 +169,7 @@ class Stragglers:
         decided: bool,
     ) -> None:
         self._transport = transport
+        self._name = name
         self._script = SCRIPTS[name]
         self._keys = keys
         self._args = list(args)
@@ -196,7 +197,8 @@ class Stragglers:
                 node.pool.release(conn)
                 return
             now = time.monotonic()
-            p = Pending(conn, node.scripts["release"], now, now, fd)
+            # Sent as EVAL already, so it can never be answered NOSCRIPT.
+            p = Pending(conn, node.scripts[self._name], now, now, fd, self._keys, tuple(self._args))
             if not self._decided:
                 self._held.append((i, p))
                 return

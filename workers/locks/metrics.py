@@ -1,11 +1,20 @@
-"""Counters and latencies of one Redlock (``Redlock.stats()``)."""
+"""Counters and latencies of one Redlock (``Redlock.stats()``), and the observer interface
+through which an application exports them (``Metrics.observe``).
+
+The core imports no metrics library: ``dashboard.telemetry`` plugs a ``MetricsObserver``
+in that feeds its Prometheus counters. Observers are called on whatever thread counted —
+the caller's, a pool thread, the heartbeat thread — so they must be quick and must not do
+I/O (the heartbeat never waits on anything but the masters); buffering in memory and
+flushing elsewhere is the intended shape.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from workers.locks.transport import Transport
 
@@ -21,6 +30,20 @@ COUNTERS = (
     "releases",
     "callbacks_dropped",
 )
+
+
+log = logging.getLogger("workers.locks")
+
+
+class MetricsObserver(Protocol):
+    """Told every counter increment and every acquire latency, as they happen."""
+
+    def counted(self, name: str, n: int) -> None:
+        """``name`` is one of ``COUNTERS`` (or ``forced_releases``), ``n`` ≥ 0."""
+
+    def acquired(self, took: float) -> None:
+        """A lock was acquired ``took`` seconds after ``acquire`` was called (all
+        attempts and the fencing token included)."""
 
 
 @dataclass
@@ -39,15 +62,28 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stats = _Stats()
+        self._observers: list[MetricsObserver] = []
         # A fork may happen while another thread holds the lock: the child gets a new one.
         os.register_at_fork(after_in_child=self._reset_lock)
 
     def _reset_lock(self) -> None:
         self._lock = threading.Lock()
 
+    def observe(self, observer: MetricsObserver) -> None:
+        """Tell ``observer`` every later increment and acquire latency (idempotent)."""
+        with self._lock:
+            if observer not in self._observers:
+                self._observers.append(observer)
+
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._stats.counters[name] = self._stats.counters.get(name, 0) + n
+            observers = list(self._observers)
+        for observer in observers:  # outside the lock: an observer never blocks counting
+            try:
+                observer.counted(name, n)
+            except Exception:  # an exporter's bug must not break a lock operation
+                log.exception("redlock: metrics observer failed")
 
     def record_acquired(self, took: float) -> None:
         with self._lock:
@@ -58,6 +94,13 @@ class Metrics:
             st.acquire_latencies.append(took)
             if len(st.acquire_latencies) > self.LATENCY_SAMPLES:
                 del st.acquire_latencies[: self.LATENCY_SAMPLES // 2]
+            observers = list(self._observers)
+        for observer in observers:
+            try:
+                observer.counted("acquired", 1)
+                observer.acquired(took)
+            except Exception:
+                log.exception("redlock: metrics observer failed")
 
     def snapshot(self, transport: Transport) -> dict[str, Any]:
         """Counters (attempts, acquired, refused votes, failures, extensions and their

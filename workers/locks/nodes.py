@@ -37,13 +37,24 @@ class NodeStats:
 
 
 class Pending(NamedTuple):
-    """A script sent on ``conn`` whose reply has not been read yet."""
+    """A script sent on ``conn`` whose reply has not been read yet.
+
+    It carries its keys and arguments so whoever reads the reply can answer a NOSCRIPT
+    (a restarted master lost its script cache: the script did *not* run) with EVAL of the
+    source on the same connection.
+    """
 
     conn: Any  # a redis-py Connection (its I/O methods are untyped)
     script: Script
     sent: float
     node_deadline: float
     fd: int
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+
+    def resend_as_eval(self) -> None:
+        """Answer a NOSCRIPT reply: send the script's source (EVAL) on the same connection."""
+        self.conn.send_command("EVAL", self.script.script, len(self.keys), *self.keys, *self.args)
 
 
 @dataclass

@@ -213,7 +213,9 @@ class Transport:
                 node.pool.release(conn)
                 vote_now(i, Vote(False, describe(exc), exc), time.monotonic() - start)
                 return
-            pending[i] = Pending(conn, script, start, start + self.node_timeout, fd)
+            pending[i] = Pending(
+                conn, script, start, start + self.node_timeout, fd, keys, tuple(args)
+            )
             by_fd[fd] = i
             poller.register(fd, select.POLLIN)
 
@@ -267,7 +269,7 @@ class Transport:
             # Read what has arrived before expiring anyone: a reply that is already waiting
             # must not be called a timeout just because this thread was slow to look.
             if pending:
-                self._read_ready(pending, by_fd, poller, 0.0, keys, args, judge, vote_now)
+                self._read_ready(pending, by_fd, poller, 0.0, judge, vote_now)
                 if decided():
                     break
             for i, p in list(pending.items()):
@@ -292,7 +294,7 @@ class Transport:
             if pending:
                 if connecting:
                     wait = min(wait, 0.001)  # look at the opening connections too
-                self._read_ready(pending, by_fd, poller, wait, keys, args, judge, vote_now)
+                self._read_ready(pending, by_fd, poller, wait, judge, vote_now)
             elif connecting:
                 try:
                     i, fut = connected.get(timeout=wait)
@@ -304,12 +306,12 @@ class Transport:
         if pending:
             # Replies already waiting are read now (one poll, no wait): their connections go
             # straight back to the pool instead of through another thread.
-            self._read_ready(pending, by_fd, poller, 0.0, keys, args, judge, vote_now)
+            self._read_ready(pending, by_fd, poller, 0.0, judge, vote_now)
         for i, p in pending.items():
             if keep_late:
                 late[i] = p
             else:
-                futures[i] = self.pool.submit(self._drain, self.nodes[i], p, keys, args, judge)
+                futures[i] = self.pool.submit(self._drain, self.nodes[i], p, judge)
         for i, fut in opened.items():
             if i not in consumed:
                 # Nothing was sent on it yet: the script goes out once it is open (unless the
@@ -323,8 +325,6 @@ class Transport:
         by_fd: dict[int, int],
         poller: select.poll,
         wait: float,
-        keys: tuple[str, ...],
-        args: Sequence[str | int],
         judge: Callable[[object], Vote],
         vote_now: Callable[[int, Vote, float], None],
     ) -> None:
@@ -339,7 +339,7 @@ class Transport:
                 # The master restarted and lost its script cache: send the source on the
                 # same connection and keep waiting (same per-node deadline).
                 try:
-                    p.conn.send_command("EVAL", p.script.script, len(keys), *keys, *args)
+                    p.resend_as_eval()
                 except Exception as exc:
                     p.conn.disconnect()
                     vote = Vote(False, describe(exc), exc)
@@ -351,21 +351,14 @@ class Transport:
             self.nodes[i].pool.release(p.conn)
             vote_now(i, vote, time.monotonic() - p.sent)
 
-    def _drain(
-        self,
-        node: Node,
-        p: Pending,
-        keys: tuple[str, ...],
-        args: Sequence[str | int],
-        judge: Callable[[object], Vote],
-    ) -> Vote:
+    def _drain(self, node: Node, p: Pending, judge: Callable[[object], Vote]) -> Vote:
         """Read a reply nobody waited for (socket timeout = node_timeout), then give the
         connection back to the pool."""
         try:
             try:
                 result = p.conn.read_response()
             except NoScriptError:
-                p.conn.send_command("EVAL", p.script.script, len(keys), *keys, *args)
+                p.resend_as_eval()
                 result = p.conn.read_response()
             vote = judge(result)
         except Exception as exc:
@@ -412,10 +405,21 @@ class Transport:
         rnd.late.clear()
 
     def _drain_quietly(self, node: Node, p: Pending) -> None:
+        """Read the reply of a won round's straggler, then give the connection back.
+
+        A NOSCRIPT reply means the script did not run on that (restarted) master: it is sent
+        again as EVAL, so the lock (or extension) still lands on every master that can take
+        it, as ``_drain`` does for any round without ``keep_late``. Swallowing it left the
+        key on a bare quorum after a restart.
+        """
         try:
-            p.conn.read_response()
+            try:
+                p.conn.read_response()
+            except NoScriptError:
+                p.resend_as_eval()
+                p.conn.read_response()
         except redis.ResponseError:
-            pass  # an error reply (NOSCRIPT): the connection is fine
+            pass  # another error reply: the connection is fine
         except Exception:
             p.conn.disconnect()  # read_response has usually done so already
         node.pool.release(p.conn)

@@ -27,6 +27,7 @@ from dashboard.deploylock import (
 )
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import ensure_baseline
+from dashboard.warming import warm_rollout
 from workers import lockkeys
 
 TERMINAL = {"completed", "rolled_back", "failed", "aborted"}
@@ -166,7 +167,7 @@ class Command(BaseCommand):
         )
         if o["driver"] == "here":
             self.stdout.write(f"rollout {ro.pk}")
-            self._drive(RolloutDriver(ro.pk), o, takeover=False)
+            self._drive(RolloutDriver(ro.pk, warmer=warm_rollout), o, takeover=False)
             return
         if o["driver"] == "queue":
             ro = self._wait(ro.pk, lambda r: r.state != "pending", o["timeout"], "the deploy lock")
@@ -254,13 +255,17 @@ class Command(BaseCommand):
 
     def do_takeover(self, o: dict[str, Any]) -> None:
         driver = takeover_rollout(
-            rollout=o["id"], actor=o["actor"], reason=o["reason"] or "takeover", force=o["force"]
+            rollout=o["id"],
+            actor=o["actor"],
+            reason=o["reason"] or "takeover",
+            force=o["force"],
+            warmer=warm_rollout,
         )
         self.stdout.write(f"rollout {o['id']} taken over with token {driver.token}")
         self._drive(driver, o, takeover=True, acquired=True)
 
     def do_drive(self, o: dict[str, Any]) -> None:
-        self._drive(RolloutDriver(o["id"]), o, takeover=o["takeover"])
+        self._drive(RolloutDriver(o["id"], warmer=warm_rollout), o, takeover=o["takeover"])
 
     def _drive(
         self, driver: RolloutDriver, o: dict[str, Any], *, takeover: bool, acquired: bool = False

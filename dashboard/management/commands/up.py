@@ -1,7 +1,9 @@
 """``manage.py up``: the whole system in one process tree.
 
 Embedded Redis nodes (when ``REDIS_URLS`` is unset), migrations, the first admin user,
-the reconciler, the worker pool and the ASGI server on ``HOST:PORT``. Ctrl-C/SIGTERM
+the reconciler (with the rollouts' drain checks), the worker pool — one set of workers
+per staffed analyzer version plus the ``rollouts`` driver worker, following the versions
+table without a restart (``workers.pool``) — and the ASGI server on ``HOST:PORT``. Ctrl-C/SIGTERM
 stops the server, lets workers finish or hand back their job, then stops the nodes.
 """
 
@@ -19,6 +21,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
+from uvicorn.supervisors import Multiprocess
 
 from dashboard import embedded
 from dashboard.accounts import ensure_admin
@@ -35,11 +38,19 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=None)
         parser.add_argument("--port", type=int, default=None)
         parser.add_argument("--workers", type=int, default=None)
+        parser.add_argument(
+            "--web-workers",
+            type=int,
+            default=1,
+            help="web server processes sharing the port (uvicorn workers; default 1)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host = options["host"] or settings.HOST
         port = options["port"] if options["port"] is not None else settings.PORT
         workers = options["workers"] if options["workers"] is not None else settings.WORKERS
+        if options["web_workers"] < 1:
+            raise CommandError("--web-workers must be at least 1")
         settings.PORT = port  # the websocket Origin check accepts pages served from here
         nodes: list[RedisNode] = []
         if not os.environ.get("REDIS_URLS"):
@@ -95,7 +106,18 @@ class Command(BaseCommand):
             # (workers, Redis nodes) always runs.
             signal.signal(signal.SIGTERM, _note_signal)
             signal.signal(signal.SIGINT, _note_signal)
-            uvicorn.Server(config).run()
+            if options["web_workers"] > 1:
+                # Spawned processes read the settings afresh from the environment: the
+                # port (for the Origin check) and the Redis URLs (set by use_redis) too.
+                # The supervisor traps SIGINT/SIGTERM itself and returns once they stop.
+                os.environ["PORT"] = str(port)
+                config.workers = options["web_workers"]
+                # The supervisor restarts a process that misses a 5 s health ping,
+                # dropping its connections; on a CPU-starved host that is a busy one.
+                config.timeout_worker_healthcheck = 60
+                Multiprocess(config, sockets=[config.bind_socket()]).run()
+            else:
+                uvicorn.Server(config).run()
         finally:
             stop_reconciler.set()
             if pool is not None:

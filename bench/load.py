@@ -1,0 +1,384 @@
+"""Load test: logged-in users browsing with the live view open, while repositories are
+submitted and analysed (issue 15, "Load test"). Not a test: nothing is asserted, but
+the exit status is 1 when a request failed or a submitted repository is incomplete.
+
+``manage.py up --workers 4`` runs as a subprocess on a free loopback port (its own
+temporary ``GITWARD_VAR_DIR``: SQLite, or ``DATABASE_URL`` if set; embedded Redis nodes;
+submission and API rate limits off). Locust runs in this process, as a library
+(headless, one gevent loop):
+
+* ``--users`` browsers (default 200): each logs in through the login form, holds the
+  operators' websocket (``/ws/ops/``) open for the whole run, and every 2 s (think time)
+  opens one of the main pages: overview, repositories, one repository, locks, workers,
+  dead letters, audit, and the status API.
+* ``--submitters`` (default 20): each submits a fresh repository through the API
+  (``POST /api/repos``) every ``--submit-every`` seconds (synthetic histories of
+  ``--commits`` commits built with ``git fast-import`` before the run).
+
+Figures are taken over ``--minutes`` (default 3) once every user has logged in (the ramp
+is excluded). Websocket event delay = arrival time - the event's ``at`` (set when the
+worker or web process published it; one clock, one machine); it includes the
+consumers' 100 ms coalescing window. Afterwards every submitted repository must become
+ready (bounded by ``--drain-timeout``) with exactly the commits git reports, each once
+(paged through ``/api/repos/{id}/commits``).
+
+    .venv/bin/python bench/load.py [--users 200] [--minutes 3] [--submitters 20]
+        [--workers 4] [--web-workers 1] [--commits 40] [--submit-every 10]
+"""
+
+from __future__ import annotations
+
+# Locust's import monkey-patches the standard library for gevent: it must come first.
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gevent  # noqa: E402
+import requests  # noqa: E402
+import websocket  # noqa: E402  (websocket-client, a Locust dependency)
+from locust import HttpUser, constant, events, task  # noqa: E402
+from locust.env import Environment  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.live import make_repo, pct  # noqa: E402
+from tests.sysproc import wait_http  # noqa: E402
+from workers.redisnode import free_port  # noqa: E402
+
+PASSWORD = "load-pass-123456"
+#: The main pages, by the name they are reported under; {repo} is filled per request.
+PAGES = {
+    "overview": "/",
+    "repositories": "/repos/",
+    "repository": "/repos/{repo}/",
+    "locks": "/locks/",
+    "workers": "/workers/",
+    "dead-letters": "/dead-letters/",
+    "audit": "/audit/",
+    "api-status": "/api/status",
+}
+
+
+class Shared:
+    """What the users share: the pool of origins to submit, and what was submitted."""
+
+    base = ""
+    origins: list[tuple[Path, int]] = []
+    submitted: dict[int, tuple[Path, int]] = {}
+    ws_delays: list[float] = []
+    ws_errors: list[str] = []
+    ws_open = 0
+    measuring = False
+
+
+def log_in(user: HttpUser) -> None:
+    page = user.client.get("/login/", name="login")
+    csrf = user.client.cookies.get("csrftoken", "")
+    res = user.client.post(
+        "/login/",
+        data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": csrf},
+        headers={"Referer": f"{Shared.base}/login/"},
+        name="login",
+        allow_redirects=False,
+    )
+    if res.status_code != 302 or page.status_code != 200:
+        raise RuntimeError(f"login failed: {page.status_code}/{res.status_code}")
+
+
+def csrf_headers(user: HttpUser) -> dict[str, str]:
+    return {
+        "X-CSRFToken": user.client.cookies.get("csrftoken", ""),
+        "Referer": f"{Shared.base}/",
+        "Content-Type": "application/json",
+    }
+
+
+class Browser(HttpUser):
+    """A logged-in operator: the live websocket open, one page every 2 s."""
+
+    wait_time = constant(2)
+    fixed_count = 200
+
+    def on_start(self) -> None:
+        log_in(self)
+        self.ws_stop = False
+        self.listener = gevent.spawn(self._listen)
+
+    def on_stop(self) -> None:
+        self.ws_stop = True
+        self.listener.kill(block=False)
+
+    def _listen(self) -> None:
+        cookie = "; ".join(f"{k}={v}" for k, v in self.client.cookies.items())
+        url = Shared.base.replace("http://", "ws://") + "/ws/ops/"
+        try:
+            ws = websocket.create_connection(
+                url, header=[f"Cookie: {cookie}"], origin=Shared.base, timeout=30
+            )
+        except Exception as exc:  # counted and printed
+            Shared.ws_errors.append(f"connect: {exc}")
+            return
+        Shared.ws_open += 1
+        try:
+            while not self.ws_stop:
+                try:
+                    raw = ws.recv()
+                except websocket.WebSocketTimeoutException:
+                    continue
+                now = time.time()
+                if not raw:
+                    Shared.ws_errors.append("closed by the server")
+                    return
+                msg = json.loads(raw)
+                if msg.get("type") == "events" and Shared.measuring:
+                    Shared.ws_delays.extend(now - float(e["at"]) for e in msg["events"])
+        except Exception as exc:
+            if not self.ws_stop:
+                Shared.ws_errors.append(f"recv: {type(exc).__name__}: {exc}")
+        finally:
+            Shared.ws_open -= 1
+            ws.close()
+
+    @task
+    def browse(self) -> None:
+        name = random.choice(list(PAGES))
+        ids = list(Shared.submitted) or [1]
+        path = PAGES[name].format(repo=random.choice(ids))
+        self.client.get(path, name=name)
+
+
+class Submitter(HttpUser):
+    """Submits a fresh repository through the API every ``--submit-every`` seconds."""
+
+    wait_time = constant(10)
+    fixed_count = 20
+
+    def on_start(self) -> None:
+        log_in(self)
+
+    @task
+    def submit(self) -> None:
+        if not Shared.origins:
+            return
+        path, commits = Shared.origins.pop()
+        res = self.client.post(
+            "/api/repos",
+            data=json.dumps({"url": str(path)}),
+            headers=csrf_headers(self),
+            name="api-submit",
+        )
+        if res.status_code in (200, 202):
+            Shared.submitted[int(res.json()["id"])] = (path, commits)
+
+
+def start_server(var: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "REDIS_URL"))}
+    env.update(
+        GITWARD_VAR_DIR=str(var),
+        GITWARD_LOCAL_ROOTS=str(var.parent / "origins"),
+        GITWARD_ADMIN_PASSWORD=PASSWORD,
+        GITWARD_RATE_SUBMIT_PER_MINUTE="0",
+        GITWARD_RATE_API_PER_MINUTE="0",
+        PYTHONUNBUFFERED="1",
+    )
+    if "DATABASE_URL" not in env:
+        env["DATABASE_URL"] = f"sqlite:///{var / 'db.sqlite3'}"
+    cmd = [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port),
+           "--workers", str(args.workers)]  # fmt: skip
+    if args.web_workers > 1:
+        cmd += ["--web-workers", str(args.web_workers)]
+    var.mkdir(parents=True, exist_ok=True)
+    log = open(var / "up.log", "wb")  # noqa: SIM115 - open for the server's lifetime
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/login/", proc, timeout=180)
+    return proc
+
+
+def verify(base: str, token_session: requests.Session, timeout: float) -> dict[str, int]:
+    """Wait for every submitted repository; check its commits against git, each once."""
+    pending = dict(Shared.submitted)
+    report = {"repositories": len(pending), "ready": 0, "wrong": 0, "commits": 0}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for repo_id in list(pending):
+            body = token_session.get(f"{base}/api/repos/{repo_id}", timeout=30).json()
+            if body["status"] in ("ready", "failed"):
+                path, commits = pending.pop(repo_id)
+                shas: list[str] = []
+                cursor = ""
+                while True:
+                    page = token_session.get(
+                        f"{base}/api/repos/{repo_id}/commits",
+                        params={"limit": 1000, **({"cursor": cursor} if cursor else {})},
+                        timeout=30,
+                    ).json()
+                    shas += [c["sha"] for c in page["results"]]
+                    cursor = page.get("next") or ""
+                    if not cursor:
+                        break
+                want = subprocess.run(
+                    ["git", "-C", str(path), "rev-list", "HEAD"],
+                    capture_output=True, text=True, check=True,
+                ).stdout.split()  # fmt: skip
+                good = (
+                    body["status"] == "ready"
+                    and len(shas) == len(set(shas)) == commits
+                    and set(shas) == set(want)
+                )
+                report["ready" if good else "wrong"] += 1
+                report["commits"] += len(shas)
+        if pending:
+            time.sleep(1)
+    report["unfinished"] = len(pending)
+    for repo_id in list(pending)[:5]:
+        body = token_session.get(f"{base}/api/repos/{repo_id}", timeout=30).json()
+        print(f"  unfinished: repository {repo_id} {body['status']} {body.get('error') or ''}")
+    return report
+
+
+def redis_commands(var: Path) -> dict[str, int]:
+    """Commands processed so far by each embedded Redis node (state.json of ``up``).
+    Node 0 is also the queue Redis and channel layer; the others take only lock calls."""
+    import redis
+
+    urls = json.loads((var / "state.json").read_text())["redis_urls"]
+    return {
+        url: int(redis.Redis.from_url(url).info("stats")["total_commands_processed"])
+        for url in urls
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--users", type=int, default=200, help="browsing users")
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--submitters", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=4, help="worker processes")
+    parser.add_argument("--web-workers", type=int, default=1, help="web server processes")
+    parser.add_argument("--commits", type=int, default=40, help="commits per repository")
+    parser.add_argument("--submit-every", type=float, default=10.0, help="s per submitter")
+    parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per s")
+    parser.add_argument("--drain-timeout", type=float, default=900.0)
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="gitward-load-"))
+    proc = None
+    try:
+        budget = int(args.submitters * (args.minutes * 60 / args.submit_every + 2)) + 10
+        print(f"building {budget} repositories of {args.commits} commits …", flush=True)
+        for i in range(budget):
+            path = tmp / "origins" / f"r{i:04d}"
+            make_repo(path, args.commits, seed=i)
+            Shared.origins.append((path, args.commits))
+        port = free_port()
+        Shared.base = f"http://127.0.0.1:{port}"
+        proc = start_server(tmp / "var", port, args)
+        print(f"server up on {Shared.base} with {args.workers} workers; "
+              f"{args.web_workers} web process(es)", flush=True)  # fmt: skip
+
+        Browser.fixed_count = args.users
+        Browser.host = Shared.base
+        Submitter.fixed_count = args.submitters
+        Submitter.host = Shared.base
+        Submitter.wait_time = constant(args.submit_every)
+        env = Environment(user_classes=[Browser, Submitter], events=events)
+        runner = env.create_local_runner()
+        total = args.users + args.submitters
+        runner.start(total, spawn_rate=args.spawn_rate)
+        deadline = time.monotonic() + total / args.spawn_rate + 120
+        while (
+            runner.user_count < total or Shared.ws_open + len(Shared.ws_errors) < args.users
+        ) and time.monotonic() < deadline:
+            gevent.sleep(0.5)
+        print(f"{runner.user_count} users, {Shared.ws_open} websockets open; measuring "
+              f"{args.minutes} min", flush=True)  # fmt: skip
+        env.stats.reset_all()
+        Shared.ws_delays.clear()
+        Shared.measuring = True
+        redis_before = redis_commands(tmp / "var")
+        started = time.monotonic()
+        gevent.sleep(args.minutes * 60)
+        elapsed = time.monotonic() - started
+        Shared.measuring = False
+        redis_after = redis_commands(tmp / "var")
+        stats = env.stats
+        rows = sorted(stats.entries.values(), key=lambda e: e.name)
+        requests_total = sum(e.num_requests for e in rows)
+        failures = sum(e.num_failures for e in rows)
+        ws_open_at_end = Shared.ws_open
+        runner.quit()
+
+        print(f"\n{requests_total} requests in {elapsed:.0f} s: "
+              f"{requests_total / elapsed:.1f} requests/s, {failures} errors")  # fmt: skip
+        print(f"{'page':<14}{'requests':>9}{'errors':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
+        for e in rows:
+            if not e.num_requests:
+                continue
+            print(
+                f"{e.name:<14}{e.num_requests:>9}{e.num_failures:>8}"
+                f"{e.get_response_time_percentile(0.5):>9.0f}"
+                f"{e.get_response_time_percentile(0.95):>9.0f}"
+                f"{e.get_response_time_percentile(0.99):>9.0f}"
+            )
+        for err in list(stats.errors.values())[:10]:
+            print(f"  error: {err.method} {err.name}: {err.error} ×{err.occurrences}")
+        delays = [d * 1000 for d in Shared.ws_delays]
+        if delays:
+            print(f"websocket events: {len(delays)} received, delay p50 {pct(delays, 50):.0f} ms,"
+                  f" p95 {pct(delays, 95):.0f} ms, p99 {pct(delays, 99):.0f} ms, "
+                  f"mean {statistics.fmean(delays):.0f} ms")  # fmt: skip
+        print(f"websockets: {ws_open_at_end} of {args.users} open at the end, "
+              f"{len(Shared.ws_errors)} errors {Shared.ws_errors[:3]}")  # fmt: skip
+
+        for i, url in enumerate(redis_before):
+            rate = (redis_after[url] - redis_before[url]) / elapsed
+            role = "queues + channel layer + locks" if i == 0 else "locks only"
+            print(f"redis node {i} ({role}): {rate:.0f} commands/s")
+
+        session = requests.Session()
+        token = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "api_token", "admin"],
+            env={**os.environ, "GITWARD_VAR_DIR": str(tmp / "var"),
+                 "DATABASE_URL": os.environ.get("DATABASE_URL",
+                                                f"sqlite:///{tmp / 'var' / 'db.sqlite3'}")},
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        session.headers["Authorization"] = f"Bearer {token}"
+        started = time.monotonic()
+        report = verify(Shared.base, session, args.drain_timeout)
+        drained = time.monotonic() - started
+        print(f"verified after {drained:.0f} s more: {report}")
+        span = elapsed + drained
+        print(f"analysed {report['commits']} commits of {report['repositories']} repositories"
+              f" in {span:.0f} s (measured window + drain): {report['commits'] / span:.1f}"
+              f" commits/s over {args.workers} workers, offered load permitting")  # fmt: skip
+        ok = failures == 0 and not Shared.ws_errors and report["wrong"] == 0
+        ok = ok and report["unfinished"] == 0
+        return 0 if ok else 1
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

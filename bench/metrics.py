@@ -1,0 +1,128 @@
+"""Scrape cost of ``GET /metrics`` at scale, and the cost of recording metrics per job.
+
+1. Scrape: 100,000 succeeded runs and 100,000 dead letters (40 root causes, 20
+   repositories) in SQLite, 3 local Redis masters, the telemetry hash filled by a few
+   thousand recorded job attempts over 4 queues and versions; ``metrics_text()`` (the
+   whole server-side work of a scrape) timed over 20 rounds.
+2. Recording: what one job attempt adds — the lifecycle counters and histograms of
+   ``dashboard.telemetry`` plus its two flushes to Redis — timed over 2,000 attempts, and
+   set against the analysis benchmark's end-to-end time (BENCHMARKS.md).
+
+Prints JSON; nothing here is asserted by a test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+spec = importlib.util.spec_from_file_location("_gitward_bench_live", ROOT / "bench" / "live.py")
+assert spec and spec.loader
+live = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(live)
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-metrics-"))
+    out: dict[str, Any] = {}
+    with live.redis_nodes(tmp) as nodes:
+        for key in list(os.environ):
+            if key.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL")):
+                del os.environ[key]
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="dashboard.settings",
+            GITWARD_VAR_DIR=str(tmp / "var"),
+            DATABASE_URL=f"sqlite:///{tmp / 'var' / 'db.sqlite3'}",
+            REDIS_URLS=",".join(n.url for n in nodes),
+            GITWARD_LOG_LEVEL="WARNING",
+        )
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+
+        from dashboard import telemetry
+        from dashboard.metrics import metrics_text
+        from dashboard.models import JobRun
+
+        call_command("migrate", verbosity=0)
+        t0 = time.perf_counter()
+        live.fill(100_000, 1_000, 1)
+        cols = [f.column for f in JobRun._meta.concrete_fields if f.column != "id"]
+        select = ", ".join(
+            "job_id || '-ok'" if c == "job_id" else "'succeeded'" if c == "state" else c
+            for c in cols
+        )
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO dashboard_jobrun ({', '.join(cols)}) "
+                f"SELECT {select} FROM dashboard_jobrun WHERE state = 'dead'"
+            )
+        out["runs"] = JobRun.objects.count()
+        out["dead_letters"] = JobRun.objects.filter(state="dead").count()
+        out["fill_s"] = round(time.perf_counter() - t0, 1)
+
+        class Run:
+            def __init__(self, i: int) -> None:
+                self.queue = ["sync", "analysis@aaaaaaaa", "analysis@bbbbbbbb", "maintenance"][
+                    i % 4
+                ]
+                self.version = ["a" * 64, "b" * 64][i % 2]
+                self.fingerprint = self.version
+                self.error = "WorkerDied" if i % 50 == 0 else ""
+                from django.utils import timezone
+
+                self.started_at = timezone.now()
+                self.finished_at = None
+
+        kinds = ["job.started", "job.succeeded"]
+        t0 = time.perf_counter()
+        attempts = 2_000
+        for i in range(attempts):
+            run = Run(i)
+            for kind in kinds if i % 10 else ["job.started", "job.failed"]:
+                telemetry.record_run_event(kind, run)
+            telemetry.observe(telemetry.LOCK_ACQUIRE_SECONDS, 0.004)
+            telemetry.count(telemetry.LOCK_COUNTERS["acquired"], 1)
+            telemetry.count(telemetry.LOCK_COUNTERS["releases"], 1)
+        per_attempt = (time.perf_counter() - t0) / attempts
+        out["record_ms_per_attempt"] = round(per_attempt * 1000, 3)
+        out["telemetry_fields"] = len(telemetry.read_all())
+        # The analysis benchmark (BENCHMARKS.md): 28 attempts (1 sync + 27 chunks), 7.15 s.
+        out["analysis_overhead_pct"] = round(28 * per_attempt / 7.15 * 100, 3)
+
+        metrics_text()  # warm caches (queries compiled, connections open)
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            text = metrics_text()
+            times.append(time.perf_counter() - t)
+        from dashboard import metrics as m
+
+        parts = {}
+        for name in ("_aggregated", "_queues", "_runs", "_workers", "_masters", "_rollouts"):
+            took = []
+            for _ in range(5):
+                t = time.perf_counter()
+                list(getattr(m, name)())
+                took.append(time.perf_counter() - t)
+            parts[name.strip("_")] = round(statistics.median(took) * 1000, 1)
+        out["scrape_parts_ms"] = parts
+        out["scrape_ms_median"] = round(statistics.median(times) * 1000, 1)
+        out["scrape_ms_max"] = round(max(times) * 1000, 1)
+        out["exposition_bytes"] = len(text)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""What the browser test of the Rollouts page needs that the backend does not do yet
+(issue 11: workers per version, the warmer, the ``rollouts`` worker in ``up``), played
+through the domain functions against a running ``manage.py up`` (same environment, so
+the same database and embedded Redis nodes):
+
+``python -m tests.rolloutplay ROLLOUT_ID GO_FILE``
+
+1. If no RQ worker serves the ``rollouts`` queue, drive the rollout here: a real
+   ``RolloutDriver`` takes the deploy lock and runs until the rollout ends.
+2. Once the version is warming, play its workers with the real analyzer path
+   (``tests.rollout_support.analyse_as``): half the warm set at once, the rest once the
+   test creates ``GO_FILE`` (so the page can be seen mid-warming), then report a worker
+   of the new fingerprint.
+3. Once the version is ramping, dead-letter one analysis run of its fingerprint through
+   the real attempt path (``runs.begin_attempt`` / ``fail_attempt``): the dead-letter page
+   then offers "roll back to V".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+
+import django
+
+django.setup()
+
+from django.db import IntegrityError, connection  # noqa: E402
+from rq import Worker  # noqa: E402
+
+from dashboard import queues, rollouts  # noqa: E402
+from dashboard.deploylock import RolloutDriver  # noqa: E402
+from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout  # noqa: E402
+from dashboard.runs import begin_attempt, ensure_run, fail_attempt  # noqa: E402
+from tests.rollout_support import analyse_as, report_worker  # noqa: E402
+
+S = AnalyzerVersion.State
+DEADLINE = 180.0
+
+
+def wait_until(condition: Callable[[], object], what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > end:
+            raise SystemExit(f"rolloutplay: timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def version_state(ro_id: int) -> str:
+    return str(Rollout.objects.values_list("version__state", flat=True).get(pk=ro_id))
+
+
+def play(ro_id: int, go: Path) -> None:
+    try:
+        wait_until(lambda: version_state(ro_id) == S.WARMING, "warming")
+        wait_until(lambda: Rollout.objects.get(pk=ro_id).warm_set.get("items"), "a warm set")
+        ro = Rollout.objects.select_related("version").get(pk=ro_id)
+        version = ro.version
+        for repo_id, shas in ro.warm_set["items"]:
+            oldest_first = list(reversed(shas))
+            half = max(1, len(oldest_first) // 2)
+            repo = Repository.objects.get(pk=repo_id)
+            try:
+                analyse_as(version, repo, oldest_first[:half])
+                wait_until(go.exists, str(go))
+                if oldest_first[half:]:
+                    analyse_as(version, repo, oldest_first[half:])
+            except IntegrityError:  # a real warmer wrote these chunks already
+                pass
+        report_worker(version)
+        wait_until(lambda: version_state(ro_id) == S.RAMPING, "ramping")
+        repo_id = ro.warm_set["items"][0][0]
+        run = ensure_run(
+            kind=JobRun.Kind.ANALYZE,
+            job_id=f"rolloutplay-{version.fingerprint[:12]}",
+            queue=rollouts.physical_queue(ro.queue, version.fingerprint),
+            repository_id=repo_id,
+            fingerprint=version.fingerprint,
+        )
+        attempt = begin_attempt(run_id=run.pk, number=1, worker="rolloutplay")
+        if attempt is not None:
+            fail_attempt(attempt, KeyError("renamed path lost its history"), permanent=True)
+    finally:
+        connection.close()
+
+
+def main(ro_id: int, go: Path) -> int:
+    served = any(
+        rollouts.DRIVER_QUEUE in w.queue_names() for w in Worker.all(connection=queues.connection())
+    )
+    player = threading.Thread(target=play, args=(ro_id, go), daemon=True)
+    player.start()
+    if not served:
+        driver = RolloutDriver(ro_id, poll=0.3)
+        driver.acquire(actor="rolloutplay", reason="browser test driver")
+        print(f"rolloutplay: driving rollout #{ro_id}", flush=True)
+        print(f"rolloutplay: rollout ended {driver.run()}", flush=True)
+    player.join(DEADLINE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), Path(sys.argv[2])))

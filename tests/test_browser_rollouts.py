@@ -1,0 +1,205 @@
+"""The Rollouts page end to end in a real headless Chromium against `manage.py up`: an
+admin starts a rollout of a new configuration (detect_renames) from the page's form and
+its confirm dialog, watches it warm, pass the gate and show its result diff live (no
+reload), promotes it step by step to current, sees the "roll back to V" button beside the
+dead letters of the ramping version, and rolls it back with one button via the modal.
+
+Not wired on main yet (issue 11: the ``rollouts`` worker in ``up``, workers per version,
+the warmer): ``tests/rolloutplay.py`` plays those parts through the domain functions — a
+real ``RolloutDriver`` holding the deploy lock, the warm set analysed with the real
+analyzer path, a run of the ramping version dead-lettered through the real attempt path.
+Screenshots go to artifacts/screenshots/ and docs/screenshot-rollouts.png."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.rollout_support import history_with_renames
+from tests.sysproc import CHROMIUM, CHROMIUM_ARGS
+from tests.test_up import _env, _start
+from workers.redisnode import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "artifacts" / "screenshots"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def system(tmp_path: Path):
+    assert Path(CHROMIUM).exists(), "chromium is installed by `make test` (make browser)"
+    port = free_port()
+    env = _env(tmp_path, GITWARD_RECONCILE_INTERVAL="1")
+    proc = _start(env, port, workers=1)
+    players: list[subprocess.Popen[str]] = []
+    yield f"http://127.0.0.1:{port}", tmp_path, env, players
+    for p in players:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    base, tmp, env, players = system
+    origin = history_with_renames(tmp / "renames")
+    go = tmp / "go-warm-the-rest"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = ctx.new_page()
+        page.goto(f"{base}/login/")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", "admin-pass-123")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/")
+        # A repository analysed under the current (default) version: the warm set.
+        page.goto(f"{base}/repos/")
+        page.fill("input[name=url]", str(origin.path))
+        page.click("form.submit button[type=submit]")
+        page.wait_for_url(re.compile(r".*/repos/\d+/$"))
+        expect(page.locator("#repo-status")).to_have_text("ready", timeout=90000)
+
+        # Start from the Rollouts page (nav between Dead letters and Audit).
+        page.goto(f"{base}/")
+        nav = page.locator("header nav a").all_inner_texts()
+        assert nav.index("Rollouts") == nav.index("Dead letters") + 1
+        assert nav.index("Audit") == nav.index("Rollouts") + 1
+        page.click("header nav a:text('Rollouts')")
+        page.wait_for_url(f"{base}/rollouts/")
+        # Bad input first: a field error, nothing started.
+        page.fill("#id_steps", "50,10")
+        page.check("#id_detect_renames")
+        page.click("#start-button")
+        expect(page.locator("#rollout-dialog")).to_be_visible()
+        page.click("#rollout-ok")
+        expect(page.locator('.field-error[data-field="steps"]')).to_contain_text(
+            "steps must increase"
+        )
+        page.fill("#id_steps", "10,100")
+        page.check("#id_detect_renames")
+        page.click("#start-button")
+        dialog = page.locator("#rollout-dialog")
+        expect(dialog).to_be_visible()
+        assert page.locator("dialog:modal").count() == 1  # a real modal, not confirm()
+        expect(page.locator("#rollout-plan")).to_contain_text("detect_renames=true")
+        expect(page.locator("#rollout-plan")).to_contain_text("10% → 100%")
+        page.fill("#rollout-reason", "renames as one file")
+        page.click("#rollout-ok")
+        page.wait_for_url(re.compile(r".*/rollouts/\d+/$"))
+        rollout_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+        section = page.locator(f"#rollout-{rollout_id}")
+        # pending until a driver takes the deploy lock (at once if `up` serves `rollouts`)
+        expect(section.locator('[data-field="rollout-state"]')).to_have_text(
+            re.compile("pending|active")
+        )
+        page.evaluate("window.__notReloaded = true")
+
+        players.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.rolloutplay", str(rollout_id), str(go)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+        # Live: the driver takes the lock, warming starts, half the warm set is stored.
+        state = section.locator('[data-field="version-state"]')
+        expect(state).to_have_text("warming", timeout=60000)
+        expect(section.locator("[data-field=warm-text]")).to_contain_text(
+            "2 / 5 commits", timeout=30000
+        )
+        page.screenshot(path=str(SHOTS / "rollout-warming.png"), full_page=True)
+        go.touch()
+        # The gate opens: every check ✓; the diff says what changes.
+        expect(state).to_have_text("verified", timeout=60000)
+        expect(section.locator("[data-field=verdict]")).to_have_text("✓ gate open")
+        expect(section.locator("ul.checks li.good")).to_have_count(4)
+        expect(section.locator("[data-field=diff-headline]")).to_have_text(
+            "2 commits change: renames now one file", timeout=30000
+        )
+        expect(section.locator(".timeline")).to_contain_text("lock.taken")
+        assert page.evaluate("window.__notReloaded") is True
+
+        # Promote to the first step through the modal.
+        section.locator("button[data-verb=promote]").click()
+        expect(page.locator("#rollout-plan")).to_contain_text("from 0% to 10%")
+        page.fill("#rollout-reason", "diff reviewed")
+        page.click("#rollout-ok")
+        expect(page.locator(".flash.success")).to_contain_text("promote requested")
+        section = page.locator(f"#rollout-{rollout_id}")
+        page.evaluate("window.__notReloaded = true")
+        expect(section.locator('[data-field="version-state"]')).to_have_text(
+            "ramping 10%", timeout=30000
+        )
+        assert page.evaluate("window.__notReloaded") is True
+
+        # The ramping version's dead letter offers the rollback right there.
+        dlq = ctx.new_page()
+        dlq.goto(f"{base}/dead-letters/")
+        old = page.locator(f"#rollout-{rollout_id} h2 .muted").inner_text().removeprefix("from ")
+        offer = dlq.locator("#dlq-body details.group .offer button")
+        expect(offer).to_have_text(f"roll back to {old}", timeout=60000)
+        expect(dlq.locator("#dlq-body details.group .offer")).to_contain_text("(ramping)")
+        dlq.screenshot(path=str(SHOTS / "rollout-dead-letters.png"), full_page=True)
+        offer.click()
+        expect(dlq.locator("#rollout-plan")).to_contain_text(f"to {old}: stop routing")
+        dlq.click("#rollout-cancel")  # cancelled: nothing happens
+        expect(dlq.locator("#rollout-dialog")).to_be_hidden()
+        dlq.close()
+
+        page.goto(f"{base}/rollouts/")
+        page.screenshot(path=str(SHOTS / "rollouts.png"), full_page=True)
+        shutil.copy(SHOTS / "rollouts.png", ROOT / "docs" / "screenshot-rollouts.png")
+        # 10% → 100% → current, each through its confirm step.
+        for step in ("Promote to 100%", "Promote to current"):
+            button = page.locator(f"#rollout-{rollout_id} button[data-verb=promote]")
+            expect(button).to_have_text(step, timeout=30000)
+            button.click()
+            page.click("#rollout-ok")
+            expect(page.locator(".flash.success")).to_contain_text("promote requested")
+        section = page.locator(f"#rollout-{rollout_id}")
+        expect(section.locator('[data-field="version-state"]')).to_have_text(
+            "current", timeout=30000
+        )
+        expect(section.locator('[data-field="rollout-state"]')).to_have_text("completed")
+
+        # One button: roll back, via the modal naming exactly what happens.
+        section.locator("button[data-verb=rollback]").click()
+        assert page.locator("dialog:modal").count() == 1
+        plan = page.locator("#rollout-plan")
+        expect(plan).to_contain_text(f"to {old}: stop routing to")
+        expect(plan).to_contain_text("becomes current again")
+        expect(plan).to_contain_text("release the deploy lock")
+        page.fill("#rollout-reason", "numbers look wrong")
+        page.click("#rollout-ok")
+        expect(page.locator(".flash.success")).to_contain_text(f"routed back to {old}")
+        section = page.locator(f"#rollout-{rollout_id}")
+        expect(section.locator('[data-field="rollout-state"]')).to_have_text(
+            re.compile("rolling_back|rolled_back")
+        )
+        row = page.locator(f"#versions-table tr:has(code:text-is('{old}'))")
+        page.goto(f"{base}/rollouts/")
+        expect(row.locator(".pill")).to_have_text("current")
+        page.screenshot(path=str(SHOTS / "rollouts-rolled-back.png"), full_page=True)
+        page.goto(f"{base}/audit/?action=rollout.page.rollback")
+        expect(page.locator("#audit-table")).to_contain_text("routed back")
+        browser.close()
+    out = players[0].communicate(timeout=60)[0]
+    assert players[0].returncode == 0, out
