@@ -181,7 +181,7 @@ def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
     """
     chunk = Chunk.objects.select_related("repository").get(pk=chunk_id)
     if chunk.state == Chunk.State.DONE:
-        complete_repository(repo_id=chunk.repository_id, fingerprint=chunk.fingerprint)
+        _complete(chunk)
         return chunk, "already done"
     shas = chunk.sha_list()
     stored = Commit.objects.filter(
@@ -189,12 +189,19 @@ def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
     ).count()
     if stored == len(shas):
         Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE, finished_at=timezone.now())
-        complete_repository(repo_id=chunk.repository_id, fingerprint=chunk.fingerprint)
+        _complete(chunk)
         return chunk, "already stored"
     Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
         state=Chunk.State.RUNNING
     )
     return chunk, None
+
+
+def _complete(chunk: Chunk) -> None:
+    """A redelivered chunk found its work done: if that completes the repository, the
+    live view must hear it too (otherwise it shows "analyzing" at 100% until a reload)."""
+    if complete_repository(repo_id=chunk.repository_id, fingerprint=chunk.fingerprint):
+        publish_repo_changed(chunk.repository_id)
 
 
 def finish_chunk(chunk: Chunk) -> bool:

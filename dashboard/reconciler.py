@@ -12,7 +12,7 @@ from rq.registry import ScheduledJobRegistry
 
 from dashboard import queues
 from dashboard.models import JobRun, Repository
-from dashboard.repositories import complete_repository
+from dashboard.repositories import complete_repository, publish_repo_changed
 from dashboard.rollouts import reconcile_drains
 from dashboard.runs import cancel_runs, closed_fingerprints, crash_attempt, enqueue_run
 from dashboard.workerbeats import live_worker_names, orphaned_runs
@@ -68,7 +68,9 @@ def reconcile() -> dict[str, int]:
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
-        completed += int(complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint))
+        if complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint):
+            completed += 1
+            publish_repo_changed(repo.pk)  # watchers see "ready" without a reload
     result = {
         "crashed": crashed,
         "requeued": requeued,

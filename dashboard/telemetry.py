@@ -28,6 +28,7 @@ keeps ``h_bucket`` per upper bound (label ``le``, not cumulative), ``h_sum`` and
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -283,6 +284,11 @@ def flush() -> bool:
         return False
     _buffer.failing = False
     return True
+
+
+# A short-lived process (``manage.py submit``, a burst worker) flushes what the daemon
+# thread had no time to; work horses leave by ``os._exit`` and flush per attempt instead.
+atexit.register(lambda: flush())
 
 
 def read_all() -> dict[str, float]:

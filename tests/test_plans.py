@@ -139,3 +139,23 @@ def test_finishing_the_last_chunk_completes_the_repository_once() -> None:
     assert progress[-1]["analyzed"] == 2 and progress[-1]["total"] == 2
     changed = next(e for e in events if e["type"] == "repo.changed")
     assert changed["status"] == "ready" and changed["repo"] == repo.pk
+
+
+def test_a_redelivered_chunk_that_completes_the_repository_tells_the_live_view() -> None:
+    # The last chunk's work was committed by an attempt that died before finish_chunk;
+    # its redelivery finds it stored and completes the repository: watchers must hear it.
+    repo = a_repo()
+    plan(repo, SHAS[:2])
+    Repository.objects.filter(pk=repo.pk).update(status=Repository.Status.ANALYZING)
+    repo.refresh_from_db()
+    chunks = list(Chunk.objects.order_by("position"))
+    for chunk in chunks:
+        for sha in chunk.sha_list():
+            store(repo, sha)
+    Chunk.objects.filter(pk=chunks[0].pk).update(state=Chunk.State.DONE)
+    tap = Tap()
+    assert plans.begin_chunk(chunks[-1].pk)[1] == "already stored"
+    assert Repository.objects.get(pk=repo.pk).status == Repository.Status.READY
+    events = tap.until(lambda evs: any(e["type"] == "repo.changed" for e in evs))
+    changed = next(e for e in events if e["type"] == "repo.changed")
+    assert changed["status"] == "ready" and changed["repo"] == repo.pk

@@ -170,6 +170,11 @@ def test_every_page_api_call_and_socket_degrades_with_the_queue_node_killed(
         assert response.status_code == 200, path
     assert "gitward_queue_server_up 0" in client.get("/metrics").content.decode()
 
+    snapshot = _ws_snapshot(operator)
+    assert snapshot["type"] == "snapshot"
+    assert snapshot["data"]["queue_server"]["ok"] is False
+    assert snapshot["data"]["queue_server"]["error"] == DOWN
+    assert key in [row["key"] for row in snapshot["data"]["locks"]]
     pause = client.post(
         "/api/queues/pause", {"queue": queues.SYNC_QUEUE}, content_type="application/json"
     )
@@ -180,11 +185,6 @@ def test_every_page_api_call_and_socket_degrades_with_the_queue_node_killed(
     assert retry.status_code == 202  # a bulk action; it ends failed, not stuck queued
     assert retry.json()["state"] == "failed" and DOWN in retry.json()["error"]
 
-    snapshot = _ws_snapshot(operator)
-    assert snapshot["type"] == "snapshot"
-    assert snapshot["data"]["queue_server"]["ok"] is False
-    assert snapshot["data"]["queue_server"]["error"] == DOWN
-    assert key in [row["key"] for row in snapshot["data"]["locks"]]
     repo_socket = _ws_snapshot(operator, repo_id)
     assert repo_socket["type"] == "snapshot"
     assert any(DOWN in reason for reason in repo_socket["data"]["waiting"])
