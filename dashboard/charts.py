@@ -1,50 +1,138 @@
-"""Server-side SVG geometry for small charts (no inline styles: CSP-safe)."""
+"""Server-side SVG geometry for the charts (no inline styles: CSP-safe).
+
+Every chart has a y axis (0, half and the peak, with the unit), x labels, and a
+``<title>`` per bar or sample so the value shows on hover. History charts bucket by
+week, month or year so one week and twenty years both read.
+"""
 
 from __future__ import annotations
 
 from datetime import date, timedelta
 from typing import Any
 
-WIDTH = 720
-HEIGHT = 120
+WIDTH = 600  # about the drawn width in a two-column card at 1280 px: text stays ~11 px
+DAY_WIDTH = 400  # the three 24-hour charts share a row
+HEIGHT = 160
+LEFT = 44  # room for the y labels
+BOTTOM = 20  # room for the x labels
+TOP = 8
+MAX_BAR = 48.0  # one week of history is one labelled bar, not a full-width slab
 
 
-def weekly_bars(weekly: list[dict[str, Any]], *, max_weeks: int = 156) -> dict[str, Any]:
-    """Bars for commits per week, gaps filled with zero weeks, last ``max_weeks``."""
-    if not weekly:
+def bucket_for(first: date, last: date) -> str:
+    """``week`` up to half a year of history, ``month`` up to six years, else ``year``."""
+    days = (last - first).days
+    if days <= 26 * 7:
+        return "week"
+    if days <= 6 * 366:
+        return "month"
+    return "year"
+
+
+def _bucket_start(d: date, bucket: str) -> date:
+    if bucket == "week":
+        return d - timedelta(days=d.weekday())
+    if bucket == "month":
+        return d.replace(day=1)
+    return d.replace(month=1, day=1)
+
+
+def _next(d: date, bucket: str) -> date:
+    if bucket == "week":
+        return d + timedelta(days=7)
+    if bucket == "month":
+        return date(d.year + (d.month == 12), d.month % 12 + 1, 1)
+    return date(d.year + 1, 1, 1)
+
+
+def bucket_label(d: date, bucket: str) -> str:
+    if bucket == "week":
+        return f"week of {d.isoformat()}"
+    if bucket == "month":
+        return d.strftime("%b %Y")
+    return str(d.year)
+
+
+def _short_label(d: date, bucket: str) -> str:
+    if bucket == "week":
+        return d.strftime("%d %b")
+    if bucket == "month":
+        return d.strftime("%b %Y")
+    return str(d.year)
+
+
+def y_ticks(peak: float, plot_h: float) -> list[dict[str, Any]]:
+    """0, half and the peak, with their y positions."""
+    ticks = []
+    for frac in (0.0, 0.5, 1.0):
+        value = peak * frac
+        label = f"{value:,.0f}" if peak >= 10 or frac != 0.5 else f"{value:,.1f}"
+        ticks.append({"y": round(TOP + plot_h * (1 - frac), 1), "label": label})
+    return ticks
+
+
+def history_bars(weekly: list[dict[str, Any]], *, field: str = "commits",
+                 unit: str = "commit") -> dict[str, Any]:  # fmt: skip
+    """Bars of ``field`` summed per week, month or year (``bucket_for`` the range),
+    empty buckets included, with axes and hover titles. ``unit`` is a noun for the
+    ``|count`` filter: ``"commit"`` or ``"singular,plural"``."""
+    points = [(date.fromisoformat(w["week"]), int(w.get(field, 0) or 0)) for w in weekly]
+    if not points:
         return {"bars": [], "width": WIDTH, "height": HEIGHT, "max": 0}
-    counts = {date.fromisoformat(w["week"]): int(w["commits"]) for w in weekly}
-    start, end = min(counts), max(counts)
-    weeks = []
-    cur = start
+    bucket = bucket_for(min(p[0] for p in points), max(p[0] for p in points))
+    sums: dict[date, int] = {}
+    for d, n in points:
+        key = _bucket_start(d, bucket)
+        sums[key] = sums.get(key, 0) + n
+    keys = []
+    cur, end = min(sums), max(sums)
     while cur <= end:
-        weeks.append(cur)
-        cur += timedelta(days=7)
-    weeks = weeks[-max_weeks:]
-    peak = max(counts.get(w, 0) for w in weeks) or 1
-    step = min(WIDTH / len(weeks), 24.0)  # a short history keeps narrow bars
-    bars = []
-    for i, w in enumerate(weeks):
-        n = counts.get(w, 0)
-        h = round((HEIGHT - 14) * n / peak, 1)
+        keys.append(cur)
+        cur = _next(cur, bucket)
+    peak = max(sums.values()) or 1
+    plot_w, plot_h = WIDTH - LEFT, HEIGHT - TOP - BOTTOM
+    step = plot_w / len(keys)
+    bar_w = min(MAX_BAR, max(1.0, step - 1))
+    bars: list[dict[str, Any]] = []
+    for i, k in enumerate(keys):
+        n = sums.get(k, 0)
+        h = round(plot_h * n / peak, 1)
         bars.append(
             {
-                "x": round(i * step, 2),
-                "y": round(HEIGHT - h, 1),
-                "w": max(1.0, round(step - 1, 2)),
+                "x": round(LEFT + i * step + (step - bar_w) / 2, 2),
+                "y": round(TOP + plot_h - h, 1),
+                "w": round(bar_w, 2),
                 "h": h,
-                "week": w.isoformat(),
-                "commits": n,
+                "label": bucket_label(k, bucket),
+                "value": n,
             }
         )
+    every = max(1, len(keys) // 6)
+    x_labels = [
+        {"x": round(b["x"] + bar_w / 2, 1), "text": _short_label(keys[i], bucket)}
+        for i, b in enumerate(bars)
+        if i % every == 0
+    ]
     return {
         "bars": bars,
         "width": WIDTH,
         "height": HEIGHT,
+        "left": LEFT,
+        "base": TOP + plot_h,
         "max": peak,
-        "first": weeks[0].isoformat(),
-        "last": weeks[-1].isoformat(),
+        "unit": unit,
+        "bucket": bucket,
+        "y_ticks": y_ticks(peak, plot_h),
+        "x_labels": x_labels,
+        "x_label_y": HEIGHT - 4,
+        "first": bucket_label(keys[0], bucket),
+        "last": bucket_label(keys[-1], bucket),
     }
+
+
+def weekly_bars(weekly: list[dict[str, Any]], *, max_weeks: int = 156) -> dict[str, Any]:
+    """Commits per bucket (kept under its old name for callers)."""
+    return history_bars(weekly)
 
 
 SPARK_W = 240
@@ -64,12 +152,94 @@ def spark_points(values: list[int | None]) -> str:
     )
 
 
+def spark_samples(values: list[int | None], minutes: list[str], unit: str) -> list[dict[str, Any]]:
+    """One hover target per sample: its x band and its title (``14:05 · 3 jobs``)."""
+    step = SPARK_W / max(1, len(values))
+    return [
+        {
+            "x": round(i * step, 1),
+            "w": round(step, 2),
+            "title": f"{m[11:16]} UTC · {'no sample' if v is None else f'{v} {unit}'}",
+        }
+        for i, (v, m) in enumerate(zip(values, minutes, strict=False))
+    ]
+
+
 def sparklines(series: dict[str, Any]) -> dict[str, Any]:
     thr = series["throughput"]
     backlog = series["backlog"]
+    minutes = series.get("minutes", [])
     return {
         "throughput": spark_points(thr),
         "backlog": spark_points(backlog),
         "throughput_total": sum(thr),
+        "throughput_peak": max(thr, default=0),
+        "backlog_peak": max((b or 0 for b in backlog), default=0),
         "backlog_now": next((b for b in reversed(backlog) if b is not None), 0),
+        "throughput_samples": spark_samples(thr, minutes, "jobs/min"),
+        "backlog_samples": spark_samples(backlog, minutes, "queued"),
+    }
+
+
+def labelled_bars(
+    values: list[float], labels: list[str], *, unit: str, ticks: list[str] | None = None,
+    warn: float | None = None, bad: float | None = None, width: int = DAY_WIDTH,
+) -> dict[str, Any]:  # fmt: skip
+    """Bars for a fixed series (e.g. the 24 hours of ``samples.day_series``): one per
+    value, ``labels`` in the hover titles, ``ticks`` (same length, "" to skip) under the
+    axis. With ``warn``/``bad`` limits each bar gets the class ``good``/``warn``/``bad``."""
+    if not values:
+        return {"bars": [], "width": width, "height": HEIGHT, "max": 0}
+    peak = max(values) or 1
+    plot_w, plot_h = width - LEFT, HEIGHT - TOP - BOTTOM
+    step = plot_w / len(values)
+    bar_w = min(MAX_BAR, max(1.0, step - 2))
+    bars: list[dict[str, Any]] = []
+    for i, v in enumerate(values):
+        h = round(plot_h * v / peak, 1)
+        level = ""
+        if warn is not None and bad is not None:
+            level = "bad" if v >= bad else "warn" if v >= warn else "good"
+        bars.append(
+            {
+                "x": round(LEFT + i * step + (step - bar_w) / 2, 2),
+                "y": round(TOP + plot_h - h, 1),
+                "w": round(bar_w, 2),
+                "h": h,
+                "label": labels[i],
+                "value": v,
+                "level": level,
+            }
+        )
+    x_labels = [
+        {"x": round(b["x"] + bar_w / 2, 1), "text": t}
+        for b, t in zip(bars, ticks or [""] * len(bars), strict=True)
+        if t
+    ]
+    return {
+        "bars": bars,
+        "width": width,
+        "height": HEIGHT,
+        "left": LEFT,
+        "max": peak,
+        "unit": unit,
+        "bucket": "hour",
+        "y_ticks": y_ticks(peak, plot_h),
+        "x_labels": x_labels,
+        "x_label_y": HEIGHT - 4,
+        "first": labels[0],
+        "last": labels[-1],
+    }
+
+
+def day_charts(day: dict[str, Any]) -> dict[str, Any]:
+    """The three 24-hour charts of the Overview from ``samples.day_series``."""
+    labels = [f"{h[11:16]} UTC" for h in day["hours"]]
+    ticks = [lab[:5] if i % 6 == 0 else "" for i, lab in enumerate(labels)]
+    return {
+        "throughput": labelled_bars(day["throughput"], labels, unit="job", ticks=ticks),
+        "failure_pct": labelled_bars(
+            day["failure_pct"], labels, unit="% failed,% failed", ticks=ticks, warn=5, bad=20
+        ),
+        "backlog": labelled_bars(day["backlog"], labels, unit="queued,queued", ticks=ticks),
     }

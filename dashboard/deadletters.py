@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Max, Min, QuerySet
+from django.db.models import Count, Max, Min, Q, QuerySet
 from django.utils import timezone
 
 from dashboard import queues
-from dashboard.audit import record_audit
+from dashboard.audit import current_reason, record_audit
 from dashboard.live import publish_event
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.runs import enqueue_or_leave
@@ -186,6 +186,8 @@ def new_bulk(*, kind: str, selector: dict[str, Any], actor: str) -> BulkAction:
 def start_bulk(*, kind: str, selector: dict[str, Any], user: Any) -> BulkAction:
     """Create a tracked bulk action and enqueue it (never run inside a web request)."""
     actor = user if isinstance(user, str) else getattr(user, "username", "") or "system"
+    if current_reason():  # the worker records the audit entry: the reason goes along
+        selector = {**selector, "reason": current_reason()}
     action = new_bulk(kind=kind, selector=selector, actor=actor)
 
     def enqueue() -> None:
@@ -255,6 +257,7 @@ def run_bulk(action_id: int) -> BulkAction:
             target=_target(action),
             outcome=f"failed after {done}: {exc}",
             detail={"bulk": action.pk},
+            reason=str(action.selector.get("reason", "")),
         )
         raise
     BulkAction.objects.filter(pk=action_id).update(
@@ -275,8 +278,9 @@ def run_bulk(action_id: int) -> BulkAction:
         user=action.actor,
         action=f"dlq.{action.kind}",
         target=_target(action),
-        outcome=f"{done} runs",
+        outcome=f"{done} run{'' if done == 1 else 's'}",
         detail={"bulk": action.pk},
+        reason=str(action.selector.get("reason", "")),
     )
     return BulkAction.objects.get(pk=action_id)
 
@@ -297,6 +301,83 @@ def act_now(*, kind: str, run_ids: list[int], user: Any) -> int:
     publish_event("dlq.changed", {})
     verb = "re-queued" if kind == "retry" else "discarded"
     record_audit(
-        user=user, action=f"dlq.{kind}", target=f"runs {run_ids}", outcome=f"{moved} runs {verb}"
+        user=user,
+        action=f"dlq.{kind}",
+        target=f"runs {run_ids}",
+        outcome=f"{moved} run{'' if moved == 1 else 's'} {verb}",
     )
     return moved
+
+
+# ---------------------------------------------------------------------------- paging
+
+GROUP_PAGE = 25
+
+
+def matching_dead_runs(text: str = "") -> QuerySet[JobRun]:
+    """Dead runs whose cause, error, job id or repository URL holds ``text``."""
+    qs = dead_runs()
+    text = text.strip()[:200]
+    if text:
+        qs = qs.filter(
+            Q(cause__icontains=text)
+            | Q(error__icontains=text)
+            | Q(job_id__icontains=text)
+            | Q(repository__url__icontains=text)
+        )
+    return qs
+
+
+def group_page(*, text: str = "", page: int = 1, per_page: int = GROUP_PAGE) -> dict[str, Any]:
+    """One page of dead-letter groups, largest first, filtered on the server by
+    ``text`` (see ``matching_dead_runs``; counts are of the matching runs).
+
+    Groups are aggregates ordered by size, so they page by offset: the aggregate is
+    one query, and the cause text is read for the groups of this page only. Returns
+    ``{groups, page, pages, group_count, dead, repositories}``.
+    """
+    runs = matching_dead_runs(text)
+    totals = runs.aggregate(
+        dead=Count("id"),
+        repositories=Count("repository", distinct=True),
+        groups=Count("cause_key", distinct=True),
+    )
+    pages = max(1, -(-totals["groups"] // per_page))
+    page = max(1, min(page, pages))
+    rows = list(
+        runs.values("cause_key")
+        .annotate(
+            count=Count("id"),
+            first_seen=Min("finished_at"),
+            last_seen=Max("finished_at"),
+            repositories=Count("repository", distinct=True),
+            versions=Count("fingerprint", distinct=True),
+        )
+        .order_by("-count", "cause_key")[(page - 1) * per_page : page * per_page]
+    )
+    keys = [r["cause_key"] for r in rows]
+    # One index lookup per group of this page (at most ``per_page``), as in list_groups.
+    causes = {
+        key: dead_runs().filter(cause_key=key).values_list("cause", flat=True).first() or ""
+        for key in keys
+    }
+    groups = [
+        {
+            "group": r["cause_key"],
+            "cause": causes.get(r["cause_key"], ""),
+            "count": r["count"],
+            "first_seen": r["first_seen"],
+            "last_seen": r["last_seen"],
+            "repositories": r["repositories"],
+            "versions": r["versions"],
+        }
+        for r in rows
+    ]
+    return {
+        "groups": groups,
+        "page": page,
+        "pages": pages,
+        "group_count": totals["groups"],
+        "dead": totals["dead"],
+        "repositories": totals["repositories"],
+    }

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard import queues
@@ -245,3 +246,72 @@ def repository_status(repo: Repository) -> dict[str, Any]:
         "created_at": repo.created_at.isoformat(),
         "analyzed_at": repo.analyzed_at.isoformat() if repo.analyzed_at else None,
     }
+
+
+# ---------------------------------------------------------------------------- listing
+
+LIST_PAGE = 50
+
+
+def _progress(status: str, analyzed: int, total: int) -> float:
+    if status == Repository.Status.READY:
+        return 100.0
+    if total:
+        return round(min(100.0, 100.0 * analyzed / total), 1)
+    return 0.0
+
+
+def repository_rows(
+    repos: QuerySet[Repository], *, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The list shape (``repository_status`` without chunk counts) of these
+    repositories in ONE query: the analysed-commit count is a correlated subquery on
+    the (repository, fingerprint) index, not a query per row."""
+    fp = current_fingerprint()
+    analyzed = (
+        Commit.objects.filter(repository=OuterRef("pk"), fingerprint=fp)
+        .order_by()
+        .values("repository")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    annotated = repos.annotate(
+        n_analyzed=Coalesce(Subquery(analyzed, output_field=IntegerField()), 0)
+    )
+    if limit is not None:
+        annotated = annotated[:limit]
+    return [
+        {
+            "id": r.pk,
+            "url": r.url,
+            "name": r.name,
+            "branch": r.branch,
+            "status": r.status,
+            "head": r.head or None,
+            "commits_total": r.commits_total,
+            "commits_analyzed": r.n_analyzed,
+            "progress": _progress(r.status, r.n_analyzed, r.commits_total),
+            "error": r.error or None,
+            "repo": r,
+        }
+        for r in annotated
+    ]
+
+
+def repository_list(
+    *, text: str = "", status: str = "", before: int | None = None, limit: int = LIST_PAGE
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of repositories, newest first (keyset on the id: ``before`` is the id of
+    the last row of the previous page), searched by URL and filtered by status.
+    Returns the rows and the next cursor (None at the end). One query."""
+    qs = Repository.objects.order_by("-id")
+    if text.strip():
+        qs = qs.filter(url__icontains=text.strip()[:200])
+    if status:
+        qs = qs.filter(status=status)
+    if before is not None:
+        qs = qs.filter(pk__lt=before)
+    rows = repository_rows(qs, limit=limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1]["id"] if more and rows else None)

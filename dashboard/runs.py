@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from dashboard import queues, telemetry, traces
@@ -435,3 +435,34 @@ def cause_of(exc: BaseException) -> tuple[str, str]:
     title = f"{type(root).__name__}: {normalise_message(str(root))}"
     key = hashlib.sha1(f"{title}|{frame}".encode()).hexdigest()[:16]  # noqa: S324 - grouping
     return key, f"{title} @ {frame}" if frame else title
+
+
+def search_runs(
+    *, state: str = "", kind: str = "", repo: int | None = None, text: str = "",
+    before: int | None = None, limit: int = 50,
+) -> tuple[list[JobRun], int | None]:  # fmt: skip
+    """Runs newest first, filtered like ``GET /api/runs`` (state, kind, repository id,
+    text in job id, cause, error or repository URL), keyset-paginated on the id. Reads
+    only; the caller validates ``state`` and ``kind``. Returns the rows and the next
+    cursor (None at the end)."""
+    qs: QuerySet[JobRun] = JobRun.objects.select_related("repository")
+    if state:
+        qs = qs.filter(state=state)
+    if kind:
+        qs = qs.filter(kind=kind)
+    if repo is not None:
+        qs = qs.filter(repository_id=repo)
+    if before is not None:
+        qs = qs.filter(pk__lt=before)
+    text = text.strip()[:200]
+    if text:
+        qs = qs.filter(
+            Q(job_id__icontains=text)
+            | Q(cause__icontains=text)
+            | Q(error__icontains=text)
+            | Q(repository__url__icontains=text)
+        )
+    rows = list(qs.order_by("-pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].pk if more and rows else None)

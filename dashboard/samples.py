@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Q
-from django.db.models.functions import TruncMinute
+from django.db.models import Count, Max, Q
+from django.db.models.functions import TruncHour, TruncMinute
 from django.utils import timezone
 from rq import Queue
 from rq.registry import StartedJobRegistry
@@ -115,4 +115,44 @@ def series(*, now: datetime | None = None) -> dict[str, Any]:
         "minutes": [m.isoformat() for m in minutes],
         "throughput": [done.get(m, 0) for m in minutes],
         "backlog": [backlog.get(m) for m in minutes],
+    }
+
+
+DAY = timedelta(days=1)
+
+
+def day_series(*, now: datetime | None = None) -> dict[str, Any]:
+    """Per hour over the last 24 hours: attempts that succeeded, attempts that failed or
+    crashed, the failure rate, and the peak sampled backlog (samples are kept a day).
+    Three aggregate queries; read only."""
+    now = now or timezone.now()
+    start = (now - DAY).replace(minute=0, second=0, microsecond=0) + HOUR
+    rows = (
+        JobAttempt.objects.filter(finished_at__gte=start)
+        .annotate(hour=TruncHour("finished_at"))
+        .values("hour")
+        .annotate(
+            ok=Count("id", filter=Q(outcome="succeeded")),
+            bad=Count("id", filter=Q(outcome__in=["failed", "crashed"])),
+        )
+    )
+    done = {r["hour"]: (r["ok"], r["bad"]) for r in rows}
+    backlog = {
+        r["hour"]: r["peak"]
+        for r in QueueSample.objects.filter(at__gte=start)
+        .annotate(hour=TruncHour("at"))
+        .values("hour")
+        .annotate(peak=Max("backlog"))
+    }
+    hours = [start + timedelta(hours=i) for i in range(24)]
+    ok = [done.get(h, (0, 0))[0] for h in hours]
+    bad = [done.get(h, (0, 0))[1] for h in hours]
+    return {
+        "hours": [h.isoformat() for h in hours],
+        "throughput": ok,
+        "failures": bad,
+        "failure_pct": [
+            round(100 * b / (o + b), 1) if o + b else 0.0 for o, b in zip(ok, bad, strict=True)
+        ],
+        "backlog": [backlog.get(h, 0) for h in hours],
     }

@@ -172,6 +172,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.middleware.ContentSecurityPolicyMiddleware",
+    "dashboard.audit.AuditReasonMiddleware",
     "dashboard.middleware.QueueUnavailableMiddleware",
 ]
 
@@ -189,6 +190,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.middleware.queue_server_context",
             ],
+            # |ago, |shortid, |count, |level on every page (dashboard/templatetags).
+            "builtins": ["dashboard.templatetags.gitward"],
         },
     }
 ]

@@ -66,10 +66,15 @@ def compute_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
         .order_by("-changes", "-lines", "path")[:TOP]
     )
     weekly = [
-        {"week": _week_iso(row["week"]), "commits": row["commits"]}
+        {
+            "week": _week_iso(row["week"]),
+            "commits": row["commits"],
+            "insertions": row["insertions"] or 0,
+            "deletions": row["deletions"] or 0,
+        }
         for row in commits.annotate(week=_week_start())
         .values("week")
-        .annotate(commits=Count("id"))
+        .annotate(commits=Count("id"), insertions=Sum("insertions"), deletions=Sum("deletions"))
         .order_by("week")
     ]
     return {

@@ -28,6 +28,8 @@ urlpatterns = [
     ),
     path("rollouts/<int:rollout_id>/<str:verb>/", views.rollout_action, name="rollout-action"),
     path("audit/", views.audit, name="audit"),
+    path("runs/", views.runs, name="runs"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("api/repos", api.repos, name="api-repos"),

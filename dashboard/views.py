@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 
-from dashboard.audit import record_audit
-from dashboard.charts import sparklines, weekly_bars
+from dashboard.audit import audit_actions, audit_page, record_audit
+from dashboard.charts import day_charts, history_bars, sparklines
 from dashboard.checklists import rollout_checklist
 from dashboard.commits import BadCursor, commit_page
+from dashboard.deadletters import group_page
 from dashboard.forms import RolloutActionForm, StartRolloutForm, SubmitRepositoryForm
-from dashboard.models import AuditEntry, JobRun, Repository, Rollout
+from dashboard.models import JobRun, Repository, Rollout
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 from dashboard.readiness import check_readiness
 from dashboard.repositories import (
     InvalidRemote,
     current_fingerprint,
+    repository_list,
+    repository_rows,
     repository_status,
     submit_repository,
 )
@@ -42,6 +45,8 @@ from dashboard.rolloutboard import (
     rollouts_page,
 )
 from dashboard.rollouts import RolloutError, start_rollout
+from dashboard.runs import search_runs
+from dashboard.samples import day_series
 from dashboard.snapshots import ops_snapshot, repository_live
 from dashboard.summaries import repository_summary
 from dashboard.traces import run_trace
@@ -56,6 +61,10 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
         return render(request, "forbidden.html", status=403)
     socket = "/ws/ops/?dlq=groups" if template == "dead_letters.html" else "/ws/ops/"
     context: dict[str, Any] = {"live_socket": socket, **extra}
+    if template == "dead_letters.html":
+        text = request.GET.get("q", "").strip()[:200]
+        context["dlq_filter"] = text
+        context["dlq_page"] = group_page(text=text, page=_int(request.GET.get("page"), 1))
     try:
         context["snapshot"] = ops_snapshot(
             user=request.user, dlq_groups=template == "dead_letters.html"
@@ -70,7 +79,7 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
 def overview(request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm("dashboard.view_jobrun"):
         return redirect("repositories")  # users without operations access see their work
-    recent = _repo_rows(Repository.objects.all()[:10])
+    recent = repository_rows(Repository.objects.order_by("-id"), limit=10)
     try:
         offers = canary_offers()
     except RedisUnavailable:
@@ -79,6 +88,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         request,
         "overview.html",
         repositories=recent,
+        day=day_charts(day_series()),
         rollback_offers=offers,
         can_rollback=permitted(request.user, "rollback"),
     )
@@ -99,29 +109,97 @@ def dead_letters(request: HttpRequest) -> HttpResponse:
     return _ops_page(request, "dead_letters.html")
 
 
+def _int(raw: str | None, default: int | None) -> Any:
+    """A positive integer query parameter; ``default`` when absent or malformed (a
+    hand-edited cursor shows the first page rather than an error page)."""
+    if raw and raw.isdigit() and 0 < int(raw) < 2**62:
+        return int(raw)
+    return default
+
+
 @login_required
 def audit(request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm("dashboard.view_jobrun"):
         return render(request, "forbidden.html", status=403)
-    entries = AuditEntry.objects.select_related("user")
-    filters = {k: request.GET.get(k, "").strip() for k in ("action", "actor", "q")}
-    if filters["action"]:
-        entries = entries.filter(action=filters["action"])
-    if filters["actor"]:
-        entries = entries.filter(actor=filters["actor"])
-    if filters["q"]:
-        text = filters["q"]
-        entries = entries.filter(Q(target__icontains=text) | Q(outcome__icontains=text))
-    actions = AuditEntry.objects.order_by().values_list("action", flat=True).distinct()
+    filters = {k: request.GET.get(k, "").strip()[:200] for k in ("action", "actor", "q")}
+    entries, nxt = audit_page(
+        action=filters["action"],
+        actor=filters["actor"],
+        text=filters["q"],
+        before=_int(request.GET.get("before"), None),
+    )
     return render(
         request,
         "audit.html",
-        {"entries": entries[:500], "filters": filters, "actions": sorted(set(actions))},
+        {
+            "entries": entries,
+            "filters": filters,
+            "actions": audit_actions(),
+            "next_cursor": nxt,
+            "first_page": not request.GET.get("before"),
+            "query": _query(filters),
+        },
     )
 
 
-def _repo_rows(repos: Any) -> list[dict[str, Any]]:
-    return [repository_status(r) | {"repo": r} for r in repos]
+def _query(filters: dict[str, str]) -> str:
+    """The filters as a query string prefix for pager links (``a=1&b=2&`` or ``""``)."""
+    pairs = QueryDict(mutable=True)
+    for k, v in filters.items():
+        if v:
+            pairs[k] = v
+    return pairs.urlencode() + "&" if pairs else ""
+
+
+@login_required
+def runs(request: HttpRequest) -> HttpResponse:
+    """The Runs screen: the search of ``GET /api/runs`` as a page."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return render(request, "forbidden.html", status=403)
+    filters = {k: request.GET.get(k, "").strip()[:200] for k in ("state", "kind", "repo", "q")}
+    if filters["state"] not in JobRun.State.values:
+        filters["state"] = ""
+    if filters["kind"] not in JobRun.Kind.values:
+        filters["kind"] = ""
+    if not filters["repo"].isdigit():
+        filters["repo"] = ""
+    rows, nxt = search_runs(
+        state=filters["state"],
+        kind=filters["kind"],
+        repo=int(filters["repo"]) if filters["repo"] else None,
+        text=filters["q"],
+        before=_int(request.GET.get("before"), None),
+    )
+    return render(
+        request,
+        "runs.html",
+        {
+            "runs": rows,
+            "filters": filters,
+            "states": JobRun.State.values,
+            "kinds": JobRun.Kind.values,
+            "next_cursor": nxt,
+            "first_page": not request.GET.get("before"),
+            "query": _query(filters),
+        },
+    )
+
+
+def _repo_list_context(request: HttpRequest) -> dict[str, Any]:
+    filters = {k: request.GET.get(k, "").strip()[:200] for k in ("q", "status")}
+    if filters["status"] not in Repository.Status.values:
+        filters["status"] = ""
+    rows, nxt = repository_list(
+        text=filters["q"], status=filters["status"], before=_int(request.GET.get("before"), None)
+    )
+    return {
+        "repositories": rows,
+        "filters": filters,
+        "statuses": Repository.Status.values,
+        "next_cursor": nxt,
+        "first_page": not request.GET.get("before"),
+        "query": _query(filters),
+    }
 
 
 @login_required
@@ -137,11 +215,10 @@ def repositories(request: HttpRequest) -> HttpResponse:
                 f"Too many submissions: at most {verdict.limit} per minute. "
                 f"Try again in {verdict.retry_after} s.",
             )
-            repos = Repository.objects.all()[:200]
             response = render(
                 request,
                 "repositories.html",
-                {"form": form, "repositories": _repo_rows(repos)},
+                {"form": form, **_repo_list_context(request)},
                 status=429,
             )
             response["Retry-After"] = str(verdict.retry_after)
@@ -161,12 +238,11 @@ def repositories(request: HttpRequest) -> HttpResponse:
             else:
                 messages.info(request, f"{repo.name} was already submitted.")
             return redirect("repository", repo_id=repo.pk)
-    repos = Repository.objects.all()[:200]
     status_code = 400 if request.method == "POST" else 200
     return render(
         request,
         "repositories.html",
-        {"form": form, "repositories": _repo_rows(repos)},
+        {"form": form, **_repo_list_context(request)},
         status=status_code,
     )
 
@@ -192,7 +268,15 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "repo": repo,
             "state": state,
             "summary": summary,
-            "chart": weekly_bars(summary["weekly"]),
+            "chart": history_bars(summary["weekly"]),
+            "lines_chart": history_bars(
+                [
+                    {"week": w["week"], "lines": w.get("insertions", 0) + w.get("deletions", 0)}
+                    for w in summary["weekly"]
+                ],
+                field="lines",
+                unit="line",
+            ),
             "commits": commits,
             "next_cursor": nxt,
             "first_page": not request.GET.get("cursor"),
@@ -201,11 +285,21 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
     )
 
 
+FAVICON = Path(__file__).resolve().parent / "static" / "favicon.svg"
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico`` for browsers that ask before reading the page's icon link."""
+    response = HttpResponse(FAVICON.read_bytes(), content_type="image/svg+xml")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
 def _recent_runs(request: HttpRequest, repo: Repository) -> list[JobRun]:
     """The repository's last runs, linked to their run pages (operators only)."""
     if not request.user.has_perm("dashboard.view_jobrun"):
         return []
-    return list(JobRun.objects.filter(repository=repo).order_by("-pk")[:10])
+    return search_runs(repo=repo.pk, limit=10)[0]
 
 
 def healthz(request: HttpRequest) -> HttpResponse:

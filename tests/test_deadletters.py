@@ -115,5 +115,5 @@ def test_acting_on_named_runs_now_is_audited() -> None:
     runs = dead_runs(2)
     assert deadletters.act_now(kind="discard", run_ids=[runs[0].pk], user="ops") == 1
     entry = AuditEntry.objects.get(action="dlq.discard")
-    assert entry.outcome == "1 runs discarded"
+    assert entry.outcome == "1 run discarded"
     assert JobRun.objects.get(pk=runs[1].pk).state == JobRun.State.DEAD

@@ -28,10 +28,12 @@
     const m = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
     return m ? decodeURIComponent(m[1]) : "";
   }
-  async function post(url, body) {
+  // ``reason`` (typed into the confirm dialog) goes to the audit log via X-Audit-Reason.
+  async function post(url, body, reason) {
+    const headers = { "Content-Type": "application/json", "X-CSRFToken": csrf() };
+    if (reason) headers["X-Audit-Reason"] = encodeURIComponent(reason);
     const res = await fetch(url, {
-      method: "POST", credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf() },
+      method: "POST", credentials: "same-origin", headers,
       body: JSON.stringify(body),
     });
     let data = {};
@@ -45,6 +47,105 @@
   }
   function td(text, cls) { return el("td", { text: text === null || text === undefined ? "—" : text, cls }); }
   function pct(x) { return (Math.round(x * 1000) / 10) + "%"; }
+  function plural(n, one, many) { return `${Number(n).toLocaleString("en-US")} ${n === 1 ? one : (many || one + "s")}`; }
+  function level(x, warn, bad) { return x >= bad ? "bad" : x >= warn ? "warn" : "good"; }
+
+  // ------------------------------------------------------------------ times and ids
+  // "3 s ago" with the exact UTC time on hover, kept current once a second.
+  function relative(seconds) {
+    const future = seconds < 0, s = Math.abs(seconds);
+    const day = 86400;
+    const text = s < 90 ? Math.round(s) + " s" : s < 5400 ? Math.round(s / 60) + " min" : s < 129600 ? Math.round(s / 3600) + " h"
+      : s < 45 * day ? Math.round(s / day) + " d" : s < 365 * day ? Math.round(s / (30.44 * day)) + " mo"
+      : (s / (365.25 * day)).toFixed(1).replace(/\.0$/, "") + " y";
+    return future ? "in " + text : text + " ago";
+  }
+  function exact(iso) { return new Date(iso).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC").replace(/Z$/, " UTC"); }
+  function ago(iso) {
+    if (!iso) return document.createTextNode("—");
+    return el("time", { cls: "ago", datetime: iso, title: exact(iso), text: relative((Date.now() - Date.parse(iso)) / 1000) });
+  }
+  function tickTimes() {
+    // time.ago: drawn here or by |ago; time[data-rel]: the Rollouts templates.
+    for (const t of document.querySelectorAll("time.ago[datetime], time[data-rel][datetime]")) {
+      const at = Date.parse(t.getAttribute("datetime"));
+      if (!Number.isNaN(at)) t.textContent = relative((Date.now() - at) / 1000);
+    }
+  }
+  setInterval(tickTimes, 1000);
+  function shorten(id, keep) { keep = keep || 22; return id.length <= keep ? id : id.slice(0, keep - 7) + "…" + id.slice(-6); }
+  // A long id shortened (full on hover) with a copy button; linked to link + id if given
+  // ("{}" in link marks where the id goes, e.g. "/runs/job/{}/").
+  function shortId(id, link) {
+    if (!id) return document.createTextNode("—");
+    const code = el("code", { text: shorten(String(id)) });
+    return el("span", { cls: "id", title: String(id) }, [
+      link ? el("a", { href: link.includes("{}") ? link.replace("{}", encodeURIComponent(id)) : link + encodeURIComponent(id), cls: link.startsWith("/runs/job/") ? "run-link" : null }, [code]) : code,
+      el("button", { type: "button", cls: "copy", "data-copy": String(id), "aria-label": "copy " + id, text: "copy" })]);
+  }
+  document.addEventListener("click", async (e) => {
+    const b = e.target.closest && e.target.closest("button.copy[data-copy]");
+    if (!b) return;
+    e.preventDefault();
+    try { await navigator.clipboard.writeText(b.dataset.copy); b.textContent = "copied"; }
+    catch (err) { window.getSelection().selectAllChildren(b.previousElementSibling || b); b.textContent = "select+copy"; }
+    setTimeout(() => { b.textContent = "copy"; }, 1500);
+  });
+
+  // ------------------------------------------------------------------ confirm dialog
+  // templates/_confirm.html documents the contract. One dialog per page; ``run(reason)``
+  // does the action and its error, if any, is shown in the dialog.
+  function confirmAction(opts) {
+    const dlg = $("confirm-dialog");
+    if (!dlg || typeof dlg.showModal !== "function") return Promise.resolve(false);
+    const ok = $("confirm-ok"), reason = $("confirm-reason"), err = $("confirm-error");
+    $("confirm-title").textContent = opts.title;
+    $("confirm-what").textContent = opts.what;
+    ok.textContent = opts.verb || opts.title;
+    ok.className = opts.danger ? "danger" : "";
+    reason.value = ""; err.hidden = true; err.textContent = ""; ok.disabled = false;
+    return new Promise((resolve) => {
+      const done = (value) => { cleanup(); if (dlg.open) dlg.close(); resolve(value); };
+      const onSubmit = async (e) => {
+        e.preventDefault();
+        ok.disabled = true;
+        try { const r = await opts.run(reason.value.trim()); done(r === undefined ? true : r); }
+        catch (ex) { err.textContent = ex.message; err.hidden = false; ok.disabled = false; }
+      };
+      const onCancel = () => done(false);
+      const onClose = () => { cleanup(); resolve(false); };
+      function cleanup() {
+        $("confirm-form").removeEventListener("submit", onSubmit);
+        $("confirm-cancel").removeEventListener("click", onCancel);
+        dlg.removeEventListener("close", onClose);
+      }
+      $("confirm-form").addEventListener("submit", onSubmit);
+      $("confirm-cancel").addEventListener("click", onCancel);
+      dlg.addEventListener("close", onClose);
+      dlg.showModal();
+      (opts.danger ? $("confirm-cancel") : reason).focus();
+    });
+  }
+  window.gitward = { confirmAction, post };
+  // Declarative buttons: data-confirm-url, -body (JSON), -title, -what, -danger.
+  document.addEventListener("click", async (e) => {
+    const b = e.target.closest && e.target.closest("button[data-confirm-url]");
+    if (!b) return;
+    e.preventDefault();
+    const body = b.dataset.confirmBody ? JSON.parse(b.dataset.confirmBody) : {};
+    const label = b.textContent;
+    const result = await confirmAction({
+      title: b.dataset.confirmTitle || label, what: b.dataset.confirmWhat || label,
+      danger: b.dataset.confirmDanger === "1",
+      run: (reason) => post(b.dataset.confirmUrl, body, reason),
+    });
+    if (!result) return;
+    b.disabled = true;
+    b.textContent = result.moved !== undefined ? `${label}: ${result.moved} moved` : `${label}: started`;
+    if (result && result.id) renderAction(result);
+    b.dispatchEvent(new CustomEvent("gitward:done", { bubbles: true, detail: result }));
+    refreshSoon();
+  });
 
   // ------------------------------------------------------------------ socket
   const socketPath = document.body.dataset.liveSocket;
@@ -114,7 +215,7 @@
       renderLocks();
     } else if (t === "worker.heartbeat") {
       const cell = document.querySelector(`#workers-body tr[data-worker="${CSS.escape(ev.worker)}"] .seen`);
-      if (cell) cell.textContent = ev.last_seen; else refreshSoon();
+      if (cell) { cell.dataset.at = ev.last_seen; cell.replaceChildren(ago(ev.last_seen)); } else refreshSoon();
     } else if (t === "action.progress") {
       renderAction(ev);
       if (ev.state === "done") refreshSoon();
@@ -144,25 +245,29 @@
       const tools = el("td");
       if (canPause) {
         const verb = x.paused ? "resume" : "pause";
-        tools.append(button(verb, `${verb[0].toUpperCase() + verb.slice(1)} queue ${x.name}? ` +
-          (x.paused ? "Workers take its jobs again." : "Workers stop taking its jobs within a second; running jobs finish."),
-          () => post(`/api/queues/${verb}`, { queue: x.name })));
+        tools.append(button(verb, `${verb[0].toUpperCase() + verb.slice(1)} queue ${x.name}: ` +
+          (x.paused ? `workers take its ${plural(x.backlog, "queued job")} again.` : `workers stop taking its ${plural(x.backlog, "queued job")} within a second; ${plural(x.running, "running job")} finish.`),
+          (reason) => post(`/api/queues/${verb}`, { queue: x.name }, reason), !x.paused));
       }
       return el("tr", {}, [
-        el("td", {}, [x.name, x.paused ? el("span", { cls: "pill warn", text: "paused" }) : null]),
-        el("td", {}, [x.version || "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
-        td(x.backlog ?? "—"), td(x.oldest_age_s === null ? "—" : x.oldest_age_s + "s"), td(x.running ?? "—"),
-        td(x.jobs_per_min), td(x.retries), td(pct(x.failure_rate)), tools]);
+        el("td", {}, [x.name, x.paused ? " " : null, x.paused ? el("span", { cls: "pill warn", text: "⏸ paused" }) : null]),
+        el("td", {}, [x.version ? shortId(x.version) : "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
+        td(x.backlog === null || x.backlog === undefined ? "—" : plural(x.backlog, "job")),
+        el("td", {}, [x.oldest_age_s === null ? "—" : el("span", { cls: level(x.oldest_age_s, 60, 600), text: x.oldest_age_s + " s" })]),
+        td(x.running ?? "—"), td(x.jobs_per_min), td(x.retries),
+        el("td", {}, [el("span", { cls: level(x.failure_rate, 0.05, 0.2), text: pct(x.failure_rate) })]), tools]);
     }), "no queues", 9);
-    spark("spark-throughput", s.series.throughput);
-    spark("spark-backlog", s.series.backlog);
+    spark("spark-throughput", s.series.throughput, s.series.minutes, "jobs/min");
+    spark("spark-backlog", s.series.backlog, s.series.minutes, "queued");
     setText("spark-throughput-total", s.series.throughput.reduce((a, b) => a + b, 0));
     setText("spark-backlog-now", [...s.series.backlog].reverse().find((b) => b !== null) ?? 0);
     setText("dlq-total", s.dlq.dead);
-    setText("dlq-groups", s.dlq.group_count);
-    replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, cls: w.dead ? "stale" : null }, [
-      td(w.name), td(w.host), td(w.pid), td(w.version), td(w.state), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
-      el("td", {}, w.job ? [runLink(w.job), ` (${elapsed(w.job_started_at)})`] : ["—"]), el("td", { cls: "seen", text: w.last_seen })])), "No workers have reported.", 8);
+    setText("dlq-groups", plural(s.dlq.group_count, "group"));
+    replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, id: "worker-" + w.name, cls: w.dead ? "stale" : null }, [
+      td(w.name, "path"), td(`${w.host} · ${w.pid}`), el("td", {}, [w.version ? shortId(w.version) : "—"]),
+      el("td", {}, [w.dead ? el("span", { cls: "bad", text: "✕ gone" }) : w.state]), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
+      el("td", {}, w.job ? [shortId(w.job, "/runs/job/{}/"), ` (${elapsed(w.job_started_at)})`] : ["—"]),
+      el("td", { cls: "seen", "data-at": w.last_seen }, [ago(w.last_seen)])])), "No workers have reported.", 7);
     const c = $("contention");
     if (c) for (const cell of c.querySelectorAll("[data-field]")) cell.textContent = s.contention[cell.dataset.field];
     const contended = $("contended");
@@ -173,11 +278,23 @@
     loadOffers();
   }
   function setText(id, v) { const n = $(id); if (n) n.textContent = String(v); }
-  function elapsed(iso) { if (!iso) return ""; const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000); return s < 120 ? Math.round(s) + "s" : Math.round(s / 60) + "m"; }
-  function spark(id, values) {
+  function elapsed(iso) { if (!iso) return ""; const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000); return s < 120 ? Math.round(s) + " s" : Math.round(s / 60) + " min"; }
+  // Redraws a sparkline: its line, its peak label and the per-minute hover titles.
+  function spark(id, values, minutes, unit) {
     const svg = $(id); if (!svg) return;
     const nums = values.map((v) => v || 0), peak = Math.max(1, ...nums), step = 240 / Math.max(1, nums.length - 1);
     svg.querySelector("polyline").setAttribute("points", nums.map((n, i) => `${(i * step).toFixed(1)},${(38 - 36 * n / peak).toFixed(1)}`).join(" "));
+    setText(id + "-peak", Math.max(0, ...nums));
+    const hover = svg.querySelector("g.hover");
+    if (hover && minutes) {
+      const w = 240 / Math.max(1, values.length), ns = "http://www.w3.org/2000/svg";
+      hover.replaceChildren(...values.map((v, i) => {
+        const r = document.createElementNS(ns, "rect"), t = document.createElementNS(ns, "title");
+        r.setAttribute("x", (i * w).toFixed(1)); r.setAttribute("y", "0"); r.setAttribute("width", w.toFixed(2)); r.setAttribute("height", "40");
+        t.textContent = `${(minutes[i] || "").slice(11, 16)} UTC · ${v === null ? "no sample" : v + " " + unit}`;
+        r.append(t); return r;
+      }));
+    }
   }
 
   function renderLocks() {
@@ -186,14 +303,18 @@
     const canRelease = $("locks-table").dataset.canRelease === "1";
     const rows = [...state.locks.values()].sort((a, b) => a.key.localeCompare(b.key)).map((l) => {
       const resource = el("td", {}, [l.repo ? el("a", { href: `/repos/${l.repo}/`, text: l.repo_name || String(l.repo) }) : null, l.repo ? " · " : "", l.what || l.key]);
-      const holder = el("td", {}, [`${l.worker || "?"} · `, l.job ? runLink(l.job) : "?", l.stale ? el("span", { cls: "pill bad", text: "holder gone" }) : null]);
+      const holder = el("td", {}, [l.worker ? el("a", { href: `/workers/#worker-${encodeURIComponent(l.worker)}`, text: l.worker }) : "?", " · ",
+        shortId(l.job, "/runs/job/{}/"), l.stale ? " " : null, l.stale ? el("span", { cls: "pill bad", text: "✕ holder gone" }) : null]);
       const action = el("td");
       if (canRelease) {
-        const btn = el("button", { cls: "small danger", text: "force release" });
+        const btn = el("button", { type: "button", cls: "small danger", text: "force release" });
         btn.addEventListener("click", async () => {
-          if (!confirm(`Force-release ${l.key}?\n\nThe lock is deleted on every master and its fencing token is bumped, so the holder (${l.worker}, job ${l.job}) can no longer write.`)) return;
-          try { const r = await post("/api/locks/release", { key: l.key }); btn.textContent = `released · token ${r.token}`; }
-          catch (e) { alert(e.message); }
+          const r = await confirmAction({
+            title: "Force release", danger: true,
+            what: `Force-release the lock on ${l.repo_name ? l.repo_name + " · " : ""}${l.what || l.key}: it is deleted on ${plural(l.masters, "master")} and its fencing token (${l.token}) is bumped, so the holder (${l.worker || "?"}, job ${l.job || "?"}) can no longer write and its attempt is retried.`,
+            run: (reason) => post("/api/locks/release", { key: l.key }, reason),
+          });
+          if (r) btn.textContent = `released · token ${r.token}`;
         });
         action.append(btn);
       }
@@ -208,71 +329,97 @@
     const now = performance.now();
     for (const cell of document.querySelectorAll("#locks-body td.ttl")) {
       const l = state.locks.get(cell.dataset.key);
-      if (l) cell.textContent = (Math.max(0, l.expiresAt - now) / 1000).toFixed(1) + "s";
+      if (l) {
+        const left = Math.max(0, l.expiresAt - now) / 1000;
+        cell.textContent = left.toFixed(1) + " s";
+        cell.className = "ttl " + level(-left, -(l.ttl_ms / 2000), -2);  // red under 2 s, amber under half
+      }
     }
   }
   setInterval(tickTtl, 200);
 
   // ------------------------------------------------------------------ dead letters
-  function renderDlq(s) {
-    const body = $("dlq-body");
-    if (!body || !s.dlq.groups) return;
-    const open = new Set([...body.querySelectorAll("details[open]")].map((d) => d.dataset.group));
+  // The groups are rendered by the server (filtered and paged there): on a change the
+  // page is fetched again and #dlq swapped in, keeping the groups that were open.
+  let dlqSwapping = false, dlqLast = null;
+  async function renderDlq(s) {
     const box = $("dlq");
-    const canRetry = box.dataset.canRetry === "1", canDiscard = box.dataset.canDiscard === "1";
-    if (!s.dlq.groups.length) { body.replaceChildren(el("p", { cls: "muted empty", text: "The dead-letter queue is empty." })); return; }
-    body.replaceChildren(...s.dlq.groups.map((g) => {
-      const summary = el("summary", {}, [el("strong", { text: g.count }), ` · ${g.cause} `,
-        el("span", { cls: "muted small", text: `· ${g.repositories} repos · ${g.versions} versions · first ${g.first_seen} · last ${g.last_seen}` })]);
-      const details = el("details", { cls: "group", "data-group": g.group }, [summary, el("div", { cls: "runs" })]);
-      const tools = el("p", { cls: "tools" });
-      if (canRetry) tools.append(button("retry group", `Retry all ${g.count} runs of “${g.cause}”? Each gets a fresh budget of attempts.`, () => post("/api/dlq/retry", { group: g.group })));
-      if (canDiscard) tools.append(button("discard group", `Discard all ${g.count} runs of “${g.cause}”? They will not be retried.`, () => post("/api/dlq/discard", { group: g.group })));
-      details.querySelector(".runs").before(tools);
-      details.addEventListener("toggle", () => { if (details.open) loadGroup(details, g.group, canRetry, canDiscard); });
-      if (open.has(g.group)) { details.open = true; }
-      return details;
-    }));
-    applyDlqFilter();
+    if (!box || !s.dlq.groups) return;
+    const sig = JSON.stringify(s.dlq.groups.map((g) => [g.group, g.count])) + s.dlq.dead;
+    if (sig === dlqLast || dlqSwapping) return;
+    const first = dlqLast === null;
+    dlqLast = sig;
+    if (first) return;  // the server just rendered this state (wired on load)
+    dlqSwapping = true;
+    try {
+      const res = await fetch(location.href, { credentials: "same-origin" });
+      if (!res.ok) return;
+      const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+      const fresh = doc.getElementById("dlq");
+      if (!fresh) return;
+      const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.group));
+      const node = document.importNode(fresh, true);
+      for (const d of node.querySelectorAll("details.group")) if (open.has(d.dataset.group)) d.open = true;
+      box.replaceWith(node);
+      wireGroups(node);
+    } finally { dlqSwapping = false; }
   }
-  // Filters the groups shown (cause text, and the loaded runs' repositories and errors).
-  function applyDlqFilter() {
-    const box = $("dlq-filter");
-    if (!box) return;
-    const needle = box.value.trim().toLowerCase();
-    for (const d of document.querySelectorAll("#dlq-body details.group")) {
-      d.hidden = needle !== "" && !d.textContent.toLowerCase().includes(needle);
+  function wireGroups(box) {
+    const canRetry = box.dataset.canRetry === "1", canDiscard = box.dataset.canDiscard === "1";
+    for (const details of box.querySelectorAll("details.group")) {
+      details.addEventListener("toggle", () => { if (details.open) loadGroup(details, details.dataset.group, canRetry, canDiscard); });
+      if (details.open) loadGroup(details, details.dataset.group, canRetry, canDiscard);
     }
   }
-  document.addEventListener("input", (e) => { if (e.target && e.target.id === "dlq-filter") applyDlqFilter(); });
 
-  function button(label, question, action) {
-    const b = el("button", { cls: "small", text: label });
+  // A button that asks in the confirm dialog first; ``danger`` makes it (and the
+  // dialog's confirm button) red.
+  function button(label, question, action, danger) {
+    const b = el("button", { type: "button", cls: danger ? "small danger" : "small", text: label });
     b.addEventListener("click", async (e) => {
       e.preventDefault();
-      if (!confirm(question)) return;
+      const r = await confirmAction({ title: label[0].toUpperCase() + label.slice(1), what: question, danger: !!danger, run: action });
+      if (!r) return;
       b.disabled = true;
-      try { const r = await action(); b.textContent = r.moved !== undefined ? `${label}: ${r.moved} moved` : `${label}: started`; if (r.id) renderAction(r); }
-      catch (err) { b.textContent = `${label}: ${err.message}`; }
+      b.textContent = r.moved !== undefined ? `${label}: ${r.moved} moved` : `${label}: done`;
+      if (r.id) renderAction(r);
       refreshSoon();
     });
     return b;
   }
-  async function loadGroup(details, group, canRetry, canDiscard) {
+  // The runs of a group, newest first, 50 at a time ("show more" asks for 50 more, up
+  // to the API's 500; beyond that the Runs screen searches them all).
+  async function loadGroup(details, group, canRetry, canDiscard, limit) {
+    limit = limit || 50;
     const box = details.querySelector(".runs");
-    box.replaceChildren(el("p", { cls: "muted", text: "loading…" }));
-    const res = await fetch(`/api/dlq/${encodeURIComponent(group)}`, { credentials: "same-origin" });
+    if (limit === 50) box.replaceChildren(el("p", { cls: "muted", text: "loading…" }));
+    const res = await fetch(`/api/dlq/${encodeURIComponent(group)}?limit=${limit}`, { credentials: "same-origin" });
     if (!res.ok) { box.replaceChildren(el("p", { cls: "muted", text: "no runs" })); return; }
     const data = await res.json();
     box.replaceChildren(...data.runs.map((r) => {
-      const head = el("p", {}, [el("a", { href: `/runs/${r.id}/` }, [el("strong", { text: r.job_id })]), ` · ${r.repository.url} · ${r.attempts} attempts · `, el("span", { cls: "error", text: r.error })]);
-      if (canRetry) head.append(" ", button("retry", `Retry run ${r.job_id} with a fresh budget of attempts?`, () => post("/api/dlq/retry", { runs: [r.id] })));
-      if (canDiscard) head.append(" ", button("discard", `Discard run ${r.job_id}? It will not be retried.`, () => post("/api/dlq/discard", { runs: [r.id] })));
+      const head = el("p", {}, [el("a", { href: `/runs/${r.id}/`, text: `run #${r.id}` }), " ", shortId(r.job_id), " · ",
+        el("a", { href: `/repos/${r.repository.id}/`, text: r.repository.url }), ` · ${plural(r.attempts, "attempt")} · `, el("span", { cls: "error", text: r.error })]);
+      const tools = el("span", { cls: "tools" });
+      if (canRetry) tools.append(button("retry", `Retry run #${r.id} (${shorten(r.job_id)}) of ${r.repository.url} with a fresh budget of attempts.`, (reason) => post("/api/dlq/retry", { runs: [r.id] }, reason)));
+      if (canDiscard) tools.append(el("span", { cls: "danger-zone" }, [button("discard", `Discard run #${r.id} (${shorten(r.job_id)}) of ${r.repository.url}. It will never be retried.`, (reason) => post("/api/dlq/discard", { runs: [r.id] }, reason), true)]));
+      head.append(" ", tools);
       const attempts = el("ol", { cls: "attempts" }, r.history.map((a) => el("li", {}, [
-        `${a.outcome} on ${a.worker || "?"} (pid ${a.pid ?? "?"}, ${a.version}) at ${a.started_at}: `, el("span", { cls: "error", text: a.error }),
+        `${a.outcome} on `, a.worker ? el("a", { href: `/workers/#worker-${encodeURIComponent(a.worker)}`, text: a.worker }) : "?",
+        ` (pid ${a.pid ?? "?"}, ${shorten(a.version || "?")}) `, ago(a.started_at), ": ", el("span", { cls: "error", text: a.error }),
         a.traceback ? el("details", {}, [el("summary", { text: "traceback" }), el("pre", { text: a.traceback })]) : null])));
       return el("div", { cls: "run", "data-run": r.id }, [head, attempts]);
     }));
+    const total = Number(details.dataset.count || 0);
+    if (data.runs.length >= limit && total > limit) {
+      const more = el("p", { cls: "pager" }, [`${data.runs.length} of ${plural(total, "run")} shown · `]);
+      if (limit < 500) {
+        const b = el("button", { type: "button", cls: "small secondary", text: "show 50 more" });
+        b.addEventListener("click", () => loadGroup(details, group, canRetry, canDiscard, limit + 50));
+        more.append(b, " · ");
+      }
+      more.append(el("a", { href: "/runs/?state=dead&q=" + encodeURIComponent(details.querySelector("summary").dataset.cause || ""), text: "all in the Runs screen" }));
+      box.append(more);
+    }
   }
   function renderAction(a) {
     const box = $("actions");
@@ -291,10 +438,16 @@
     const box = $("repo-state");
     const was = box ? box.dataset.status : null;
     if (bar) bar.value = r.progress;
-    if (text) text.textContent = `${r.progress}% · ${r.commits_analyzed} / ${r.commits_total} commits`;
+    if (text) text.textContent = `${r.progress}% · ${r.commits_analyzed} / ${plural(r.commits_total, "commit")}`;
     if (status) { status.textContent = r.status; status.className = "status s-" + r.status; }
     if (err) { err.textContent = r.error || ""; err.hidden = !r.error; }
-    if (r.holders) $("repo-holders").replaceChildren(...r.holders.map((h) => el("li", { "data-key": h.key, text: `${h.what} — held by ${h.worker} (job ${h.job}, token ${h.token})` })));
+    // A lock outliving the analysis is being let go as its job exits: say so, so the
+    // status ("ready") and the list of holders never contradict each other.
+    if (r.holders) $("repo-holders").replaceChildren(...(r.holders.length ? r.holders.map((h) => el("li", { "data-key": h.key }, [
+      `${h.what} — `, ACTIVE.has(r.status) ? null : el("span", { cls: "pill warn", text: "releasing" }),
+      ACTIVE.has(r.status) ? null : " the analysis ended; the lock is let go as its job exits — ",
+      "held by ", el("a", { href: `/workers/#worker-${encodeURIComponent(h.worker || "")}`, text: h.worker || "?" }),
+      " (job ", shortId(h.job, "/runs/job/{}/"), `, token ${h.token})`])) : [el("li", { cls: "muted", text: "no locks held" })]));
     if (r.waiting) $("repo-waiting").replaceChildren(...r.waiting.map((w) => el("li", { text: w })));
     if (box) box.dataset.status = r.status;
     if (was && ACTIVE.has(was) && !ACTIVE.has(r.status)) swapResults();
@@ -330,7 +483,8 @@
   // (warming, verified without its diff yet, a request pending), the page is refetched
   // every 2 s too: those changes are written without a rollout.* event.
   let swapTimer = null, swapPending = false, lastRollouts = null;
-  function dialogOpen() { const d = $("confirm-dialog"); return !!(d && d.open); }
+  // Any dialog: the rollout step here or the shared confirm (templates/_confirm.html).
+  function dialogOpen() { return !!document.querySelector("dialog[open]"); }
   function swapRolloutsSoon(delay) {
     if (!$("rollouts-live")) return;
     if (swapTimer) { swapPending = true; return; }
@@ -367,51 +521,36 @@
     if (live && live.dataset.poll) swapRolloutsSoon(0);
   }, 2000);
 
-  // Relative times ("12s ago") from each <time datetime> with data-rel, kept current.
-  function ago(iso) {
-    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
-    if (s < 60) return Math.round(s) + "s ago";
-    if (s < 3600) return Math.round(s / 60) + "m ago";
-    if (s < 86400) return Math.round(s / 3600) + "h ago";
-    return Math.round(s / 86400) + "d ago";
-  }
-  function tickTimes() {
-    for (const t of document.querySelectorAll("time[data-rel]")) {
-      const iso = t.getAttribute("datetime");
-      if (iso) t.textContent = ago(iso);
-    }
-  }
-  setInterval(tickTimes, 1000);
 
   // The confirm step of every rollout button (server-rendered or drawn here): a modal
   // <dialog> naming exactly what will happen, with an optional reason for the audit log.
   function openConfirm(btn) {
-    const dialog = $("confirm-dialog");
+    const dialog = $("rollout-dialog");
     if (!dialog) return;
-    const form = $("confirm-form");
+    const form = $("rollout-form");
     form.action = btn.dataset.confirm;
-    $("confirm-title").textContent = btn.dataset.title || btn.textContent;
-    $("confirm-plan").textContent = btn.dataset.plan || "";
+    $("rollout-title").textContent = btn.dataset.title || btn.textContent;
+    $("rollout-plan").textContent = btn.dataset.plan || "";
     const needsPercent = btn.dataset.percent === "1";
-    $("confirm-percent-row").hidden = !needsPercent;
-    $("confirm-percent").required = needsPercent;
-    $("confirm-percent").value = "";
-    $("confirm-reason").value = "";
-    $("confirm-next").value = location.pathname;
-    const ok = $("confirm-ok");
+    $("rollout-percent-row").hidden = !needsPercent;
+    $("rollout-percent").required = needsPercent;
+    $("rollout-percent").value = "";
+    $("rollout-reason").value = "";
+    $("rollout-next").value = location.pathname;
+    const ok = $("rollout-ok");
     ok.textContent = btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm";
     ok.className = btn.dataset.danger === "1" ? "danger" : "";
     dialog.dataset.verb = btn.dataset.verb || "";
     dialog.showModal();
-    (needsPercent ? $("confirm-percent") : $("confirm-reason")).focus();
+    (needsPercent ? $("rollout-percent") : $("rollout-reason")).focus();
   }
   document.addEventListener("click", (e) => {
     const btn = e.target instanceof Element ? e.target.closest("button[data-confirm]") : null;
     if (btn) { e.preventDefault(); openConfirm(btn); return; }
-    if (e.target instanceof Element && e.target.id === "confirm-cancel") $("confirm-dialog").close("cancel");
+    if (e.target instanceof Element && e.target.id === "rollout-cancel") $("rollout-dialog").close("cancel");
   });
   document.addEventListener("close", (e) => {
-    if (e.target && e.target.id === "confirm-dialog" && swapPending) { swapPending = false; swapRolloutsSoon(0); }
+    if (e.target instanceof HTMLDialogElement && swapPending && !dialogOpen()) { swapPending = false; swapRolloutsSoon(0); }
   }, true);
 
   // Starting a rollout: the form's submit opens the same confirm step, naming the config.
@@ -426,26 +565,26 @@
       `a driver takes locks:queue:${f.get("queue")}:deploy, warms the warm set under the new fingerprint and opens the gate only if the verdict passes; ` +
       `then ramp ${String(f.get("steps") || "").split(/[\s,]+/).filter(Boolean).map((x) => x.replace(/%$/, "") + "%").join(" → ")} ` +
       (f.get("auto") ? "automatically, health-checked between steps." : "when you promote each step.");
-    const dialog = $("confirm-dialog");
-    $("confirm-title").textContent = "Start rollout";
-    $("confirm-plan").textContent = plan;
-    $("confirm-percent-row").hidden = true;
-    $("confirm-percent").required = false;
-    $("confirm-reason").value = String(f.get("reason") || "");
-    $("confirm-ok").textContent = "Confirm: start rollout";
-    $("confirm-ok").className = "";
+    const dialog = $("rollout-dialog");
+    $("rollout-title").textContent = "Start rollout";
+    $("rollout-plan").textContent = plan;
+    $("rollout-percent-row").hidden = true;
+    $("rollout-percent").required = false;
+    $("rollout-reason").value = String(f.get("reason") || "");
+    $("rollout-ok").textContent = "Confirm: start rollout";
+    $("rollout-ok").className = "";
     dialog.dataset.verb = "start";
     dialog.showModal();
-    $("confirm-reason").focus();
+    $("rollout-reason").focus();
   });
   document.addEventListener("submit", (e) => {
     const form = e.target;
-    if (!(form instanceof HTMLFormElement) || form.id !== "confirm-form") return;
-    const dialog = $("confirm-dialog");
+    if (!(form instanceof HTMLFormElement) || form.id !== "rollout-form") return;
+    const dialog = $("rollout-dialog");
     if (dialog.dataset.verb !== "start") return;
     e.preventDefault();
     const start = $("start-form");
-    start.querySelector("[name=reason]").value = $("confirm-reason").value;
+    start.querySelector("[name=reason]").value = $("rollout-reason").value;
     start.dataset.confirmed = "1";
     dialog.close("ok");
     start.submit();
@@ -503,12 +642,14 @@
       const cells = row.querySelectorAll("td");
       cells[2].replaceChildren(el("span", { cls: "status s-" + r.status, text: r.status }));
       cells[3].replaceChildren(el("progress", { max: 100, value: r.progress }), " ", el("span", { cls: "small", text: r.progress + "%" }));
-      cells[4].textContent = `${r.commits_analyzed} / ${r.commits_total}`;
+      cells[4].textContent = `${r.commits_analyzed} / ${plural(r.commits_total, "commit")}`;
       if (ACTIVE.has(r.status)) setTimeout(() => pollRow(row), 2000);
     } catch (e) { setTimeout(() => pollRow(row), 5000); }
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    const dlqBox = $("dlq");
+    if (dlqBox) wireGroups(dlqBox);
     if (socketPath) connect();
     tickTimes();
     if (!socketPath || !socketPath.startsWith("/ws/ops/")) {
