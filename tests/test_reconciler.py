@@ -91,3 +91,19 @@ def test_a_running_run_of_a_live_worker_is_not_touched(tmp_path: Path) -> None:
     assert result["crashed"] == 0
     run.refresh_from_db()
     assert run.state == JobRun.State.RUNNING
+
+
+def test_a_job_started_by_a_dead_worker_is_enqueued_again(tmp_path: Path) -> None:
+    run = _queued_sync(tmp_path)
+    conn = queues.connection()
+    key = f"rq:job:{run.rq_id()}"
+    old = (datetime.now(UTC) - timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+    # RQ moved it off the queue and marked it started by a worker that heartbeats...
+    conn.lrem(queues.queue(run.queue).key, 0, run.rq_id())
+    conn.hset(key, mapping={"status": "started", "worker_name": "w.1", "enqueued_at": old})
+    WorkerBeat.objects.create(name="w.1", host="h", pid=1, last_seen=timezone.now())
+    assert reconcile()["requeued"] == 0
+    # ...until that worker is gone (the run was never claimed in the database).
+    WorkerBeat.objects.filter(name="w.1").update(last_seen=timezone.now() - timedelta(hours=1))
+    assert reconcile()["requeued"] == 1
+    assert _queue_ids(run) == [run.rq_id().encode()]
