@@ -1,0 +1,126 @@
+"""dashboard.telemetry: the in-process buffer and its flush into the Redis hash (the
+Prometheus rendering and the figures of real jobs are in tests/test_metrics.py and
+tests/test_observability.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+from django.db import transaction
+
+from dashboard import queues, telemetry
+from dashboard.telemetry import (
+    DROPPED,
+    JOB_RUN_SECONDS,
+    JOBS_ENQUEUED,
+    count,
+    flush,
+    observe,
+    parse_field,
+    read_all,
+)
+from workers.redisnode import RedisNode
+
+
+def _series(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out = {}
+    for field, value in read_all().items():
+        series, labels = parse_field(field)
+        if series == name:
+            out[tuple(sorted(labels.items()))] = value
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _clean_buffer() -> None:
+    telemetry.discard()
+
+
+def test_counts_add_up_in_redis_across_flushes() -> None:
+    count(JOBS_ENQUEUED, queue="sync", version="abc")
+    count(JOBS_ENQUEUED, 2, queue="sync", version="abc")
+    count(JOBS_ENQUEUED, 0, queue="sync", version="zero")  # a zero adds no series
+    assert flush()
+    count(JOBS_ENQUEUED, queue="sync", version="abc")
+    count(JOBS_ENQUEUED, queue="analysis", version="abc")
+    assert flush()
+    assert _series(JOBS_ENQUEUED.name) == {
+        (("queue", "sync"), ("version", "abc")): 4.0,
+        (("queue", "analysis"), ("version", "abc")): 1.0,
+    }
+
+
+def test_labels_must_match_the_definition() -> None:
+    with pytest.raises(ValueError, match="do not match"):
+        count(JOBS_ENQUEUED, queue="sync")
+    with pytest.raises(ValueError):
+        count(JOBS_ENQUEUED, queue="sync", version="v", extra="x")
+
+
+def test_a_histogram_observation_lands_in_its_bucket_sum_and_count() -> None:
+    observe(JOB_RUN_SECONDS, 0.07, queue="q", version="v")
+    observe(JOB_RUN_SECONDS, 0.1, queue="q", version="v")  # upper bounds are inclusive
+    observe(JOB_RUN_SECONDS, 10_000, queue="q", version="v")
+    assert flush()
+    buckets = {dict(k)["le"]: v for k, v in _series(f"{JOB_RUN_SECONDS.name}_bucket").items()}
+    assert buckets == {"0.1": 2.0, "+Inf": 1.0}
+    (total,) = _series(f"{JOB_RUN_SECONDS.name}_sum").values()
+    assert total == pytest.approx(10_000.17)
+    assert list(_series(f"{JOB_RUN_SECONDS.name}_count").values()) == [3.0]
+
+
+def test_a_failed_flush_keeps_the_increments_for_the_next(redis_nodes: list[RedisNode]) -> None:
+    count(JOBS_ENQUEUED, 5, queue="down", version="v")
+    redis_nodes[0].kill()
+    try:
+        assert flush() is False
+    finally:
+        redis_nodes[0].restart()
+        queues.CIRCUIT.reset()
+    assert flush()
+    assert _series(JOBS_ENQUEUED.name) == {(("queue", "down"), ("version", "v")): 5.0}
+
+
+def test_a_full_buffer_drops_new_series_and_counts_them() -> None:
+    for i in range(telemetry.MAX_FIELDS + 10):
+        count(JOBS_ENQUEUED, queue=f"q{i}", version="v")
+    assert flush()
+    assert len(_series(JOBS_ENQUEUED.name)) <= telemetry.MAX_FIELDS
+    (dropped,) = _series(DROPPED.name).values()
+    assert dropped >= 10
+
+
+def _child_flush() -> None:
+    os._exit(0 if telemetry._buffer.take() == {} else 1)
+
+
+def test_a_forked_child_starts_with_an_empty_buffer() -> None:
+    count(JOBS_ENQUEUED, queue="parent", version="v")
+    proc = multiprocessing.get_context("fork").Process(target=_child_flush)
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0  # the parent's increment is not the child's to flush
+    assert flush()
+    assert _series(JOBS_ENQUEUED.name) == {(("queue", "parent"), ("version", "v")): 1.0}
+
+
+class _Run:
+    queue = "sync"
+    version = "0123456789abcdef"
+    fingerprint = ""
+    error = ""
+    started_at = None
+    finished_at = None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_events_count_only_when_the_transaction_commits() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        telemetry.record_run_event("job.queued", _Run())
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        telemetry.record_run_event("job.queued", _Run())
+    assert flush()
+    assert _series(JOBS_ENQUEUED.name) == {(("queue", "sync"), ("version", "0123456789ab")): 1.0}
