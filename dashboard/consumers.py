@@ -26,7 +26,7 @@ MAX_PENDING = 2000
 #: Clients only ever send tiny control messages; anything bigger is refused.
 MAX_INBOUND_BYTES = 4096
 SNAPSHOT_MIN_INTERVAL = 1.0
-#: Sockets re-join their groups this often (idempotent; restores lost memberships).
+#: How often a socket checks whether it must re-join its groups (after an outage).
 REJOIN_SECONDS = 5.0
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -51,14 +51,21 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
     async def _join_groups(self) -> bool:
         """Join every group; False if the channel layer (the queue server) did not
         answer. The socket is accepted either way: it gets snapshots, and events once a
-        later join succeeds (``_flush_forever`` joins again every ``REJOIN_SECONDS``,
-        which also restores memberships a queue server restarted empty forgot)."""
+        later join succeeds (``_flush_forever`` checks every ``REJOIN_SECONDS`` and joins
+        again after a failed join or a failed receive, which also restores memberships a
+        queue server restarted empty forgot; then it sends a fresh snapshot)."""
+        self.layer_failures = getattr(self.channel_layer, "failures", 0)
         try:
             for group in self.groups_to_join:
                 await self.channel_layer.group_add(group, self.channel_name)
         except Exception:  # down or stalled: degrade, retry later
             return False
         return True
+
+    def _must_rejoin(self) -> bool:
+        """After a failed join, or once the layer failed since the last join (the queue
+        server went away: it may come back empty, without our memberships)."""
+        return not self.joined or getattr(self.channel_layer, "failures", 0) != self.layer_failures
 
     async def disconnect(self, code: int) -> None:
         flusher = getattr(self, "flusher", None)
@@ -86,9 +93,10 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(FLUSH_SECONDS)
             if asyncio.get_running_loop().time() >= next_join:
                 next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
-                was_joined, self.joined = self.joined, await self._join_groups()
-                if self.joined and not was_joined:
-                    await self.send_snapshot()  # events were missed while away
+                if self._must_rejoin():
+                    self.joined = await self._join_groups()
+                    if self.joined:
+                        await self.send_snapshot()  # events were missed while away
             if self.pending:
                 events, self.pending = list(self.pending.values()), {}
                 message: dict[str, Any] = {"type": "events", "events": events}
