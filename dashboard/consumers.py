@@ -51,10 +51,8 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
     async def _join_groups(self) -> bool:
         """Join every group; False if the channel layer (the queue server) did not
         answer. The socket is accepted either way: it gets snapshots, and events once a
-        later join succeeds (``_flush_forever`` checks every ``REJOIN_SECONDS`` and joins
-        again after a failed join or a failed receive, which also restores memberships a
-        queue server restarted empty forgot; then it sends a fresh snapshot)."""
-        self.layer_failures = getattr(self.channel_layer, "failures", 0)
+        later join succeeds (``_flush_forever`` tries again every ``REJOIN_SECONDS`` after a
+        failed join, then sends a fresh snapshot)."""
         try:
             for group in self.groups_to_join:
                 await self.channel_layer.group_add(group, self.channel_name)
@@ -63,9 +61,10 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
         return True
 
     def _must_rejoin(self) -> bool:
-        """After a failed join, or once the layer failed since the last join (the queue
-        server went away: it may come back empty, without our memberships)."""
-        return not self.joined or getattr(self.channel_layer, "failures", 0) != self.layer_failures
+        """Only after a failed join. (A socket joined before an outage that restarted
+        the queue server empty loses its memberships; it gets events again once the
+        page reconnects.)"""
+        return not self.joined
 
     async def disconnect(self, code: int) -> None:
         flusher = getattr(self, "flusher", None)

@@ -151,29 +151,25 @@ def send_to_groups(groups: list[str], message: dict[str, Any], *, what: str) -> 
 
 #: While the channel layer cannot be reached, a consumer's receive loop retries this often.
 RECEIVE_RETRY_SECONDS = 1.0
-_LAYER_FAILURES = (OSError, TimeoutError, redis.RedisError)
+#: A lost or refused connection (not a timeout or cancellation of a healthy receive).
+_LAYER_FAILURES = (OSError, redis.ConnectionError)
 
 
 class ResilientChannelLayer(RedisChannelLayer):
     """channels-redis on the queue server, made to survive losing it.
 
     * ``receive`` (every consumer's loop) waits and retries instead of raising, so a
-      socket stays open through an outage (it gets snapshots, not events), and counts
-      the failures in ``failures``;
+      socket stays open through an outage (it gets snapshots, not events);
     * ``group_add``/``group_discard`` are bounded by ``GITWARD_QUEUE_TIMEOUT`` and raise
       ``TimeoutError`` rather than hang on a stalled server (consumers catch it and join
       again later: a server restarted empty has forgotten every membership anyway).
     """
-
-    #: Failed receives so far (this process): consumers re-join their groups when it moves.
-    failures = 0
 
     async def receive(self, channel: str) -> Any:
         while True:
             try:
                 return await super().receive(channel)
             except _LAYER_FAILURES as exc:
-                self.failures += 1
                 log.debug("channel layer receive failed (retrying): %s", exc)
                 await asyncio.sleep(RECEIVE_RETRY_SECONDS)
 
