@@ -27,7 +27,7 @@ MAX_PENDING = 2000
 #: Clients only ever send tiny control messages; anything bigger is refused.
 MAX_INBOUND_BYTES = 4096
 SNAPSHOT_MIN_INTERVAL = 1.0
-#: Sockets re-join their groups this often (idempotent; restores lost memberships).
+#: How often a socket checks whether it must re-join its groups (after an outage).
 REJOIN_SECONDS = 5.0
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -52,14 +52,20 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
     async def _join_groups(self) -> bool:
         """Join every group; False if the channel layer (the queue server) did not
         answer. The socket is accepted either way: it gets snapshots, and events once a
-        later join succeeds (``_flush_forever`` joins again every ``REJOIN_SECONDS``,
-        which also restores memberships a queue server restarted empty forgot)."""
+        later join succeeds (``_flush_forever`` tries again every ``REJOIN_SECONDS`` after a
+        failed join, then sends a fresh snapshot)."""
         try:
             for group in self.groups_to_join:
                 await self.channel_layer.group_add(group, self.channel_name)
         except Exception:  # down or stalled: degrade, retry later
             return False
         return True
+
+    def _must_rejoin(self) -> bool:
+        """Only after a failed join. (A socket joined before an outage that restarted
+        the queue server empty loses its memberships; it gets events again once the
+        page reconnects.)"""
+        return not self.joined
 
     async def disconnect(self, code: int) -> None:
         flusher = getattr(self, "flusher", None)
@@ -87,9 +93,10 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(FLUSH_SECONDS)
             if asyncio.get_running_loop().time() >= next_join:
                 next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
-                was_joined, self.joined = self.joined, await self._join_groups()
-                if self.joined and not was_joined:
-                    await self.send_snapshot()  # events were missed while away
+                if self._must_rejoin():
+                    self.joined = await self._join_groups()
+                    if self.joined:
+                        await self.send_snapshot()  # events were missed while away
             if self.pending:
                 events, self.pending = list(self.pending.values()), {}
                 message: dict[str, Any] = {"type": "events", "events": events}

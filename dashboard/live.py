@@ -158,7 +158,8 @@ def send_to_groups(groups: list[str], message: dict[str, Any], *, what: str) -> 
 
 #: While the channel layer cannot be reached, a consumer's receive loop retries this often.
 RECEIVE_RETRY_SECONDS = 1.0
-_LAYER_FAILURES = (OSError, TimeoutError, redis.RedisError)
+#: A lost or refused connection (not a timeout or cancellation of a healthy receive).
+_LAYER_FAILURES = (OSError, redis.ConnectionError)
 
 
 class ResilientChannelLayer(RedisChannelLayer):
