@@ -119,11 +119,13 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
                 text=True,
             )
         )
-        # Live: the driver takes the lock, warming starts, half the warm set is stored.
+        # Live: the driver takes the lock, warming starts and its progress shows. The
+        # real warmer (the `rollouts` worker of `up`) may store the whole warm set
+        # before the test's own partial pass, so any stored count of the 5 is progress.
         state = section.locator('[data-field="version-state"]')
         expect(state).to_have_text("warming", timeout=60000)
         expect(section.locator("[data-field=warm-text]")).to_contain_text(
-            "2 / 5 commits", timeout=30000
+            re.compile(r"[1-5] / 5 commits"), timeout=30000
         )
         page.screenshot(path=str(SHOTS / "rollout-warming.png"), full_page=True)
         go.touch()
