@@ -50,6 +50,7 @@ from dashboard.samples import day_series
 from dashboard.snapshots import ops_snapshot, repository_live
 from dashboard.summaries import repository_summary
 from dashboard.traces import run_trace
+from dashboard.warming import record_view
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +253,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
     repo = Repository.objects.filter(pk=repo_id).first()
     if repo is None:
         raise Http404("repository not found")
+    record_view(repo.pk)  # the rollout warm set starts from the most-viewed repositories
     fp = current_fingerprint()
     state = repository_status(repo)
     summary = repository_summary(repo, fp)

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from dashboard.models import Repository
+from dashboard.models import Repository, RepositoryView
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 
@@ -83,3 +83,10 @@ def test_pages_send_a_content_security_policy(logged_in: Client) -> None:
 
 def test_an_unknown_repository_page_is_a_404(logged_in: Client) -> None:
     assert logged_in.get("/repos/4242/").status_code == 404
+
+
+def test_viewing_a_repository_counts_toward_the_rollout_warm_set(logged_in: Client) -> None:
+    repo = Repository.objects.create(url="https://example.com/team/tool.git")
+    for _ in range(3):
+        assert logged_in.get(f"/repos/{repo.pk}/").status_code == 200
+    assert RepositoryView.objects.get(repository=repo).views == 3
