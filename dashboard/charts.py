@@ -130,11 +130,6 @@ def history_bars(weekly: list[dict[str, Any]], *, field: str = "commits",
     }
 
 
-def weekly_bars(weekly: list[dict[str, Any]], *, max_weeks: int = 156) -> dict[str, Any]:
-    """Commits per bucket (kept under its old name for callers)."""
-    return history_bars(weekly)
-
-
 SPARK_W = 240
 SPARK_H = 40
 

@@ -201,13 +201,15 @@ def build_client(url: str, **overrides: Any) -> QueueRedis:
 
 
 @functools.cache
-def _connection(url: str) -> QueueRedis:
+def _connection(url: str, timeout: float) -> QueueRedis:
     return build_client(url)
 
 
 def connection() -> QueueRedis:
-    """The process's shared client for the queue server (short timeouts)."""
-    return _connection(redis_url())
+    """The process's shared client for the queue server (short timeouts). Cached per URL
+    *and* timeout: a client built before ``QUEUE_TIMEOUT`` changed keeps its old socket
+    timeouts, so a changed setting must get a new client, not the cached one."""
+    return _connection(redis_url(), float(settings.QUEUE_TIMEOUT))
 
 
 def worker_connection() -> QueueRedis:

@@ -4,11 +4,11 @@ its confirm dialog, watches it warm, pass the gate and show its result diff live
 reload), promotes it step by step to current, sees the "roll back to V" button beside the
 dead letters of the ramping version, and rolls it back with one button via the modal.
 
-Not wired on main yet (issue 11: the ``rollouts`` worker in ``up``, workers per version,
-the warmer): ``tests/rolloutplay.py`` plays those parts through the domain functions — a
-real ``RolloutDriver`` holding the deploy lock, the warm set analysed with the real
-analyzer path, a run of the ramping version dead-lettered through the real attempt path.
-Screenshots go to artifacts/screenshots/ and docs/screenshot-rollouts.png."""
+``up`` serves the ``rollouts`` driver queue and warms with the real warmer;
+``tests/rolloutplay.py`` adds what a test needs on top (a driver only if no worker serves
+``rollouts``, a reported worker of the new fingerprint, and a run of the ramping version
+dead-lettered through the real attempt path). Screenshots go to artifacts/screenshots/
+and docs/screenshot-rollouts.png."""
 
 from __future__ import annotations
 
@@ -120,10 +120,13 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
             )
         )
         # Live: the driver takes the lock, warming starts and its progress shows. The
-        # real warmer (the `rollouts` worker of `up`) may store the whole warm set
-        # before the test's own partial pass, so any stored count of the 5 is progress.
+        # real warmer (the `rollouts` worker of `up`) may warm the whole 5-commit set
+        # and pass the gate before the page is looked at, so "warming" is only seen as
+        # a transition in the live timeline (registered → warming), not as a state that
+        # must still hold; any stored count of the 5 is progress.
         state = section.locator('[data-field="version-state"]')
-        expect(state).to_have_text("warming", timeout=60000)
+        expect(state).to_have_text(re.compile("warming|verified"), timeout=60000)
+        expect(section.locator(".timeline")).to_contain_text("registered → warming")
         expect(section.locator("[data-field=warm-text]")).to_contain_text(
             re.compile(r"[1-5] / 5 commits"), timeout=30000
         )

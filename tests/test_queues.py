@@ -4,6 +4,7 @@ pauses, on a real Redis."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from rq.job import Job
@@ -52,3 +53,17 @@ def test_pausing_is_recorded_and_reported_once() -> None:
     assert queues.set_paused("sync", True) is False
     assert queues.paused_queue_names() == {"sync"}
     assert queues.set_paused("sync", False) is True and queues.paused_queue_names() == set()
+
+
+def test_a_changed_queue_timeout_gets_a_client_with_that_timeout(settings: Any) -> None:
+    """The shared client is cached; one built under an old ``QUEUE_TIMEOUT`` must not
+    serve after the setting changed (a stalled server then cost the old, longer timeout
+    per call: the stalled-node test waited 8 s in a full run)."""
+    settings.QUEUE_TIMEOUT = 1.0
+    before = queues.connection()
+    settings.QUEUE_TIMEOUT = 0.3
+    after = queues.connection()
+    assert after is not before
+    assert after.connection_pool.connection_kwargs["socket_timeout"] == 0.3
+    assert before.connection_pool.connection_kwargs["socket_timeout"] == 1.0
+    assert queues.connection() is after  # still one shared client per setting

@@ -88,9 +88,10 @@ def test_weeks_start_on_monday(tmp_path: Path) -> None:
     origin.clock += 86400
     origin.commit("tue", {"a.txt": "3\n"})
     data = compute_summary(_analysed(origin), current_fingerprint())
+    # lines per week as git --numstat counts them: +1 on Friday; +1/-1 on Monday and Tuesday
     assert data["weekly"] == [
-        {"week": "2024-01-01", "commits": 1},
-        {"week": "2024-01-08", "commits": 2},
+        {"week": "2024-01-01", "commits": 1, "insertions": 1, "deletions": 0},
+        {"week": "2024-01-08", "commits": 2, "insertions": 2, "deletions": 2},
     ]
 
 
