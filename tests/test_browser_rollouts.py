@@ -151,7 +151,7 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         section = page.locator(f"#rollout-{rollout_id}")
         page.evaluate("window.__notReloaded = true")
         expect(section.locator('[data-field="version-state"]')).to_have_text(
-            "ramping 10%", timeout=30000
+            "ramping 10%", timeout=90000
         )
         assert page.evaluate("window.__notReloaded") is True
 

@@ -139,7 +139,9 @@ def test_a_lease_lost_during_a_clone_stops_it_before_the_rename_and_the_mirror_s
     outcome: list[BaseException | str] = []
     key = "locks:git:repo:1:mirror"
 
-    with pytest.raises(LockLost), redlock.hold([key], ttl=1.0) as lock:
+    # TTL 5 s: the heartbeat keeps the lease through a slow clone on a loaded machine
+    # (at 1 s it could expire before the operator's release, which then found nothing).
+    with pytest.raises(LockLost), redlock.hold([key], ttl=5.0) as lock:
 
         def sync() -> None:
             try:
