@@ -8,6 +8,7 @@ modified) and ``Connection._sock`` (its file descriptor, for poll()).
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -99,6 +100,27 @@ class Node:
             name: self.client.register_script(src) for name, src in SCRIPTS.items()
         }
         self.stats = NodeStats()
+        #: Connected connections kept out of ``pool`` for script rounds (see ``take_idle``).
+        #: Each is clean (no reply outstanding) when pushed; ``list.append``/``pop`` are
+        #: atomic, so two threads never get the same one. Checked out of ``pool`` (counted
+        #: in use there), so ``pool.disconnect()`` still closes them.
+        self.idle: list[Any] = []
+
+    def take_idle(self) -> Any | None:
+        """A connection kept by an earlier round, most recently used first, or ``None``."""
+        try:
+            return self.idle.pop()
+        except IndexError:
+            return None
+
+    def keep(self, conn: Any) -> None:
+        """Keep ``conn`` (its reply read, nothing outstanding) for the next round."""
+        self.idle.append(conn)
+
+    def forget_idle(self) -> None:
+        """Drop the kept connections without closing them (after a fork: they belong to
+        the parent) or after ``pool.disconnect()`` closed them."""
+        self.idle = []
 
 
 # redis-py internals (see the module docstring) --------------------------------------------
@@ -114,6 +136,23 @@ def has_idle_connection(pool: redis.ConnectionPool) -> bool:
     if not idle:
         return False
     return getattr(idle[-1], "_sock", None) is not None
+
+
+def stale(conns: list[Any]) -> set[int]:
+    """Indexes into ``conns`` whose socket is readable while no reply is outstanding: the
+    master closed it (a restart, a timeout) or sent something unexpected. One poll() for
+    all of them; what ``ConnectionPool.get_connection`` checks per connection."""
+    poller = select.poll()
+    by_fd: dict[int, int] = {}
+    gone: set[int] = set()
+    for n, conn in enumerate(conns):
+        if getattr(conn, "_sock", None) is None:  # closed meanwhile (Redlock.close)
+            gone.add(n)
+            continue
+        fd = fileno(conn)
+        by_fd[fd] = n
+        poller.register(fd, select.POLLIN)
+    return gone | {by_fd[fd] for fd, _event in poller.poll(0)}
 
 
 def fileno(conn: Any) -> int:
