@@ -84,7 +84,15 @@ class ScriptRound:
         self.connecting: dict[int, float] = {}  # master -> start, while its connection opens
         self.opened: dict[int, Future[Any]] = {}
         self.consumed: set[int] = set()
-        self.stragglers = Stragglers(transport, name, keys, args, decided=not keep_late)
+        self._stragglers: Stragglers | None = None  # made when a connection is still opening
+
+    @property
+    def stragglers(self) -> Stragglers:
+        if self._stragglers is None:
+            self._stragglers = Stragglers(
+                self.t, self.name, self.keys, self.args, decided=not self.keep_late
+            )
+        return self._stragglers
 
     # Votes and sends ---------------------------------------------------------------------
 
@@ -305,7 +313,7 @@ class ScriptRound:
                 # Nothing was sent on it yet: the script goes out once it is open (unless the
                 # caller settles the round with a release first), see Stragglers.
                 fut.add_done_callback(functools.partial(self.stragglers.opened, i))
-        return Round(self.votes, self.futures, self.yes, self.late, self.stragglers, self.targets)
+        return Round(self.votes, self.futures, self.yes, self.late, self._stragglers, self.targets)
 
 
 def _forward_connection(
