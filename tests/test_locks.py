@@ -452,15 +452,21 @@ def test_a_master_restarted_empty_lets_a_second_holder_in_with_a_larger_token(
 
 
 def test_it_reloads_its_scripts_after_every_master_restarted_empty(
-    redlock: Redlock, masters: list[RedisNode]
+    masters: list[RedisNode], counter: SqliteCounter
 ) -> None:
-    redlock.acquire("locks:w", ttl=5.0).release()  # pooled connections, cached scripts
-    for node in masters:
-        node.restart(empty=True)  # stale sockets and an empty script cache everywhere
-    lock = redlock.acquire("locks:w", ttl=5.0)
-    lock.extend()
-    assert eventually(lambda: (redlock.inspect("locks:w") or {}).get("agreeing") == 3)
-    lock.release()
+    # Each master needs a new connection (handshake included), NOSCRIPT and EVAL: 0.5 s node
+    # timeouts (not 50 ms) so a loaded machine does not time that out.
+    redlock = make(masters, token_source=counter, node_timeout=0.5)
+    try:
+        redlock.acquire("locks:w", ttl=5.0).release()  # pooled connections, cached scripts
+        for node in masters:
+            node.restart(empty=True)  # stale sockets and an empty script cache everywhere
+        lock = redlock.acquire("locks:w", ttl=5.0)
+        lock.extend()
+        assert eventually(lambda: (redlock.inspect("locks:w") or {}).get("agreeing") == 3)
+        lock.release()
+    finally:
+        redlock.close()
 
 
 def test_a_slow_master_is_outvoted_without_waiting_for_it(

@@ -254,13 +254,13 @@ class ScriptRound:
                 break
             # Read what has arrived before expiring anyone: a reply that is already waiting
             # must not be called a timeout just because this thread was slow to look.
-            if self.pending:
+            if any(now >= p.node_deadline for p in self.pending.values()):
                 self.read_ready(0.0)
                 if self.decided():
                     break
-            for i, p in list(self.pending.items()):
-                if now >= p.node_deadline:
-                    self.give_up(i, p, now)
+                for i, p in list(self.pending.items()):
+                    if now >= p.node_deadline:
+                        self.give_up(i, p, now)
             for i, start in list(self.connecting.items()):
                 if now >= start + self.t.node_timeout:
                     del self.connecting[i]  # its connection, if it ever opens, goes back unused
