@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Judge = Callable[[object], Vote]
 
 #: Longest a decided round keeps reading the replies still on their way (seconds).
-CATCH_UP = 0.002
+CATCH_UP = 0.0005
 
 
 class ScriptRound:
