@@ -15,7 +15,7 @@ import redis
 from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
-from workers.locks import Redlock, wire
+from workers.locks import LockNotAcquired, Redlock, wire
 from workers.locks.nodes import Node, fileno, stale
 from workers.redisnode import RedisNode
 
@@ -148,5 +148,37 @@ def test_a_round_replaces_kept_connections_of_a_restarted_master_without_an_erro
         assert first["errors"] == 0, first
     finally:
         rl.close()
+        for m in masters:
+            m.kill()
+
+
+def test_a_tls_master_is_never_written_raw() -> None:
+    assert Node("redis://127.0.0.1:1/0", 0.5).raw
+    assert Node("unix:///tmp/nowhere.sock", 0.5).raw
+    assert not Node("rediss://127.0.0.1:1/0", 0.5).raw  # TLS records, not RESP, on the socket
+
+
+def test_rounds_through_redis_py_work_as_the_raw_ones(tmp_path: Path) -> None:
+    # The path a TLS master takes (send_packed_command / read_response), on plain masters:
+    # acquire, refusal, extend, release, and NOSCRIPT after a restart answered by EVAL.
+    masters = [RedisNode(tmp_path / f"m{i}").start() for i in range(3)]
+    rl = Redlock([m.url for m in masters], retry_count=0, node_timeout=2.0)
+    other = Redlock([m.url for m in masters], retry_count=0, node_timeout=2.0)
+    for node in rl.nodes:
+        node.raw = False
+    try:
+        lock = rl.acquire("locks:tls", ttl=5.0)
+        with pytest.raises(LockNotAcquired):
+            other.acquire("locks:tls", ttl=5.0)
+        lock.extend()
+        lock.release()
+        masters[1].restart(empty=True)  # stale connection and no scripts on master 1
+        lock = rl.acquire("locks:tls", ttl=5.0)
+        assert eventually(lambda: (rl.inspect("locks:tls") or {}).get("agreeing") == 3)
+        lock.release()
+        assert rl.inspect("locks:tls") is None
+    finally:
+        rl.close()
+        other.close()
         for m in masters:
             m.kill()

@@ -94,6 +94,9 @@ class Node:
         )
         kwargs.pop("decode_responses", None)
         self.pool = redis.ConnectionPool(connection_class=base.connection_class, **kwargs)
+        #: Whether script rounds may write and read this master's socket directly
+        #: (``workers.locks.wire``): not through TLS, whose socket carries records.
+        self.raw = not issubclass(base.connection_class, redis.SSLConnection)
         self.client = redis.Redis(connection_pool=self.pool)
         host = kwargs.get("host", kwargs.get("path", "?"))
         self.name = f"{host}:{kwargs.get('port', '')}/{kwargs.get('db', 0)}"

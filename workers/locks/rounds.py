@@ -112,7 +112,10 @@ class ScriptRound:
         node = self.t.nodes[i]
         try:
             fd = fileno(conn)
-            wire.write(conn, fd, self.command)
+            if node.raw:
+                wire.write(conn, fd, self.command)
+            else:  # TLS: the packed bytes go through the SSL socket
+                conn.send_packed_command([self.command], check_health=False)
         except Exception as exc:
             conn.disconnect()
             node.pool.release(conn)
@@ -212,11 +215,17 @@ class ScriptRound:
             p = self.pending[i]
             vote: Vote | None = None
             try:
-                buf, reply, complete = wire.read(fd, self.partial.pop(i, b""))
-                if not complete:
-                    if buf:
-                        self.partial[i] = buf
-                    continue
+                if self.t.nodes[i].raw:
+                    buf, reply, complete = wire.read(fd, self.partial.pop(i, b""))
+                    if not complete:
+                        if buf:
+                            self.partial[i] = buf
+                        continue
+                else:  # TLS: the bytes on the socket are not the reply; redis-py reads it
+                    try:
+                        reply = p.conn.read_response()
+                    except ResponseError as exc:
+                        reply = exc
                 if isinstance(reply, NoScriptError):
                     # The master restarted and lost its script cache: the script did not
                     # run. Send the source on the same connection and keep waiting (same

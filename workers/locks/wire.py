@@ -13,6 +13,10 @@ redis-py internals used (pinned in tests/test_redis_internals.py): ``Connection.
 (via ``nodes.fileno``) and ``_RESP2Parser.parse_error`` (error line → the exception class
 redis-py itself would raise, e.g. ``NoScriptError``).
 
+Plain TCP and unix sockets only: a TLS master (``rediss://``, ``Node.raw`` false) gets the
+same packed bytes through redis-py's ``send_packed_command`` and its reply through
+``read_response``.
+
 Safety: a connection is only written to by the round that holds it, and only ever carries
 one unanswered command there; a reply is complete at its first CRLF. Bytes after it (never
 sent by a master for one command) or a reply still partial when its master is given up on
