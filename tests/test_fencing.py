@@ -100,8 +100,17 @@ def test_a_token_fetched_after_the_lease_lapsed_does_not_fence_out_the_next_hold
         assert b_holds.wait(20), "B never took the lock"
         return next_token(resource, confirm)
 
-    a = Redlock(urls, retry_count=0, token_source=slow_source)
-    b = Redlock(urls, retry_count=200, retry_delay=0.05, retry_jitter=0.02, token_source=next_token)
+    # Node timeouts of 0.25 s (not the 50 ms default): on a loaded machine a healthy master
+    # can take longer than 50 ms, and A's round would then fail before its token fetch.
+    a = Redlock(urls, retry_count=0, token_source=slow_source, node_timeout=0.25)
+    b = Redlock(
+        urls,
+        retry_count=200,
+        retry_delay=0.05,
+        retry_jitter=0.02,
+        token_source=next_token,
+        node_timeout=0.25,
+    )
 
     def take_over() -> None:
         try:

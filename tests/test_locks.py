@@ -251,16 +251,22 @@ def test_it_works_with_a_single_master(masters: list[RedisNode]) -> None:
         rl.close()
 
 
-def test_it_reuses_one_thread_pool_instead_of_one_per_call(redlock: Redlock) -> None:
-    for _ in range(10):
-        redlock.acquire("locks:p", ttl=5.0).release()
-    pool = redlock.transport.pool
-    for _ in range(100):
-        redlock.acquire("locks:p", ttl=5.0).release()
-    assert redlock.transport.pool is pool
-    # Its threads are started on demand but bounded: 100 calls never add 100s of threads.
-    workers = [t for t in threading.enumerate() if t.name.startswith("redlock_")]
-    assert 0 < len(workers) <= redlock.transport.max_workers
+def test_it_reuses_one_thread_pool_instead_of_one_per_call(masters: list[RedisNode]) -> None:
+    # 110 calls in a row: 0.5 s node timeouts (not 50 ms) so a loaded machine does not time
+    # a healthy master out; the timeout plays no part in what is checked.
+    redlock = make(masters, node_timeout=0.5)
+    try:
+        for _ in range(10):
+            redlock.acquire("locks:p", ttl=5.0).release()
+        pool = redlock.transport.pool
+        for _ in range(100):
+            redlock.acquire("locks:p", ttl=5.0).release()
+        assert redlock.transport.pool is pool
+        # Its threads are started on demand but bounded: 100 calls never add 100s of threads.
+        workers = [t for t in threading.enumerate() if t.name.startswith("redlock_")]
+        assert 0 < len(workers) <= redlock.transport.max_workers
+    finally:
+        redlock.close()
 
 
 def _use_inherited_redlock(rl: Redlock) -> None:
@@ -452,15 +458,21 @@ def test_a_master_restarted_empty_lets_a_second_holder_in_with_a_larger_token(
 
 
 def test_it_reloads_its_scripts_after_every_master_restarted_empty(
-    redlock: Redlock, masters: list[RedisNode]
+    masters: list[RedisNode], counter: SqliteCounter
 ) -> None:
-    redlock.acquire("locks:w", ttl=5.0).release()  # pooled connections, cached scripts
-    for node in masters:
-        node.restart(empty=True)  # stale sockets and an empty script cache everywhere
-    lock = redlock.acquire("locks:w", ttl=5.0)
-    lock.extend()
-    assert eventually(lambda: (redlock.inspect("locks:w") or {}).get("agreeing") == 3)
-    lock.release()
+    # Each master needs a new connection (handshake included), NOSCRIPT and EVAL: 0.5 s node
+    # timeouts (not 50 ms) so a loaded machine does not time that out.
+    redlock = make(masters, token_source=counter, node_timeout=0.5)
+    try:
+        redlock.acquire("locks:w", ttl=5.0).release()  # pooled connections, cached scripts
+        for node in masters:
+            node.restart(empty=True)  # stale sockets and an empty script cache everywhere
+        lock = redlock.acquire("locks:w", ttl=5.0)
+        lock.extend()
+        assert eventually(lambda: (redlock.inspect("locks:w") or {}).get("agreeing") == 3)
+        lock.release()
+    finally:
+        redlock.close()
 
 
 def test_a_slow_master_is_outvoted_without_waiting_for_it(
@@ -507,7 +519,9 @@ def test_two_slow_masters_time_out_within_the_node_timeout(
 
 
 def test_a_paused_master_counts_as_a_timeout(masters: list[RedisNode]) -> None:
-    rl = make(masters, node_timeout=0.05)
+    # A paused master never answers, whatever the timeout: 0.5 s (not 50 ms) so the healthy
+    # ones are not timed out too when the machine is loaded.
+    rl = make(masters, node_timeout=0.5)
     try:
         masters[1].pause()
         lock = rl.acquire("locks:z", ttl=10.0)

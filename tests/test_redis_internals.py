@@ -1,4 +1,4 @@
-"""The two redis-py internals workers/locks/nodes.py relies on, checked against the installed
+"""The redis-py internals workers/locks/ relies on, checked against the installed
 redis-py (pyproject pins the range these tests were run with). If redis-py changes their
 shape, these fail loudly here instead of the Redlock quietly taking its slow path or
 failing every call.
@@ -6,11 +6,14 @@ failing every call.
 * ``ConnectionPool._available_connections``: a list of idle connections, the most recently
   released last, that ``get_connection()`` pops from the end.
 * ``Connection._sock``: ``None`` until connected, then the socket (its ``fileno()`` is
-  polled), ``None`` again after ``disconnect()``.
+  polled, written and read by workers/locks/wire.py), ``None`` again after ``disconnect()``.
+* ``redis._parsers._RESP2Parser.parse_error``: an error line to the exception redis-py
+  raises for it (``NoScriptError`` for NOSCRIPT), used by workers/locks/wire.py.
 """
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 from collections.abc import Iterator
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis._parsers import _RESP2Parser
+from redis.exceptions import NoScriptError
 
 from workers.locks.nodes import Node, fileno, has_idle_connection
 from workers.redisnode import RedisNode
@@ -82,6 +87,34 @@ def test_a_reply_can_be_polled_on_the_socket_and_read_with_read_response(node: R
         conn.send_command("DEL", "internals:k")
         assert conn.read_response() in (b"OK", "OK", True)
         assert conn.read_response() == 1
+    finally:
+        pool.release(conn)
+        pool.disconnect()
+
+
+def test_the_resp2_parser_maps_an_error_line_to_redis_py_exceptions() -> None:
+    # workers/locks/wire.py reads a script's reply itself and lets redis-py name the error.
+    assert isinstance(_RESP2Parser.parse_error("NOSCRIPT No matching script."), NoScriptError)
+    busy = _RESP2Parser.parse_error("BUSY Redis is busy running a script.")
+    assert isinstance(busy, redis.ResponseError) and "busy" in str(busy).lower()
+    other = _RESP2Parser.parse_error("ERR something")
+    assert type(other) is redis.ResponseError and str(other) == "something"
+
+
+def test_a_pooled_connection_can_be_written_and_read_on_its_descriptor(node: RedisNode) -> None:
+    # The wire bypasses Connection.send_command/read_response on the socket redis-py opened:
+    # both must keep working on that connection afterwards (its parser buffer untouched).
+    pool = Node(node.url, 0.5).pool
+    conn = pool.get_connection()
+    try:
+        fd = fileno(conn)
+        os.write(fd, b"*3\r\n$4\r\nEVAL\r\n$8\r\nreturn 7\r\n$1\r\n0\r\n")
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(2000)
+        assert os.read(fd, 4096) == b":7\r\n"
+        conn.send_command("PING")
+        assert conn.read_response() in (b"PONG", "PONG")
     finally:
         pool.release(conn)
         pool.disconnect()

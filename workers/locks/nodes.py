@@ -1,13 +1,15 @@
-"""One master (``Node``), a vote, a pending reply, a fan-out round, and the two redis-py
-internals the transport relies on.
+"""One master (``Node``, with the connections kept for script rounds), a vote, a pending
+reply, a fan-out round, and the redis-py internals the transport relies on.
 
-redis-py internals used (here and nowhere else), checked by tests/test_redis_internals.py
-against the pinned redis-py range: ``ConnectionPool._available_connections`` (peeked, never
-modified) and ``Connection._sock`` (its file descriptor, for poll()).
+redis-py internals used (here, and ``Connection._sock`` and the RESP2 parser's error
+mapping in ``workers.locks.wire``), checked by tests/test_redis_internals.py against the
+pinned redis-py range: ``ConnectionPool._available_connections`` (peeked, never modified)
+and ``Connection._sock`` (its file descriptor, for poll(), write and read).
 """
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -92,6 +94,9 @@ class Node:
         )
         kwargs.pop("decode_responses", None)
         self.pool = redis.ConnectionPool(connection_class=base.connection_class, **kwargs)
+        #: Whether script rounds may write and read this master's socket directly
+        #: (``workers.locks.wire``): not through TLS, whose socket carries records.
+        self.raw = not issubclass(base.connection_class, redis.SSLConnection)
         self.client = redis.Redis(connection_pool=self.pool)
         host = kwargs.get("host", kwargs.get("path", "?"))
         self.name = f"{host}:{kwargs.get('port', '')}/{kwargs.get('db', 0)}"
@@ -99,6 +104,27 @@ class Node:
             name: self.client.register_script(src) for name, src in SCRIPTS.items()
         }
         self.stats = NodeStats()
+        #: Connected connections kept out of ``pool`` for script rounds (see ``take_idle``).
+        #: Each is clean (no reply outstanding) when pushed; ``list.append``/``pop`` are
+        #: atomic, so two threads never get the same one. Checked out of ``pool`` (counted
+        #: in use there), so ``pool.disconnect()`` still closes them.
+        self.idle: list[Any] = []
+
+    def take_idle(self) -> Any | None:
+        """A connection kept by an earlier round, most recently used first, or ``None``."""
+        try:
+            return self.idle.pop()
+        except IndexError:
+            return None
+
+    def keep(self, conn: Any) -> None:
+        """Keep ``conn`` (its reply read, nothing outstanding) for the next round."""
+        self.idle.append(conn)
+
+    def forget_idle(self) -> None:
+        """Drop the kept connections without closing them (after a fork: they belong to
+        the parent) or after ``pool.disconnect()`` closed them."""
+        self.idle = []
 
 
 # redis-py internals (see the module docstring) --------------------------------------------
@@ -114,6 +140,23 @@ def has_idle_connection(pool: redis.ConnectionPool) -> bool:
     if not idle:
         return False
     return getattr(idle[-1], "_sock", None) is not None
+
+
+def stale(conns: list[Any]) -> set[int]:
+    """Indexes into ``conns`` whose socket is readable while no reply is outstanding: the
+    master closed it (a restart, a timeout) or sent something unexpected. One poll() for
+    all of them; what ``ConnectionPool.get_connection`` checks per connection."""
+    poller = select.poll()
+    by_fd: dict[int, int] = {}
+    gone: set[int] = set()
+    for n, conn in enumerate(conns):
+        if getattr(conn, "_sock", None) is None:  # closed meanwhile (Redlock.close)
+            gone.add(n)
+            continue
+        fd = fileno(conn)
+        by_fd[fd] = n
+        poller.register(fd, select.POLLIN)
+    return gone | {by_fd[fd] for fd, _event in poller.poll(0)}
 
 
 def fileno(conn: Any) -> int:

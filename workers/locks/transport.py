@@ -1,7 +1,8 @@
 """Fan-out to N masters: every call goes to all of them at once, each bounded by a timeout.
 
 The lock scripts (acquire, extend, release, retag) are written on pooled connections from
-the calling thread and their replies collected with poll(); the thread pool only opens
+the calling thread and their replies collected with poll() (``workers.locks.rounds``, the
+bytes on the wire in ``workers.locks.wire``); the thread pool only opens
 connections (a slow handshake never delays the other masters) and runs the rarer calls
 (inspect, SCAN). Replies nobody waits for any more are read by one ``LateReplies`` thread
 (``workers.locks.late``), which also carries the releases queued behind a failed attempt's
@@ -20,25 +21,15 @@ import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 from redis.exceptions import NoScriptError
 
 from workers.locks.errors import LockError, describe
-from workers.locks.late import LateReplies, Stragglers
-from workers.locks.nodes import (
-    CANCELLED,
-    Node,
-    Pending,
-    Round,
-    Vote,
-    done_future,
-    fileno,
-    has_idle_connection,
-    judge_any,
-    releaser,
-)
+from workers.locks.late import LateReplies
+from workers.locks.nodes import CANCELLED, Node, Pending, Round, Vote, judge_any, releaser
+from workers.locks.rounds import ScriptRound
 from workers.locks.scripts import RELEASE
 
 T = TypeVar("T")
@@ -81,13 +72,16 @@ class Transport:
         self.pool = self._new_pool()
         self.stats_lock = threading.Lock()
         self.late = LateReplies(self)
+        for node in self.nodes:
+            node.forget_idle()  # the parent's sockets: never written from the child
 
     def close(self) -> None:
         self.closed = True
         self.late.close()
         self.pool.shutdown(wait=True, cancel_futures=True)
         for node in self.nodes:
-            node.pool.disconnect()
+            node.pool.disconnect()  # the kept connections too: they count as in use there
+            node.forget_idle()
 
     # Calls through the thread pool -------------------------------------------------------
 
@@ -180,178 +174,19 @@ class Transport:
         """
         if self.closed:
             raise LockError("Redlock is closed")
-        targets = list(range(len(self.nodes))) if only is None else sorted(only)
-        n = len(targets)
-        futures: dict[int, Future[Vote]] = {}
-        votes: dict[int, Vote] = {}
-        yes = 0
-        pending: dict[int, Pending] = {}
-        late: dict[int, Pending] = {}
-        by_fd: dict[int, int] = {}
-        poller = select.poll()
-        connected: queue.SimpleQueue[tuple[int, Future[Any]]] = queue.SimpleQueue()
-        connecting: dict[int, float] = {}  # master -> start, while its connection opens
-        opened: dict[int, Future[Any]] = {}
-        consumed: set[int] = set()
-        stragglers = Stragglers(self, name, keys, args, decided=not keep_late)
+        return ScriptRound(
+            self,
+            name,
+            keys,
+            args,
+            judge,
+            need=need,
+            wait_all=wait_all,
+            only=only,
+            keep_late=keep_late,
+        ).run(deadline)
 
-        def vote_now(i: int, vote: Vote, took: float) -> None:
-            nonlocal yes
-            votes[i] = vote
-            yes += vote.ok
-            futures[i] = done_future(vote)
-            self.record_call(self.nodes[i], vote, took)
-
-        def send(i: int, conn: Any, start: float) -> None:
-            node = self.nodes[i]
-            script = node.scripts[name]
-            try:
-                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                fd = fileno(conn)
-            except Exception as exc:
-                conn.disconnect()
-                node.pool.release(conn)
-                vote_now(i, Vote(False, describe(exc), exc), time.monotonic() - start)
-                return
-            pending[i] = Pending(
-                conn, script, start, start + self.node_timeout, fd, keys, tuple(args)
-            )
-            by_fd[fd] = i
-            poller.register(fd, select.POLLIN)
-
-        def take_connection(i: int, fut: Future[Any]) -> None:
-            consumed.add(i)
-            start = connecting.pop(i, None)
-            if fut.cancelled():  # close() cancelled the connect
-                if start is not None:
-                    vote_now(i, CANCELLED, time.monotonic() - start)
-                return
-            exc = fut.exception()
-            if start is None:  # already voted "timeout": a straggler now
-                stragglers.opened(i, fut)
-                return
-            if exc is not None:
-                vote_now(i, Vote(False, describe(exc), exc), time.monotonic() - start)
-                return
-            send(i, fut.result(), start)
-
-        for i in targets:
-            node = self.nodes[i]
-            start = time.monotonic()
-            if has_idle_connection(node.pool):
-                try:
-                    conn = node.pool.get_connection()
-                except Exception as exc:
-                    vote_now(i, Vote(False, describe(exc), exc), time.monotonic() - start)
-                    continue
-                send(i, conn, start)
-                continue
-            fut = self.pool.submit(node.pool.get_connection)
-            fut.add_done_callback(functools.partial(_forward_connection, connected, i))
-            connecting[i] = start
-            opened[i] = fut
-
-        def decided() -> bool:
-            if len(votes) == n:
-                return True
-            return not wait_all and (yes >= need or (len(votes) - yes) > n - need)
-
-        while not decided():
-            while connecting:
-                try:
-                    i, fut = connected.get_nowait()
-                except queue.Empty:
-                    break
-                take_connection(i, fut)
-            now = time.monotonic()
-            if decided() or now >= deadline:
-                break
-            # Read what has arrived before expiring anyone: a reply that is already waiting
-            # must not be called a timeout just because this thread was slow to look.
-            if pending:
-                self._read_ready(pending, by_fd, poller, 0.0, judge, vote_now)
-                if decided():
-                    break
-            for i, p in list(pending.items()):
-                if now >= p.node_deadline:
-                    _forget(pending, by_fd, poller, i)
-                    if keep_late:
-                        late[i] = p
-                    else:
-                        p.conn.disconnect()
-                        self.nodes[i].pool.release(p.conn)
-                    vote_now(i, Vote(False, "timeout", None), now - p.sent)
-            for i, start in list(connecting.items()):
-                if now >= start + self.node_timeout:
-                    del connecting[i]  # its connection, if it ever opens, goes back unused
-                    vote_now(i, Vote(False, "timeout", None), now - start)
-            if decided():
-                break
-            waits = [deadline]
-            waits += [p.node_deadline for p in pending.values()]
-            waits += [start + self.node_timeout for start in connecting.values()]
-            wait = max(0.0, min(waits) - now)
-            if pending:
-                if connecting:
-                    wait = min(wait, 0.001)  # look at the opening connections too
-                self._read_ready(pending, by_fd, poller, wait, judge, vote_now)
-            elif connecting:
-                try:
-                    i, fut = connected.get(timeout=wait)
-                except queue.Empty:
-                    continue
-                take_connection(i, fut)
-            else:
-                break
-        if pending:
-            # Replies already waiting are read now (one poll, no wait): their connections go
-            # straight back to the pool instead of through another thread.
-            self._read_ready(pending, by_fd, poller, 0.0, judge, vote_now)
-        for i, p in pending.items():
-            if keep_late:
-                late[i] = p
-            else:
-                futures[i] = self.pool.submit(self._drain, self.nodes[i], p, judge)
-        for i, fut in opened.items():
-            if i not in consumed:
-                # Nothing was sent on it yet: the script goes out once it is open (unless the
-                # caller settles the round with a release first), see Stragglers.
-                fut.add_done_callback(functools.partial(stragglers.opened, i))
-        return Round(votes, futures, yes, late, stragglers, tuple(targets))
-
-    def _read_ready(
-        self,
-        pending: dict[int, Pending],
-        by_fd: dict[int, int],
-        poller: select.poll,
-        wait: float,
-        judge: Callable[[object], Vote],
-        vote_now: Callable[[int, Vote, float], None],
-    ) -> None:
-        """Wait up to ``wait`` seconds for replies and count every one that arrived."""
-        for fd, _event in poller.poll(max(0.0, wait) * 1000):
-            i = by_fd[fd]
-            p = pending[i]
-            vote: Vote | None = None
-            try:
-                vote = judge(p.conn.read_response())
-            except NoScriptError:
-                # The master restarted and lost its script cache: send the source on the
-                # same connection and keep waiting (same per-node deadline).
-                try:
-                    p.resend_as_eval()
-                except Exception as exc:
-                    p.conn.disconnect()
-                    vote = Vote(False, describe(exc), exc)
-            except Exception as exc:  # read_response has already disconnected it
-                vote = Vote(False, describe(exc), exc)
-            if vote is None:
-                continue  # EVAL sent, reply still to come
-            _forget(pending, by_fd, poller, i)
-            self.nodes[i].pool.release(p.conn)
-            vote_now(i, vote, time.monotonic() - p.sent)
-
-    def _drain(self, node: Node, p: Pending, judge: Callable[[object], Vote]) -> Vote:
+    def drain(self, node: Node, p: Pending, judge: Callable[[object], Vote]) -> Vote:
         """Read a reply nobody waited for (socket timeout = node_timeout), then give the
         connection back to the pool."""
         try:
@@ -483,19 +318,5 @@ def _after_fork_in_child(ref: weakref.ReferenceType[Transport]) -> None:
         transport.after_fork()
 
 
-def _forget(
-    pending: dict[int, Pending], by_fd: dict[int, int], poller: select.poll, i: int
-) -> None:
-    p = pending.pop(i)
-    by_fd.pop(p.fd, None)
-    poller.unregister(p.fd)
-
-
 def _forward(answers: queue.SimpleQueue[tuple[int, Vote]], i: int, fut: Future[Vote]) -> None:
     answers.put((i, CANCELLED if fut.cancelled() else fut.result()))
-
-
-def _forward_connection(
-    connected: queue.SimpleQueue[tuple[int, Future[Any]]], i: int, fut: Future[Any]
-) -> None:
-    connected.put((i, fut))
