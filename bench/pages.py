@@ -19,9 +19,11 @@ live locks). Prints JSON; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -139,9 +141,18 @@ def real_commits(repo: GitRepo) -> list[dict[str, Any]]:
     return out
 
 
+PROFILE = False
+
+
 def timed(client: Any, path: str, rounds: int) -> dict[str, float]:
     res = client.get(path)  # warm-up
     assert res.status_code == 200, (path, res.status_code)
+    if PROFILE:  # where one request's time goes, to stderr
+        profile = cProfile.Profile()
+        profile.runcall(client.get, path)
+        stats = pstats.Stats(profile, stream=sys.stderr)
+        print(f"--- {path}", file=sys.stderr)
+        stats.sort_stats("cumulative").print_stats(40)
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -156,7 +167,10 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--database-url", default="")
+    parser.add_argument("--profile", action="store_true", help="cProfile one request per page")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-pages-"))
     out: dict[str, Any] = {"commits": args.commits, "load_average": os.getloadavg()[0]}
     with live.redis_nodes(tmp) as nodes:

@@ -56,7 +56,7 @@ def test_git_runs_with_the_hardened_environment_and_options_only(
         text = read_message(repo, head)
         patch = read_patch(repo, head, text.parents)
         # The persistent cat-file GitPython keeps: its environment and command line.
-        pid = repo.git.cat_file_header.proc.pid
+        pid = repo.git.cat_file_all.proc.pid
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     env = dict(e.decode().split("=", 1) for e in environ if e)

@@ -178,19 +178,19 @@ def read_message(repo: git.Repo, sha: str, limits: Limits = Limits()) -> CommitT
     """The commit object ``sha`` read through GitPython's object database; at most
     ``limits.message_bytes`` of its message are kept."""
     try:
-        binsha = bytes.fromhex(sha)
-        info = repo.odb.info(binsha)
+        # One request to GitPython's persistent ``cat-file --batch``: type, size, data.
+        stream = repo.odb.stream(bytes.fromhex(sha))
     except (ValueError, git.GitCommandError, OSError) as exc:
         raise CommitMissing(f"commit {sha[:12]} is not in the mirror") from exc
-    kind = info.type.decode() if isinstance(info.type, bytes) else str(info.type)
-    if kind != "commit":
-        raise CommitMissing(f"{sha[:12]} is a {kind}, not a commit")
+    kind = stream.type.decode() if isinstance(stream.type, bytes) else str(stream.type)
+    size = int(stream.size)
     budget = limits.message_bytes + 64 * 1024  # headers (parents, signatures) first
-    stream = repo.odb.stream(binsha)
-    raw = stream.read(min(info.size, budget))
+    raw = stream.read(min(size, budget)) if kind == "commit" else b""
     # GitPython's stream drains the unread rest when it is dropped, keeping the shared
     # cat-file process in step for the next object.
     del stream
+    if kind != "commit":
+        raise CommitMissing(f"{sha[:12]} is a {kind}, not a commit")
     head, _, body = raw.partition(b"\n\n")
     encoding, tree, parents = "", "", []
     for line in head.split(b"\n"):
@@ -200,7 +200,7 @@ def read_message(repo: git.Repo, sha: str, limits: Limits = Limits()) -> CommitT
             parents.append(line[7:].decode("ascii", "replace"))
         elif line.startswith(b"encoding "):
             encoding = line[9:].decode("ascii", "replace").strip()[:40]
-    truncated = info.size > len(raw) or len(body) > limits.message_bytes
+    truncated = size > len(raw) or len(body) > limits.message_bytes
     text = body[: limits.message_bytes].decode(_decoder(encoding or "utf-8"), "replace")
     return CommitText(
         message=text.replace("\x00", "\ufffd"),
