@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -234,6 +235,7 @@ def main() -> None:
         out["commit API"] = timed(client, f"/api/repos/{repo.pk}/commits/{sha}", args.rounds)
         out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(json.dumps(out, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)  # a 1,000,000-commit database is ~1 GB
 
 
 if __name__ == "__main__":
