@@ -1,8 +1,8 @@
 """The commit page in a real headless Chromium against `manage.py up` (issue 13): a
 fixture whose commit message, author and file names hold script payloads is analysed,
 its commit is opened from the repository page's commit table, and every payload is
-text: no dialog fires, no element is injected, the title holds no markup. Screenshot:
-artifacts/screenshots/commit.png."""
+text: no dialog fires, no element is injected, the title holds no markup. Screenshots:
+artifacts/screenshots/commit.png and commit-phone.png."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def test_a_hostile_commit_page_shows_its_payloads_as_text(system) -> None:  # no
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = ctx.new_page()
         fired: list[str] = []
         errors: list[str] = []
         page.on("dialog", lambda d: fired.append(d.message) or d.dismiss())
@@ -69,6 +70,15 @@ def test_a_hostile_commit_page_shows_its_payloads_as_text(system) -> None:  # no
         assert "<" not in page.title() and ">" not in page.title(), page.title()
         assert page.evaluate(OVERFLOWING) == []
         page.screenshot(path=str(SHOTS / "commit.png"), full_page=True)
+        # On a phone the page itself never scrolls sideways (a long patch line scrolls
+        # inside its own box).
+        phone = browser.new_context(
+            viewport={"width": 390, "height": 844}, storage_state=ctx.storage_state()
+        ).new_page()
+        phone.goto(page.url)
+        phone.wait_for_load_state("networkidle")
+        assert phone.evaluate("document.documentElement.scrollWidth <= innerWidth + 1")
+        phone.screenshot(path=str(SHOTS / "commit-phone.png"), full_page=True)
         # A merge: both parents linked; the first parent's page opens from it.
         page.goto(f"{repo_url}commits/{shas['merge']}/")
         links = page.locator("#commit-parents a.parent")
