@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import api, views
+from dashboard import api, commitviews, repoapi, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("repos/", views.repositories, name="repositories"),
     path("repos/<int:repo_id>/", views.repository, name="repository"),
+    path("repos/<int:repo_id>/commits/<str:sha>/", commitviews.commit, name="commit"),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/job/<str:job_id>/", views.run_by_job, name="run-by-job"),
     path("locks/", views.locks, name="locks"),
@@ -35,6 +36,12 @@ urlpatterns = [
     path("api/repos", api.repos, name="api-repos"),
     path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),
+    path(
+        "api/repos/<int:repo_id>/commits/<str:sha>",
+        repoapi.commit_detail,
+        name="api-repo-commit",
+    ),
+    path("api/repos/<int:repo_id>/reanalyse", repoapi.repo_reanalyse, name="api-repo-reanalyse"),
     path("api/status", api.status, name="api-status"),
     path("metrics", api.metrics, name="metrics"),
     path("api/locks/release", api.lock_release, name="api-lock-release"),

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_http_methods
 from dashboard.audit import audit_actions, audit_page, record_audit
 from dashboard.charts import day_charts, history_bars, sparklines
 from dashboard.checklists import rollout_checklist
+from dashboard.commitdetails import repository_mirror
 from dashboard.commits import BadCursor, commit_page
 from dashboard.deadletters import group_page
 from dashboard.forms import RolloutActionForm, StartRolloutForm, SubmitRepositoryForm
@@ -24,6 +25,7 @@ from dashboard.models import JobRun, Repository, Rollout
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 from dashboard.readiness import check_readiness
+from dashboard.reanalysis import may_reanalyse
 from dashboard.repositories import (
     InvalidRemote,
     current_fingerprint,
@@ -283,6 +285,8 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "next_cursor": nxt,
             "first_page": not request.GET.get("cursor"),
             "recent_runs": _recent_runs(request, repo),
+            "mirror": repository_mirror(repo),  # this host's mirror, read by GitPython
+            "can_reanalyse": may_reanalyse(request.user),
         },
     )
 

@@ -283,3 +283,51 @@ def git_log_reference(
             "deletions": sum(f[2] for f in files),
         }
     return out
+
+
+#: Script payloads the commit page must show as text (issue 13).
+PAYLOADS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>')
+#: An author name with what git keeps of markup (it drops ``<`` and ``>`` from names).
+AUTHOR = "Eve ' onmouseover='alert(1)' \" &amp; x"
+
+
+def hostile_commits(path: Path) -> dict[str, str]:
+    """A repository for the commit page: payloads in messages, author and file names, a
+    binary file, a file larger than a page's patch bound, a merge, a message encoded as
+    ISO-8859-1 and one declaring an encoding nobody knows. Returns name → sha."""
+    repo = GitRepo.create(path)
+    script, img = PAYLOADS
+    shas = {
+        "root": repo.commit(
+            f"root {script}\n\nbody {img}\n",
+            {"README.md": "hello\n", f"{script}.txt": f"{img}\n", f"{img}.md": f"{script}\n"},
+            author=(AUTHOR, "x@example.com"),
+        )
+    }
+    shas["binary"] = repo.commit("add a binary", {"logo.bin": bytes(range(256)) * 8})
+    shas["big"] = repo.commit(
+        "a big file", {"big.txt": "".join(f"line {i} {'x' * 60}\n" for i in range(4000))}
+    )
+    repo.git("checkout", "--quiet", "-b", "side")
+    shas["side"] = repo.commit("side change", {"side.txt": "from the side\n"})
+    repo.git("checkout", "--quiet", "main")
+    shas["main2"] = repo.commit("main change", {"README.md": "hello\nmain\n"})
+    repo.clock += 3600
+    date = f"{repo.clock} +0000"
+    repo.git("merge", "--quiet", "--no-ff", "-m", "merge side", "side",
+             GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)  # fmt: skip
+    shas["merge"] = repo.head()
+    for name, encoding, raw in (
+        ("latin1", "ISO-8859-1", "café crème: naïve\n\nrésumé\n".encode("latin-1")),
+        ("bogus", "x-no-such-encoding", b"unknown \xff\xfe encoding\n"),
+    ):
+        (path / ".msg").write_bytes(raw)
+        repo.write(f"{name}.txt", f"{name}\n")
+        repo.git("add", "--", f"{name}.txt")
+        repo.clock += 3600
+        date = f"{repo.clock} +0000"
+        repo.git("-c", f"i18n.commitEncoding={encoding}", "commit", "--quiet", "-F", ".msg",
+                 GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)  # fmt: skip
+        shas[name] = repo.head()
+    (path / ".msg").unlink()
+    return shas
