@@ -109,8 +109,8 @@ class RedisNode:
             # meanwhile (a free port is free only until someone binds it), the other
             # server answers while ours exits on its bind error.
             try:
-                info = self.client(socket_timeout=0.5).info("server")
-                if int(info["process_id"]) == self.proc.pid:
+                info: dict[str, object] = self.client(socket_timeout=0.5).info("server")  # type: ignore[assignment]
+                if info.get("process_id") == self.proc.pid:
                     return self
             except redis.RedisError:
                 pass
