@@ -17,43 +17,19 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from dashboard import consumers, live, queues
-from dashboard.asgi import application
 from dashboard.live import publish_event
 from dashboard.models import Repository
 from dashboard.settings import channel_layer_host
 from tests.conftest import _own_node
+from tests.sockets import ORIGIN, connect, make_user, session_headers
 from workers.redisnode import RedisNode
 
 pytestmark = pytest.mark.django_db(transaction=True)
-OURS = (b"origin", b"http://localhost")
 FOREIGN = (b"origin", b"http://evil.example")
-
-
-def user(name: str, *, operator: bool = False) -> User:
-    u = User.objects.create_user(name, password=f"pw-{name}-123")
-    if operator:
-        u.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
-    return u
-
-
-def headers(who: User | None, origin: tuple[bytes, bytes] | None = OURS) -> list:
-    out: list = [origin] if origin else []
-    if who is not None:
-        client = Client()
-        client.force_login(who)
-        out.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
-    return out
-
-
-async def open_socket(path: str, hdrs: list) -> tuple[WebsocketCommunicator, bool, Any]:
-    comm = WebsocketCommunicator(application, path, headers=hdrs)
-    ok, code = await comm.connect(timeout=10)
-    return comm, ok, code
+OPERATOR = ("view_jobrun",)
 
 
 def run(coro: Any) -> None:
@@ -79,10 +55,10 @@ def repo() -> Repository:
 def test_refusals_close_with_the_code_that_says_why(
     repo: Repository, who: str, path: str, code: int
 ) -> None:
-    hdrs = headers(None if who == "anonymous" else user(who))
+    hdrs = [ORIGIN] if who == "anonymous" else session_headers(make_user(who))
 
     async def scenario() -> None:
-        comm, ok, close_code = await open_socket(path.format(repo=repo.pk), hdrs)
+        comm, ok, close_code = await connect(path.format(repo=repo.pk), hdrs)
         assert (ok, close_code) == (False, code)
         await comm.disconnect()
 
@@ -91,12 +67,12 @@ def test_refusals_close_with_the_code_that_says_why(
 
 @pytest.mark.parametrize("path", ["/ws/ops/", "/ws/rollouts/", "/ws/repos/{repo}/"])
 def test_a_foreign_page_is_refused_even_for_an_operator(repo: Repository, path: str) -> None:
-    op = user("op", operator=True)
-    refused = [headers(op, FOREIGN), headers(op, None)]
+    op = make_user("op", perms=OPERATOR)
+    refused = [session_headers(op, FOREIGN), session_headers(op, None)]
 
     async def scenario() -> None:
         for hdrs in refused:
-            comm, ok, code = await open_socket(path.format(repo=repo.pk), hdrs)
+            comm, ok, code = await connect(path.format(repo=repo.pk), hdrs)
             assert not ok
             assert code not in {4401, 4403, 4404}  # refused at the door, not by the consumer
             await comm.disconnect()
@@ -115,12 +91,12 @@ def test_a_foreign_page_is_refused_even_for_an_operator(repo: Repository, path: 
 def test_each_consumer_sends_its_snapshot_then_its_groups_events(
     repo: Repository, path: str, group: str, keys: set[str]
 ) -> None:
-    op = user("op", operator=True)
+    op = make_user("op", perms=OPERATOR)
     group = live.repo_group(repo.pk) if group == "repo" else group
-    hdrs = headers(op)
+    hdrs = session_headers(op)
 
     async def scenario() -> None:
-        comm, ok, _ = await open_socket(path.format(repo=repo.pk), hdrs)
+        comm, ok, _ = await connect(path.format(repo=repo.pk), hdrs)
         assert ok
         first = await comm.receive_json_from(timeout=10)
         assert first["type"] == "snapshot" and set(first["data"]) >= keys
@@ -135,10 +111,10 @@ def test_each_consumer_sends_its_snapshot_then_its_groups_events(
 
 
 def test_the_ops_snapshot_groups_dead_letters_only_when_asked() -> None:
-    hdrs = headers(user("op", operator=True))
+    hdrs = session_headers(make_user("op", perms=OPERATOR))
 
     async def first(path: str) -> dict[str, Any]:
-        comm, ok, _ = await open_socket(path, hdrs)
+        comm, ok, _ = await connect(path, hdrs)
         assert ok
         snap = await comm.receive_json_from(timeout=10)
         await comm.disconnect()
@@ -160,10 +136,10 @@ def test_the_ops_snapshot_groups_dead_letters_only_when_asked() -> None:
     ],
 )
 def test_frames_that_are_not_ours_close_the_socket(frame: dict[str, Any], code: int) -> None:
-    hdrs = headers(user("op", operator=True))
+    hdrs = session_headers(make_user("op", perms=OPERATOR))
 
     async def scenario() -> None:
-        comm, ok, _ = await open_socket("/ws/ops/", hdrs)
+        comm, ok, _ = await connect("/ws/ops/", hdrs)
         assert ok and (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
         await comm.send_to(**frame)
         out = await comm.receive_output(timeout=10)
@@ -173,10 +149,10 @@ def test_frames_that_are_not_ours_close_the_socket(frame: dict[str, Any], code: 
 
 
 def test_unknown_control_messages_are_ignored_and_a_snapshot_request_answered() -> None:
-    hdrs = headers(user("op", operator=True))
+    hdrs = session_headers(make_user("op", perms=OPERATOR))
 
     async def scenario() -> None:
-        comm, ok, _ = await open_socket("/ws/rollouts/", hdrs)
+        comm, ok, _ = await connect("/ws/rollouts/", hdrs)
         assert ok and (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
         consumers.SNAPSHOT_MIN_INTERVAL, before = 0.0, consumers.SNAPSHOT_MIN_INTERVAL
         try:
@@ -192,13 +168,13 @@ def test_unknown_control_messages_are_ignored_and_a_snapshot_request_answered() 
 
 
 def test_a_logout_closes_the_users_sockets_as_unauthenticated() -> None:
-    op = user("op", operator=True)
+    op = make_user("op", perms=OPERATOR)
     browser = Client()
     browser.force_login(op)
     cookie = (b"cookie", f"sessionid={browser.cookies['sessionid'].value}".encode())
 
     async def scenario() -> None:
-        comm, ok, _ = await open_socket("/ws/ops/", [OURS, cookie])
+        comm, ok, _ = await connect("/ws/ops/", [ORIGIN, cookie])
         assert ok and (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
         await sync_to_async(browser.post)("/logout/")
         out = await comm.receive_output(timeout=10)
@@ -233,12 +209,12 @@ def test_a_socket_whose_join_failed_joins_again_and_gets_a_fresh_snapshot(
     snapshot but is in no group. Once the server is back, the next re-join check joins
     the groups, sends a fresh snapshot (events were missed), and events flow."""
     monkeypatch.setattr(consumers, "REJOIN_SECONDS", 0.2)  # the check's period, not a wait
-    op = user("op", operator=True)
-    hdrs = headers(op)
+    op = make_user("op", perms=OPERATOR)
+    hdrs = session_headers(op)
     queue_node.kill()
 
     async def scenario() -> None:
-        comm, ok, _ = await open_socket("/ws/ops/", hdrs)
+        comm, ok, _ = await connect("/ws/ops/", hdrs)
         assert ok and (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
         await sync_to_async(queue_node.start)()
         queues.CIRCUIT.reset()
@@ -260,11 +236,11 @@ def test_a_joined_socket_does_not_join_again(
     """Only a failed join is retried: a joined socket gets no second snapshot from the
     re-join check (a snapshot costs the database a full read)."""
     monkeypatch.setattr(consumers, "REJOIN_SECONDS", 0.05)
-    op = user("op", operator=True)
-    hdrs = headers(op)
+    op = make_user("op", perms=OPERATOR)
+    hdrs = session_headers(op)
 
     async def scenario() -> None:
-        comm, ok, _ = await open_socket("/ws/ops/", hdrs)
+        comm, ok, _ = await connect("/ws/ops/", hdrs)
         assert ok and (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
         # Many re-join periods later an event is the next message, not a snapshot.
         for i in range(10):

@@ -11,8 +11,6 @@ processes: tests/test_job_locks.py.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,11 @@ import pytest
 from rq import SimpleWorker
 
 from dashboard import leases, queues
+from dashboard.deadletters import new_bulk
 from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
 from dashboard.repositories import submit_repository
 from tests.gitrepo import GitRepo
+from tests.leasethief import steal_when_held
 from workers import jobs
 from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
 from workers.locks import LockLost
@@ -136,32 +136,15 @@ def test_any_other_failure_fails_the_attempt_is_raised_to_rq_and_is_retried(
     assert jobs.sync_repository(run.pk, 2).startswith("planned")  # the retry goes through
 
 
-def steal_when_held(key: str, nodes: list[RedisNode], seen: dict[str, Any]) -> threading.Thread:
-    """As soon as a job holds ``key`` (its token tagged in), delete it from every master."""
-
-    def steal() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            info = leases.redlock().inspect(key)
-            if info and info["holder"].get("token") is not None:
-                seen["holder"] = info["holder"]
-                for node in nodes:
-                    node.client().delete(key)
-                return
-            time.sleep(0.01)
-
-    thief = threading.Thread(target=steal)
-    thief.start()
-    return thief
-
-
+@pytest.mark.parametrize("point", ["sync.locked", "sync.fetched"])  # before / after the fetch
 def test_a_lease_lost_during_sync_aborts_it_before_it_plans_anything(
+    point: str,
     git_repo: GitRepo, settings: Any, monkeypatch: pytest.MonkeyPatch,
     redis_nodes: list[RedisNode],
 ) -> None:  # fmt: skip
     repo, run = submitted(git_repo)
     settings.LOCK_TTL = 0.6  # heartbeat every ~0.2 s
-    monkeypatch.setenv("GITWARD_FAILPOINTS", "sync.locked=sleep:1.5")
+    monkeypatch.setenv("GITWARD_FAILPOINTS", f"{point}=sleep:1.5")
     seen: dict[str, Any] = {}
     thief = steal_when_held(repo.lock_key(), redis_nodes, seen)
     with pytest.raises(LockLost):
@@ -251,3 +234,12 @@ def test_the_loaded_versions_are_what_a_worker_reports() -> None:
 
 def test_catch_up_of_a_version_no_longer_served_is_done_at_once() -> None:
     assert jobs.catch_up_repositories(RENAMES.fingerprint(), 0) == "catch-up done"
+
+
+def test_a_bulk_action_runs_over_its_dead_letters(git_repo: GitRepo) -> None:
+    repo, run = submitted(git_repo)
+    Repository.objects.filter(pk=repo.pk).update(fetch_url="ftp://example.com/x.git")
+    jobs.sync_repository(run.pk, 1)  # dead at once: a permanent failure
+    action = new_bulk(kind="discard", selector={"runs": [run.pk]}, actor="op")
+    assert jobs.run_bulk_action(action.pk) == "discard: 1/1"
+    assert JobRun.objects.get(pk=run.pk).state == JobRun.State.DISCARDED
