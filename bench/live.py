@@ -282,6 +282,27 @@ def redis_nodes(tmp: Path) -> Iterator[list[RedisNode]]:
             n.kill()
 
 
+def setup_django(tmp: Path, nodes: list[RedisNode]) -> None:
+    """Set Django up in this process against a fresh SQLite database under ``tmp`` and
+    ``nodes`` (no inherited gitward settings), and migrate it."""
+    for key in list(os.environ):
+        if key.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL")):
+            del os.environ[key]
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="dashboard.settings",
+        GITWARD_VAR_DIR=str(tmp / "var"),
+        DATABASE_URL=f"sqlite:///{tmp / 'var' / 'db.sqlite3'}",
+        REDIS_URLS=",".join(n.url for n in nodes),
+        GITWARD_LOG_LEVEL="WARNING",
+    )
+    # Imported here: Django may be set up only once the environment above is in place.
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
 def _insert(table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
     from django.db import connection
 
@@ -485,21 +506,8 @@ def measure_pages(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"pages": {}, "slow_queries": {}}
     try:
         with redis_nodes(tmp) as nodes:
-            for key in list(os.environ):
-                if key.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL")):
-                    del os.environ[key]
-            os.environ.update(
-                DJANGO_SETTINGS_MODULE="dashboard.settings",
-                GITWARD_VAR_DIR=str(tmp / "var"),
-                DATABASE_URL=f"sqlite:///{tmp / 'var' / 'db.sqlite3'}",
-                REDIS_URLS=",".join(n.url for n in nodes),
-                GITWARD_LOG_LEVEL="WARNING",
-            )
-            import django
-
-            django.setup()
+            setup_django(tmp, nodes)
             from django.contrib.auth import get_user_model
-            from django.core.management import call_command
             from django.db import connection
             from django.test import Client
             from django.test.utils import CaptureQueriesContext
@@ -508,7 +516,6 @@ def measure_pages(args: argparse.Namespace) -> dict[str, Any]:
             from dashboard.models import Commit, Summary
             from dashboard.repositories import current_fingerprint
 
-            call_command("migrate", verbosity=0)
             t0 = time.perf_counter()
             repo_id = fill(args.dead, args.commits, args.seed)
             out["fill_s"] = time.perf_counter() - t0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -35,27 +34,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-metrics-"))
     out: dict[str, Any] = {}
     with live.redis_nodes(tmp) as nodes:
-        for key in list(os.environ):
-            if key.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL")):
-                del os.environ[key]
-        os.environ.update(
-            DJANGO_SETTINGS_MODULE="dashboard.settings",
-            GITWARD_VAR_DIR=str(tmp / "var"),
-            DATABASE_URL=f"sqlite:///{tmp / 'var' / 'db.sqlite3'}",
-            REDIS_URLS=",".join(n.url for n in nodes),
-            GITWARD_LOG_LEVEL="WARNING",
-        )
-        import django
-
-        django.setup()
-        from django.core.management import call_command
+        live.setup_django(tmp, nodes)
         from django.db import connection
 
         from dashboard import telemetry
         from dashboard.metrics import metrics_text
         from dashboard.models import JobRun
 
-        call_command("migrate", verbosity=0)
         t0 = time.perf_counter()
         live.fill(100_000, 1_000, 1)
         cols = [f.column for f in JobRun._meta.concrete_fields if f.column != "id"]

@@ -130,39 +130,49 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def send_snapshot(self) -> None:
+        data = await self.snapshot()
+        self.last_snapshot = asyncio.get_running_loop().time()
+        await self.send_json({"type": "snapshot", "data": data})
+
+    async def snapshot(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    async def _allowed(self, permission: str | None = None) -> bool:
+        """Whether this socket's user may connect: signed in, and holding
+        ``permission`` if one is named; otherwise the socket is closed with the code
+        that says why (4401, 4403)."""
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return False
+        if permission and not await database_sync_to_async(user.has_perm)(permission):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return False
+        return True
 
 
 class OpsConsumer(_Coalescing):
     """Operators' live view: locks, queues, workers, Redis nodes, dead letters."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        if not await database_sync_to_async(user.has_perm)("dashboard.view_jobrun"):
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        await self._start([live.OPS_GROUP])
+        if await self._allowed("dashboard.view_jobrun"):
+            await self._start([live.OPS_GROUP])
 
-    async def send_snapshot(self) -> None:
-        user = self.scope["user"]
+    async def snapshot(self) -> dict[str, Any]:
         # Only the dead-letter page asks for the grouping (?dlq=groups): it is the
         # costliest part of the snapshot at 100,000 dead letters.
         groups = b"dlq=groups" in self.scope.get("query_string", b"")
-        data = await database_sync_to_async(ops_snapshot)(user=user, dlq_groups=groups)
-        self.last_snapshot = asyncio.get_running_loop().time()
-        await self.send_json({"type": "snapshot", "data": data})
+        data: dict[str, Any] = await database_sync_to_async(ops_snapshot)(
+            user=self.scope["user"], dlq_groups=groups
+        )
+        return data
 
 
 class RepositoryConsumer(_Coalescing):
     """One repository's page: progress, current chunk and holder, why it waits."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        if not await self._allowed():
             return
         self.repo_id = int(self.scope["url_route"]["kwargs"]["repo_id"])
         exists = await database_sync_to_async(Repository.objects.filter(pk=self.repo_id).exists)()
@@ -171,26 +181,18 @@ class RepositoryConsumer(_Coalescing):
             return
         await self._start([live.repo_group(self.repo_id)])
 
-    async def send_snapshot(self) -> None:
-        data = await database_sync_to_async(repository_live)(self.repo_id)
-        self.last_snapshot = asyncio.get_running_loop().time()
-        await self.send_json({"type": "snapshot", "data": data})
+    async def snapshot(self) -> dict[str, Any]:
+        data: dict[str, Any] = await database_sync_to_async(repository_live)(self.repo_id)
+        return data
 
 
 class RolloutsConsumer(_Coalescing):
     """The Rollouts pages: ``rollout.*`` events only (``live.ROLLOUTS_GROUP``)."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        if not await database_sync_to_async(user.has_perm)("dashboard.view_jobrun"):
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        await self._start([live.ROLLOUTS_GROUP])
+        if await self._allowed("dashboard.view_jobrun"):
+            await self._start([live.ROLLOUTS_GROUP])
 
-    async def send_snapshot(self) -> None:
-        data = await database_sync_to_async(live_snapshot)()
-        self.last_snapshot = asyncio.get_running_loop().time()
-        await self.send_json({"type": "snapshot", "data": data})
+    async def snapshot(self) -> dict[str, Any]:
+        data: dict[str, Any] = await database_sync_to_async(live_snapshot)()
+        return data

@@ -19,7 +19,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from dashboard.models import Commit, FileChange, JobRun, Repository
 from dashboard.repositories import InvalidRemote, current_fingerprint, submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo, reference_commits
-from tests.test_pipeline import stored
+from tests.storedcommits import assert_matches_reference
 from workers import history
 from workers.gitproc import GitError, GitTimeout, ProcessGroups, Runner
 from workers.history import CommitTooLarge, HistoryError, list_commits, stream_commits
@@ -133,14 +132,7 @@ def marker_script(bin_dir: Path, markers: Path, name: str, filename: str | None 
 def assert_matches(repo: Repository, ref: dict[str, dict[str, Any]]) -> None:
     """Stored results equal what git itself reported (computed before the repository
     was made hostile, so the reference run cannot trip the sentinels)."""
-    got = stored(repo)
-    assert set(got) == set(ref)
-    for sha, want in ref.items():
-        have = dict(got[sha])
-        assert have.pop("authored_at") == datetime.fromisoformat(want["authored_at"])
-        assert have.pop("committed_at") == datetime.fromisoformat(want["committed_at"])
-        expected = {k: v for k, v in want.items() if k not in {"authored_at", "committed_at"}}
-        assert have == expected, sha
+    assert_matches_reference(repo, ref)
 
 
 def analyse(url: Path, branch: str | None = None) -> Repository:

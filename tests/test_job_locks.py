@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from tests.leasethief import steal_when_held
 from tests.processes import children, proc_state, worker_env
 from workers.history import stream_commits
 from workers.locks import LockLost
@@ -78,22 +78,9 @@ def test_a_lease_lost_mid_job_aborts_it_and_a_retry_finishes_the_chunk(
     monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
     seen: dict[str, object] = {}
 
-    def steal() -> None:
-        # As soon as the job holds the lock, its key vanishes from every master (e.g.
-        # all masters restarted). The job's heartbeat must notice and abort the job.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            info = leases.redlock().inspect(key)
-            # The token is tagged into the value right after quorum: wait for it.
-            if info and info["holder"].get("token") is not None:
-                seen["holder"] = info["holder"]
-                for node in redis_nodes:
-                    node.client().delete(key)
-                return
-            time.sleep(0.01)
-
-    thief = threading.Thread(target=steal)
-    thief.start()
+    # As soon as the job holds the lock, its key vanishes from every master (e.g. all
+    # masters restarted). The job's heartbeat must notice and abort the job.
+    thief = steal_when_held(key, redis_nodes, seen, timeout=10)
     run_workers()  # attempt 1 aborts; attempt 2 (no fault) runs in the same burst
     thief.join()
     assert seen, "the job never held the lock"

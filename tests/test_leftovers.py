@@ -6,7 +6,6 @@ the half-built clone of a SIGKILLed worker, and a lost lease stopping removal.""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -20,7 +19,6 @@ from tests.sysproc import proc_state
 from tests.writers import (
     REF_WRITER,
     REPO_ID,
-    WORKER,
     Procs,
     gone,
     grow,
@@ -32,6 +30,7 @@ from tests.writers import (
     spawn,
     stall_env,
     stalled_pid,
+    stalled_worker,
     wait_for,
 )
 from workers.gitproc import GitError, Runner
@@ -119,19 +118,7 @@ def test_the_young_pack_of_an_orphaned_index_pack_is_kept_until_old(
     before = rev_list(path)
     new_head = grow(origin)
     marker = tmp_path / "stalled"
-    worker = spawn(
-        processes,
-        [
-            sys.executable,
-            "-c",
-            WORKER,
-            str(workspace),
-            str(origin.path),
-            json.dumps(stall_env(shim, marker)),
-            "120",
-        ],
-    )
-    index_pack = stalled_pid(marker)
+    worker, index_pack = stalled_worker(processes, workspace, origin.path, shim, marker)
     try:
         [pack] = incomplete_packs(path)
         os.kill(worker.pid, signal.SIGKILL)
@@ -235,19 +222,7 @@ def test_the_half_built_clone_of_a_sigkilled_worker_is_removed_and_the_next_sync
     other = new_temporary(workspace, 12)  # another repository's: "12-…", not "1-…"
     other.mkdir()
     marker = tmp_path / "stalled"
-    worker = spawn(
-        processes,
-        [
-            sys.executable,
-            "-c",
-            WORKER,
-            str(workspace),
-            str(git_repo.path),
-            json.dumps(stall_env(shim, marker)),
-            "120",
-        ],
-    )
-    index_pack = stalled_pid(marker)  # the clone's pack is in, in workspace/tmp
+    worker, index_pack = stalled_worker(processes, workspace, git_repo.path, shim, marker)
     try:
         [clone] = (workspace / "tmp").glob(f"{REPO_ID}-*.git")
         os.kill(worker.pid, signal.SIGKILL)

@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from dashboard import leases
-from dashboard.asgi import application
 from dashboard.fencing import next_token
 from dashboard.live import coalesce_key, publish_event
 from dashboard.models import AuditEntry, Repository
@@ -23,32 +20,9 @@ from dashboard.repositories import submit_repository
 from dashboard.snapshots import repository_live
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from tests.sockets import ORIGIN, connect, make_user, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ORIGIN = (b"origin", b"http://localhost")
-
-
-def make_user(name: str, *, staff: bool = False, perms: tuple[str, ...] = ()) -> User:
-    user = User.objects.create_user(name, password=f"pw-{name}-123", is_staff=staff)
-    if perms:
-        user.user_permissions.add(*Permission.objects.filter(codename__in=perms))
-    return user
-
-
-def session_headers(user: User, origin: tuple[bytes, bytes] | None = ORIGIN) -> list:
-    client = Client()
-    client.force_login(user)
-    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    headers = [(b"cookie", cookie)]
-    if origin:
-        headers.append(origin)
-    return headers
-
-
-async def connect(path: str, headers: list) -> tuple[WebsocketCommunicator, bool, object]:
-    comm = WebsocketCommunicator(application, path, headers=headers)
-    connected, code = await comm.connect(timeout=10)
-    return comm, connected, code
 
 
 def test_an_operator_gets_a_snapshot_then_coalesced_events(git_repo: GitRepo) -> None:

@@ -23,7 +23,7 @@ from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.livetap import Tap
 from tests.processes import ROOT, worker_env
-from tests.test_live import make_user
+from tests.sockets import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

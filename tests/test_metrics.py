@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,8 +23,9 @@ from dashboard.models import ApiToken, Chunk, JobRun, Repository
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from tests.leasethief import steal_when_held
 from tests.processes import ROOT, worker_env
-from tests.test_live import make_user
+from tests.sockets import make_user
 from workers import lockkeys
 from workers.history import stream_commits
 from workers.mirror import mirror_path
@@ -184,18 +184,7 @@ def test_a_lost_lock_is_counted(
     monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.locked=sleep:1.2")
     monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
 
-    def steal() -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            info = leases.redlock().inspect(key)
-            if info and info["holder"].get("token") is not None:
-                for node in redis_nodes:
-                    node.client().delete(key)
-                return
-            time.sleep(0.01)
-
-    thief = threading.Thread(target=steal)
-    thief.start()
+    thief = steal_when_held(key, redis_nodes, timeout=10)
     run_workers()  # attempt 1 loses its lease and aborts; attempt 2 succeeds
     thief.join()
     got = scrape()

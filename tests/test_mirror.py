@@ -9,7 +9,6 @@ The host lock alone: ``tests/test_hostlock.py``; the leftovers of dead writers:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from tests.writers import (
     spawn,
     stall_env,
     stalled_pid,
+    stalled_worker,
     wait_for,
 )
 from workers.gitproc import Runner
@@ -55,19 +55,7 @@ def test_a_fetch_stopped_between_its_pack_and_idx_leaves_readers_the_old_head_co
     before = rev_list(path)
     new_head = grow(origin)
     marker = tmp_path / "stalled"
-    worker = spawn(
-        processes,
-        [
-            sys.executable,
-            "-c",
-            WORKER,
-            str(workspace),
-            str(origin.path),
-            json.dumps(stall_env(shim, marker)),
-            "120",
-        ],
-    )
-    pid = stalled_pid(marker)
+    worker, pid = stalled_worker(processes, workspace, origin.path, shim, marker)
     [pack] = incomplete_packs(path)
 
     assert rev_list(path) == before  # a reader during the fetch: the old head, complete
@@ -94,19 +82,7 @@ def test_two_workers_on_one_host_without_redis_never_delete_each_others_work(
     new_head = grow(origin)
     marker = tmp_path / "stalled"
     url = str(origin.path)
-    a = spawn(
-        processes,
-        [
-            sys.executable,
-            "-c",
-            WORKER,
-            str(workspace),
-            url,
-            json.dumps(stall_env(shim, marker)),
-            "120",
-        ],
-    )
-    stalled_pid(marker)
+    a, _ = stalled_worker(processes, workspace, origin.path, shim, marker)
     [pack] = incomplete_packs(path)
 
     b = spawn(processes, [sys.executable, "-c", WORKER, str(workspace), url, "{}", "120"])

@@ -4,7 +4,6 @@ real Redis masters, real git and the real database; compared with git itself."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -15,46 +14,13 @@ from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository
 from dashboard.repositories import InvalidRemote, current_fingerprint, submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo, reference_commits
+from tests.storedcommits import assert_matches_reference
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def stored(repo: Repository) -> dict[str, dict[str, object]]:
-    out = {}
-    for c in Commit.objects.filter(repository=repo, fingerprint=current_fingerprint()):
-        files = sorted(
-            (f.path, f.added, f.deleted, f.binary) for f in FileChange.objects.filter(commit=c)
-        )
-        out[c.sha] = {
-            "sha": c.sha,
-            "parents": c.parent_list(),
-            "author_name": c.author_name,
-            "author_email": c.author_email,
-            "authored_at": c.authored_at,
-            "committer_name": c.committer_name,
-            "committer_email": c.committer_email,
-            "committed_at": c.committed_at,
-            "subject": c.subject,
-            "is_merge": c.is_merge,
-            "files": files,
-            "files_changed": c.files_changed,
-            "insertions": c.insertions,
-            "deletions": c.deletions,
-        }
-    return out
-
-
 def assert_matches_git(repo: Repository, origin: Path) -> None:
-    ref = reference_commits(origin)
-    got = stored(repo)
-    assert set(got) == set(ref)
-    for sha, want in ref.items():
-        have = dict(got[sha])
-        # Instants must match exactly; the offsets are checked by the API tests.
-        assert have.pop("authored_at") == datetime.fromisoformat(want["authored_at"])
-        assert have.pop("committed_at") == datetime.fromisoformat(want["committed_at"])
-        expected = {k: v for k, v in want.items() if k not in {"authored_at", "committed_at"}}
-        assert have == expected, sha
+    assert_matches_reference(repo, reference_commits(origin))
 
 
 def test_it_analyses_every_commit_of_a_submitted_repository(git_repo: GitRepo) -> None:

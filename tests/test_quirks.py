@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from dashboard.models import Commit, FileChange, JobRun, Repository
-from dashboard.repositories import current_fingerprint, submit_repository
+from dashboard.models import Commit, JobRun, Repository
+from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import fsck_findings, git_log_reference
 from tests.quirks import CATALOG, Quirk, grafted_history
+from tests.storedcommits import stored
 from workers.fsckpolicy import rule_for
 from workers.mirror import mirror_path
 
@@ -51,33 +52,6 @@ def offset_minutes(tz: str | None, ts: int | None) -> int:
     hours, minutes = divmod(int(tz[1:]), 100)
     total = (hours * 60 + minutes) * (-1 if tz[0] == "-" else 1)
     return total if abs(total) < 24 * 60 else 0
-
-
-def stored(repo: Repository) -> dict[str, dict[str, Any]]:
-    out = {}
-    for c in Commit.objects.filter(repository=repo, fingerprint=current_fingerprint()):
-        files = sorted(
-            (f.path, f.added, f.deleted, f.binary) for f in FileChange.objects.filter(commit=c)
-        )
-        out[c.sha] = {
-            "sha": c.sha,
-            "parents": c.parent_list(),
-            "author_name": c.author_name,
-            "author_email": c.author_email,
-            "authored_at": c.authored_at,
-            "author_tz": c.author_tz,
-            "committer_name": c.committer_name,
-            "committer_email": c.committer_email,
-            "committed_at": c.committed_at,
-            "committer_tz": c.committer_tz,
-            "subject": c.subject,
-            "is_merge": c.is_merge,
-            "files": files,
-            "files_changed": c.files_changed,
-            "insertions": c.insertions,
-            "deletions": c.deletions,
-        }
-    return out
 
 
 def expected_from(reference: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

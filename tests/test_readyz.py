@@ -102,6 +102,7 @@ def wait_for(url: str, status: int, timeout: float = 30) -> dict[str, Any]:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # a real uvicorn server and four redis-servers per test
 def test_it_turns_unready_without_a_quorum_and_ready_when_it_returns(server) -> None:
     url = server["base"] + "/readyz"
     body = wait_for(url, 200)
@@ -122,6 +123,7 @@ def test_it_turns_unready_without_a_quorum_and_ready_when_it_returns(server) -> 
     assert wait_for(url, 200)["ready"] is True
 
 
+@pytest.mark.slow  # a real uvicorn server and four redis-servers per test
 def test_it_turns_unready_without_the_database_and_ready_when_it_returns(server) -> None:
     url = server["base"] + "/readyz"
     wait_for(url, 200)
@@ -143,6 +145,7 @@ def test_it_turns_unready_without_the_database_and_ready_when_it_returns(server)
     assert wait_for(url, 200)["ready"] is True
 
 
+@pytest.mark.slow  # a real uvicorn server and four redis-servers per test
 def test_it_names_the_queue_redis(server) -> None:
     url = server["base"] + "/readyz"
     wait_for(url, 200)

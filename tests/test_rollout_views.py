@@ -30,7 +30,7 @@ from tests.rollout_support import (  # noqa: F401 (fixture)
     start,
     wait_for,
 )
-from tests.test_live import connect, session_headers
+from tests.sockets import connect, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = AnalyzerVersion.State

@@ -185,6 +185,7 @@ def _channel_round_trip() -> dict[str, Any]:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # a master, a replica and a Sentinel, through a real failover
 def test_queues_and_the_channel_layer_follow_the_master_through_a_failover(
     settings: Any, sentinel_group: dict[str, Any]
 ) -> None:

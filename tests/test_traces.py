@@ -20,7 +20,7 @@ from dashboard.traces import timeline, trace_id_of
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.livetap import Tap
-from tests.test_live import make_user
+from tests.sockets import make_user
 from tests.test_metrics import make_repo, synced_chunk
 
 pytestmark = pytest.mark.django_db(transaction=True)

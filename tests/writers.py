@@ -9,10 +9,12 @@ just before; the test resumes it with SIGCONT.  The fixtures are registered in c
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -227,6 +229,16 @@ def spawn(processes: Procs, args: list[str], **kw: object) -> subprocess.Popen[s
     )
     processes.append(proc)
     return proc
+
+
+def stalled_worker(
+    processes: Procs, workspace: Path, origin: Path, shim: Path, marker: Path
+) -> tuple[subprocess.Popen[str], int]:
+    """A gitward worker process syncing ``origin`` into ``workspace`` whose fetch the
+    shim stops before its ``.idx`` goes in; returns the worker and the stopped git's pid."""
+    args = [sys.executable, "-c", WORKER, str(workspace), str(origin)]
+    worker = spawn(processes, [*args, json.dumps(stall_env(shim, marker)), "120"])
+    return worker, stalled_pid(marker)
 
 
 def raw_fetch(processes: Procs, path: Path, url: str, env: dict[str, str]) -> subprocess.Popen[str]:

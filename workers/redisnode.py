@@ -71,7 +71,7 @@ class RedisNode:
         return redis.Redis(host=self.host, port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def start(self, *, wait: float = 10.0) -> RedisNode:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers (itself, not another server on the port)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_redis_server(),
@@ -105,8 +105,12 @@ class RedisNode:
         )
         deadline = time.monotonic() + wait
         while True:
+            # Answered by *this* process, not merely on this port: when the port was taken
+            # meanwhile (a free port is free only until someone binds it), the other
+            # server answers while ours exits on its bind error.
             try:
-                if self.client(socket_timeout=0.5).ping():
+                info: dict[str, object] = self.client(socket_timeout=0.5).info("server")  # type: ignore[assignment]
+                if info.get("process_id") == self.proc.pid:
                     return self
             except redis.RedisError:
                 pass

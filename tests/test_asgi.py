@@ -1,0 +1,107 @@
+"""dashboard.asgi: HTTP goes to Django, websockets to the consumers, and every websocket
+route is behind the Origin check and the session authentication (the consumers see the
+user of the cookie; a foreign page never reaches them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.testing import HttpCommunicator, WebsocketCommunicator
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from dashboard.asgi import application, websocket_urls
+from dashboard.consumers import OpsConsumer, RepositoryConsumer, RolloutsConsumer
+from dashboard.models import Repository
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HOST = [(b"host", b"localhost")]
+
+
+def operator_cookie() -> tuple[bytes, bytes]:
+    op = User.objects.create_user("op", password="pw-op-12345")
+    op.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
+    client = Client()
+    client.force_login(op)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+def test_the_websocket_routes_are_the_three_consumers() -> None:
+    routes = {str(p.pattern): p.callback.consumer_class for p in websocket_urls}  # type: ignore[attr-defined]
+    assert routes == {
+        "ws/ops/": OpsConsumer,
+        "ws/repos/<int:repo_id>/": RepositoryConsumer,
+        "ws/rollouts/": RolloutsConsumer,
+    }
+
+
+def test_http_is_served_by_django() -> None:
+    async def scenario() -> None:
+        comm = HttpCommunicator(application, "GET", "/healthz", headers=HOST)
+        response = await comm.get_response(timeout=10)
+        assert response["status"] == 200
+        comm = HttpCommunicator(application, "GET", "/api/nowhere", headers=HOST)
+        missing = await comm.get_response(timeout=10)
+        assert missing["status"] == 404 and b'"not found"' in missing["body"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("origin", "accepted"),
+    [
+        (b"http://localhost", True),
+        (b"http://127.0.0.1", True),
+        (b"http://evil.example", False),
+        (b"http://localhost.evil.example", False),
+        (b"null", False),
+        (b"ftp://localhost", False),
+        (None, False),
+    ],
+)
+def test_every_websocket_route_is_behind_the_origin_check(
+    origin: bytes | None, accepted: bool
+) -> None:
+    cookie = operator_cookie()
+    repo = Repository.objects.create(url="https://example.com/a/b.git")
+    hdrs = [cookie] + ([(b"origin", origin)] if origin else [])
+
+    async def scenario() -> None:
+        for path in ("/ws/ops/", f"/ws/repos/{repo.pk}/", "/ws/rollouts/"):
+            comm = WebsocketCommunicator(application, path, headers=hdrs)
+            ok, _ = await comm.connect(timeout=10)
+            assert ok is accepted, (path, origin)
+            if ok:
+                assert (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
+            await comm.disconnect()
+
+    asyncio.run(scenario())
+
+
+def test_the_consumers_see_the_cookies_user() -> None:
+    """Without the session middleware stack every socket would be anonymous (4401)."""
+    hdrs = [operator_cookie(), (b"origin", b"http://localhost")]
+
+    async def scenario() -> None:
+        comm = WebsocketCommunicator(application, "/ws/ops/", headers=hdrs)
+        ok, code = await comm.connect(timeout=10)
+        assert ok, code
+        await comm.disconnect()
+        anonymous = WebsocketCommunicator(
+            application, "/ws/ops/", headers=[(b"origin", b"http://localhost")]
+        )
+        assert await anonymous.connect(timeout=10) == (False, 4401)
+
+    asyncio.run(scenario())
+
+
+def test_an_unknown_websocket_path_is_refused() -> None:
+    hdrs = [operator_cookie(), (b"origin", b"http://localhost")]
+
+    async def scenario() -> None:
+        comm = WebsocketCommunicator(application, "/ws/nowhere/", headers=hdrs)
+        with pytest.raises(ValueError, match="No route found"):
+            await comm.connect(timeout=10)
+
+    asyncio.run(scenario())
