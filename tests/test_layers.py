@@ -39,3 +39,24 @@ def test_it_forbids_django_in_every_core_module() -> None:
     (forbidden,) = [c for c in _contracts() if c["type"] == "forbidden"]
     assert core == set(forbidden["source_modules"])
     assert {"django", "dashboard"} <= set(forbidden["forbidden_modules"])
+
+
+#: Modules whose focused tests live in a module named after the feature they serve.
+TESTED_UNDER = {
+    "dashboard.commitdetails": "test_commitpage",
+    "dashboard.commitviews": "test_commitpage",
+    "dashboard.reanalysis": "test_commitpage",
+    "dashboard.repoapi": "test_commitpage",
+    "dashboard.management": "test_cli",  # the commands, run as a user runs them
+    "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
+}
+
+
+def test_every_module_has_a_test_module() -> None:
+    """Issue 10: tests mirror the code — a new module arrives with its own tests."""
+    missing = []
+    for module in sorted(_modules()):
+        name = TESTED_UNDER.get(module, "test_" + module.rsplit(".", 1)[1])
+        if not (ROOT / "tests" / f"{name}.py").exists():
+            missing.append(module)
+    assert not missing, f"modules without a test module: {missing}"
