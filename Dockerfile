@@ -11,7 +11,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 COPY dashboard ./dashboard
 COPY workers ./workers
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
 
 FROM python:3.11-slim-bookworm AS runtime
 # Debian's packages are pinned by the base image's release, not per package: a pinned

@@ -31,11 +31,14 @@ hardening: ``transfer.fsckObjects`` and the rest) to every commit stored; the an
 --diff-merges=first-parent`` of the clone (also printed with ``--no-local``, a pack transfer
 like a remote clone; plain local clones hard-link). Anchor and gitward alternate, twice.
 ``--baseline DIR`` repeats each gitward run with another source tree (before/after in one
-run); ``--database-url`` runs gitward on PostgreSQL. Every run prints the load average.
+run); ``--database-url`` runs gitward on PostgreSQL. ``--metrics-ab N`` measures only what
+recording metrics costs: N pairs of (c) runs, alternated, with ``GITWARD_METRICS_RECORDING``
+false and true. Every run prints the load average.
 
     .venv/bin/python bench/analysis.py [--commits 20000] [--repo PATH] [--workers 2]
         [--skip-pydriller] [--pydriller-commits 3000] [--rss-sizes 5000,20000]
         [--chunk-sizes 500,2000] [--seed 1] [--clone] [--database-url postgres://…/gw_x_bench]
+        [--metrics-ab 3]
 """
 
 from __future__ import annotations
@@ -497,6 +500,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
             DJANGO_SETTINGS_MODULE="dashboard.settings",
             PYTHONUNBUFFERED="1",
         )
+        env.update(cfg.get("extra_env") or {})  # --metrics-ab: GITWARD_METRICS_RECORDING
         os.environ.update(env)
         import django
 
@@ -539,7 +543,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         poller = MemoryPoller(worker_proc.pid)
         poller.start()
         conn = queues.connection()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a saturated shared machine took over 60 s
         while len(Worker.all(connection=conn)) < cfg["workers"]:
             if worker_proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("workers did not start: " + (var / "worker.log").read_text())
@@ -645,8 +649,10 @@ def run_gitward(
     clone: bool = False,
     database_url: str = "",
     root: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     cfg = {
+        "extra_env": extra_env or {},
         "origin": str(origin),
         "dir": str(work),
         "workers": workers,
@@ -687,6 +693,41 @@ def run_gitward(
     return result
 
 
+def metrics_ab(args: argparse.Namespace, origin: Path, tmp: Path, chunk: int) -> None:
+    """``--metrics-ab N``: what recording metrics adds to the end-to-end analysis. The same
+    (c) run with recording off and on (``GITWARD_METRICS_RECORDING``), alternated so that
+    the machine's load drifts over both alike; medians of wall and CPU time."""
+    got: dict[str, list[dict[str, Any]]] = {"false": [], "true": []}
+    for i in range(args.metrics_ab):
+        for flag in ("false", "true") if i % 2 == 0 else ("true", "false"):
+            r = run_gitward(
+                origin,
+                tmp / f"run-ab-{i}-{flag}",
+                workers=args.workers,
+                chunk_size=chunk,
+                database_url=args.database_url,
+                extra_env={"GITWARD_METRICS_RECORDING": flag},
+            )
+            got[flag].append(r)
+            print(
+                f"  recording={flag}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU  "
+                f"(load {' '.join(f'{x:.2f}' for x in os.getloadavg())})"
+            )
+    med = {
+        flag: (
+            statistics.median(r["wall_s"] for r in rs),
+            statistics.median(r["cpu_s"] for r in rs),
+        )
+        for flag, rs in got.items()
+    }
+    (off_w, off_c), (on_w, on_c) = med["false"], med["true"]
+    print(
+        f"(c) metrics recording off: {off_w:.2f} s wall, {off_c:.2f} s CPU; on: {on_w:.2f} s "
+        f"wall, {on_c:.2f} s CPU  → overhead {(on_w / off_w - 1) * 100:+.1f}% wall, "
+        f"{(on_c / off_c - 1) * 100:+.1f}% CPU (medians of {args.metrics_ab})"
+    )
+
+
 # ---------------------------------------------------------------------------------- main
 
 
@@ -718,6 +759,14 @@ def main() -> None:
         default=None,
         help="another gitward source tree (e.g. `git archive <rev>` unpacked): each (c) run "
         "is repeated with it, alternated, for before/after figures from one run",
+    )
+    parser.add_argument(
+        "--metrics-ab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the metrics-recording overhead: N pairs of (c) runs, alternated, with "
+        "GITWARD_METRICS_RECORDING=false and true; prints both medians and the overhead",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -760,6 +809,9 @@ def main() -> None:
         print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if args.clone:
             clone_mode(args, origin, tmp, default_chunk)
+            return
+        if args.metrics_ab:
+            metrics_ab(args, origin, tmp, default_chunk)
             return
 
         a_s = bench_git_log(origin)

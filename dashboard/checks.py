@@ -11,6 +11,7 @@ Ids: ``gitward.E…`` stop the process, ``gitward.W…`` are printed and let it 
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from django.conf import settings
@@ -132,3 +133,25 @@ def check_redis_layout(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
             )
         )
     return warnings
+
+
+@register("gitward")
+def check_otlp(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An OTLP endpoint without the SDK installed: spans would silently not be exported."""
+    if settings.OTLP_EXPORT and not _installed("opentelemetry.exporter.otlp.proto.http"):
+        return [
+            Warning(
+                "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not "
+                "installed: job spans are not exported",
+                hint="pip install 'gitward[otel]'",
+                id="gitward.W005",
+            )
+        ]
+    return []
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False

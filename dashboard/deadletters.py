@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 from django.utils import timezone
 
-from dashboard import queues
+from dashboard import dlqcounts, queues
 from dashboard.audit import current_reason, record_audit
 from dashboard.live import publish_event
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
@@ -157,6 +157,7 @@ def retry_runs(run_ids: list[int]) -> int:
                     status=Repository.Status.QUEUED
                 )
         transaction.on_commit(lambda: [enqueue_or_leave(r) for r in runs])
+        dlqcounts.changed()
     return len(moved)
 
 
@@ -165,9 +166,11 @@ def _attempts(pk: int) -> int:
 
 
 def discard_runs(run_ids: list[int]) -> int:
-    return JobRun.objects.filter(pk__in=run_ids, state=JobRun.State.DEAD).update(
+    discarded = JobRun.objects.filter(pk__in=run_ids, state=JobRun.State.DEAD).update(
         state=JobRun.State.DISCARDED
     )
+    dlqcounts.changed()
+    return int(discarded)
 
 
 # ---------------------------------------------------------------------------- bulk

@@ -40,7 +40,7 @@ from rq import Queue
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
-from dashboard import leases, queues, telemetry
+from dashboard import dlqcounts, leases, queues, telemetry
 from dashboard.live import dropped_events
 from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout, WorkerBeat
 from dashboard.nodes import quorum, redis_nodes
@@ -212,13 +212,7 @@ def _runs() -> Iterator[Metric]:
         .values_list("state")
         .annotate(n=Count("id"))
     )
-    groups = list(
-        JobRun.objects.filter(state=JobRun.State.DEAD)
-        .order_by()
-        .values("cause_key")
-        .annotate(n=Count("id"))
-        .order_by("-n", "cause_key")
-    )
+    groups, causes = dlqcounts.groups(DLQ_GROUPS)  # cached while unchanged
     family = GaugeMetricFamily(
         "gitward_runs", "Job runs by state (queued, running, failed, dead).", labels=["state"]
     )
@@ -227,19 +221,6 @@ def _runs() -> Iterator[Metric]:
     family.add_metric([JobRun.State.DEAD], sum(g["n"] for g in groups))
     yield family
     top, rest = groups[:DLQ_GROUPS], groups[DLQ_GROUPS:]
-    # One row per group, unordered: the index on (state, cause_key) finds it at once
-    # (``first()`` would sort the group by id).
-    causes = {
-        key: next(
-            iter(
-                JobRun.objects.filter(state=JobRun.State.DEAD, cause_key=key)
-                .order_by()
-                .values_list("cause", flat=True)[:1]
-            ),
-            "",
-        )
-        for key in (g["cause_key"] for g in top)
-    }
     dlq = GaugeMetricFamily(
         "gitward_dead_letters",
         f"Dead letters per root-cause group (the {DLQ_GROUPS} largest; the rest as other).",

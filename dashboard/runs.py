@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from dashboard import queues, telemetry, traces
+from dashboard import dlqcounts, queues, telemetry, traces
 from dashboard.live import publish_event
 from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
 from dashboard.versions import GATE_OPEN
@@ -375,6 +375,7 @@ def _finish_failed(
         _event("job.dead" if dead else "job.failed", run, error=text[:500], cause=run.cause)
         if dead:
             _dead_letter(run, reason or text)
+            dlqcounts.changed()
             publish_event("dlq.changed", {})
         else:
             delays = settings.RETRY_BACKOFF

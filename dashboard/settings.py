@@ -296,6 +296,12 @@ ALLOWED_HOSTS_NETS = _networks(
 )
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
 #: Clients (by REMOTE_ADDR) that may scrape /metrics without a token: Prometheus's network.
+# Seconds a web process may reuse its dead-letter group counts for /metrics while the
+# dead set has not changed (dashboard/dlqcounts.py); 0 computes them at every scrape.
+METRICS_CACHE_SECONDS = env_float("GITWARD_METRICS_CACHE_SECONDS", 30.0, minimum=0)
+# false: no process records counters or histograms (dashboard/telemetry.py) — only to
+# measure what recording costs (bench/analysis.py --metrics-ab).
+METRICS_RECORDING = env_bool("GITWARD_METRICS_RECORDING", True)
 METRICS_NETWORKS = _networks("GITWARD_METRICS_NETWORKS", env_list("GITWARD_METRICS_NETWORKS", ""))
 
 # ---------------------------------------------------------------------------- fault injection
@@ -352,6 +358,17 @@ LOG_LEVEL = _choice(
 # line (dashboard/logs.py).
 LOG_FORMAT = _choice(
     "GITWARD_LOG_FORMAT", env_str("GITWARD_LOG_FORMAT", "text").strip().lower(), ("json", "text")
+)
+# OpenTelemetry: with an OTLP/HTTP endpoint, every job attempt's spans are exported too
+# (dashboard/otlp.py; needs the `otel` extra). The SDK reads these and the other standard
+# OTEL_EXPORTER_OTLP_* / OTEL_RESOURCE_ATTRIBUTES variables itself; they are parsed here
+# only to decide whether to export and to document them.
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "gitward")
+OTEL_EXPORTER_OTLP_TIMEOUT = env_float("OTEL_EXPORTER_OTLP_TIMEOUT", 2.0, minimum=0.1)
+OTLP_EXPORT = bool(OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and not (
+    env_bool("OTEL_SDK_DISABLED", False)
 )
 LOGGING = {
     "version": 1,

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from rq import get_current_job
@@ -233,14 +234,22 @@ class _Buffer:
 _buffer = _Buffer()
 
 
+def recording() -> bool:
+    """``GITWARD_METRICS_RECORDING=false`` turns every recording below into a no-op (to
+    measure what recording costs: ``bench/analysis.py --metrics-ab``)."""
+    return bool(settings.METRICS_RECORDING)
+
+
 def count(metric: Counter, n: float = 1, /, **labels: str) -> None:
     """Add ``n`` to the counter's series ``labels`` (every label of its definition)."""
-    if n:
+    if n and recording():
         _buffer.add(_field(metric.name, _labels(metric.labels, labels)), n)
 
 
 def observe(metric: Histogram, value: float, /, **labels: str) -> None:
     """Record one observation of ``value`` (seconds) in the histogram's series."""
+    if not recording():
+        return
     pairs = _labels(metric.labels, labels)
     bound = next((b for b in metric.buckets if value <= b), float("inf"))
     _buffer.add(_field(f"{metric.name}_bucket", [*pairs, ("le", _le(bound))]), 1)
@@ -265,6 +274,8 @@ def flush() -> bool:
     the error came after Redis applied the EXEC (the reply was lost), they are counted
     twice; undercounting every Redis blip would be worse for rates and alerts.
     """
+    if not recording():
+        return True
     _collect_master_stats()
     values = _buffer.take()
     if not values:
@@ -386,6 +397,8 @@ def record_run_event(kind: str, run: Any) -> None:
     Counted when the surrounding transaction commits (a rolled-back transition did not
     happen); at once outside a transaction.
     """
+    if not recording():
+        return
     labels = {"queue": str(run.queue), "version": version_label(run.version or run.fingerprint)}
     waited = queue_wait(run) if kind == "job.started" else None
 

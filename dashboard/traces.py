@@ -19,6 +19,8 @@ How it is wired, without the job code knowing much: ``traced`` wraps the RQ entr
 context (``dashboard.logs``: job, trace, run, repository, then worker, version, lock,
 token). Spans are written to the attempt row when the lock is acquired and when the
 attempt ends — one UPDATE each; a killed work horse keeps what was written before.
+With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, the ended attempt's spans are also exported over
+OTLP/HTTP (``dashboard.otlp``).
 
 The trace id is derived from the run's deterministic job id (32 hex digits, the width of
 an OpenTelemetry trace id), so every attempt, log line and event of a run shares it.
@@ -38,7 +40,7 @@ from typing import Any, TypeVar
 
 from rq import get_current_job
 
-from dashboard import logs
+from dashboard import logs, otlp
 from dashboard.models import JobAttempt, JobRun
 from workers.remotes import redact
 
@@ -80,9 +82,13 @@ class Trace:
         trace)."""
         if self.claimed_at is None:
             return
-        # In the order they began; the attempt's own span (finished / error) last.
-        spans = sorted(self.spans, key=lambda s: (s["name"] in END, s["start"], -s["end"]))
-        JobAttempt.objects.filter(run_id=self.run_id, number=self.number).update(spans=spans)
+        JobAttempt.objects.filter(run_id=self.run_id, number=self.number).update(
+            spans=self.ordered()
+        )
+
+    def ordered(self) -> list[dict[str, Any]]:
+        """In the order they began; the attempt's own span (finished / error) last."""
+        return sorted(self.spans, key=lambda s: (s["name"] in END, s["start"], -s["end"]))
 
 
 _current: contextvars.ContextVar[Trace | None] = contextvars.ContextVar(
@@ -126,6 +132,9 @@ def traced(execute: Callable[[int, int, T], str]) -> Callable[[int, int, T], str
         finally:
             _current.reset(token)
             trace.save()
+            if trace.claimed_at is not None and job_id:  # with OTEL_*: dashboard/otlp.py
+                otlp.export(run_id=run_id, number=number, trace_id=trace_id_of(job_id),
+                            spans=trace.ordered())  # fmt: skip
 
     return wrapper
 
