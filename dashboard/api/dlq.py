@@ -13,9 +13,8 @@ from dashboard.api.endpoint import (
     int_param,
     json_body,
     operator_refusal,
-    permitted,
+    permission_refusal,
 )
-from dashboard.audit import record_audit
 from dashboard.deadletters import act_now, group_runs, list_groups, start_bulk
 from dashboard.models import BulkAction
 
@@ -42,18 +41,15 @@ def dlq_group(request: HttpRequest, group: str) -> HttpResponse:
 
 def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
 
-    if not permitted(request, f"dashboard.{kind}_jobrun"):
-        record_audit(
-            user=request.user,
-            action=f"dlq.{kind}",
-            target=request.path,
-            outcome="refused: permission denied",
-        )
-        return error(f"you do not have permission to {kind} dead letters", 403)
-    try:
-        data = json_body(request)
-    except ValueError as exc:
-        return error(str(exc), 400)
+    refused = permission_refusal(
+        request,
+        f"dashboard.{kind}_jobrun",
+        action=f"dlq.{kind}",
+        message=f"you do not have permission to {kind} dead letters",
+    )
+    if refused is not None:
+        return refused
+    data = json_body(request)
     runs, group, every = data.get("runs"), data.get("group"), data.get("all") is True
     if sum([runs is not None, group is not None, every]) != 1:
         return error('give exactly one of "runs": [ids], "group": key, "all": true', 400)

@@ -21,11 +21,16 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found
 
+from dashboard.audit import record_audit
 from dashboard.models import ApiToken
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 
 log = logging.getLogger(__name__)
+
+
+class BadRequest(ValueError):
+    """A malformed request body: ``api_view`` answers it with 400 and this message."""
 
 
 def error(message: str, status: int) -> JsonResponse:
@@ -82,6 +87,8 @@ def api_view(
                 return limited
             try:
                 return view(request, *args, **kwargs)
+            except BadRequest as exc:
+                return error(str(exc), 400)
             except RedisUnavailable as exc:
                 return error(str(exc), 503)
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # a lock master
@@ -109,14 +116,14 @@ def rate_limited(request: HttpRequest, scope: str) -> JsonResponse | None:
 
 
 def json_body(request: HttpRequest) -> dict[str, Any]:
-    """The request's JSON object (or form fields); ValueError for anything else."""
+    """The request's JSON object (or form fields); ``BadRequest`` for anything else."""
     if request.content_type == "application/json":
         try:
             data = json.loads(request.body or b"{}")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError("request body is not valid JSON") from exc
+            raise BadRequest("request body is not valid JSON") from exc
         if not isinstance(data, dict):
-            raise ValueError("request body must be a JSON object")
+            raise BadRequest("request body must be a JSON object")
         return data
     return {k: v for k, v in request.POST.items()}
 
@@ -127,6 +134,19 @@ def operator_refusal(request: HttpRequest) -> JsonResponse | None:
     if request.user.has_perm("dashboard.view_jobrun"):
         return None
     return error("operations data needs the view_jobrun permission", 403)
+
+
+def permission_refusal(
+    request: HttpRequest, perm: str, *, action: str, message: str
+) -> JsonResponse | None:
+    """None when the user may (``permitted``); else a 403 with ``message``, the refusal
+    audited as ``action``."""
+    if permitted(request, perm):
+        return None
+    record_audit(
+        user=request.user, action=action, target=request.path, outcome="refused: permission denied"
+    )
+    return error(message, 403)
 
 
 def permitted(request: HttpRequest, perm: str) -> bool:

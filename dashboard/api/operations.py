@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard import queues
-from dashboard.api.endpoint import api_view, error, json_body, operator_refusal, permitted
+from dashboard.api.endpoint import api_view, error, json_body, operator_refusal, permission_refusal
 from dashboard.audit import record_audit
 from dashboard.leases import force_release_lock
 from dashboard.live import publish_event
@@ -27,18 +27,15 @@ def lock_release(request: HttpRequest) -> HttpResponse:
     """Force-release a lock (staff with ``dashboard.force_release_lock``); the fencing
     token is bumped so the old holder's later writes are rejected. Audited."""
 
-    if not permitted(request, "dashboard.force_release_lock"):
-        record_audit(
-            user=request.user,
-            action="lock.force_release",
-            target=request.path,
-            outcome="refused: permission denied",
-        )
-        return error("you do not have permission to force-release locks", 403)
-    try:
-        data = json_body(request)
-    except ValueError as exc:
-        return error(str(exc), 400)
+    refused = permission_refusal(
+        request,
+        "dashboard.force_release_lock",
+        action="lock.force_release",
+        message="you do not have permission to force-release locks",
+    )
+    if refused is not None:
+        return refused
+    data = json_body(request)
     key = data.get("key")
     if not isinstance(key, str) or not key.startswith(lockkeys.PREFIX) or len(key) > 255:
         return error(f'"key" must be a lock key ({lockkeys.PREFIX}…)', 400)
@@ -48,18 +45,15 @@ def lock_release(request: HttpRequest) -> HttpResponse:
 def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
 
     verb = "pause" if paused else "resume"
-    if not permitted(request, "dashboard.pause_queue"):
-        record_audit(
-            user=request.user,
-            action=f"queue.{verb}",
-            target=request.path,
-            outcome="refused: permission denied",
-        )
-        return error(f"you do not have permission to {verb} queues", 403)
-    try:
-        name = json_body(request).get("queue")
-    except ValueError as exc:
-        return error(str(exc), 400)
+    refused = permission_refusal(
+        request,
+        "dashboard.pause_queue",
+        action=f"queue.{verb}",
+        message=f"you do not have permission to {verb} queues",
+    )
+    if refused is not None:
+        return refused
+    name = json_body(request).get("queue")
     if name not in queues.queue_names():
         return error(f'"queue" must be one of {", ".join(queues.queue_names())}', 400)
     changed = queues.set_paused(name, paused)

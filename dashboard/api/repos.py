@@ -21,10 +21,7 @@ def repos(request: HttpRequest) -> HttpResponse:
     limited = rate_limited(request, "submit")
     if limited is not None:
         return limited
-    try:
-        data = json_body(request)
-    except ValueError as exc:
-        return error(str(exc), 400)
+    data = json_body(request)
     url = data.get("url")
     branch = data.get("branch")
     if not isinstance(url, str) or not url.strip():

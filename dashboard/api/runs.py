@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, int_param, operator_refusal
 from dashboard.deadletters import run_dict
 from dashboard.models import JobRun
+from dashboard.runs import search_runs
 from dashboard.traces import run_trace
 
 
@@ -18,39 +18,25 @@ def runs(request: HttpRequest) -> HttpResponse:
 
     if (refused := operator_refusal(request)) is not None:
         return refused
-    qs = JobRun.objects.select_related("repository")
-    state, kind = request.GET.get("state"), request.GET.get("kind")
-    if state:
-        if state not in JobRun.State.values:
-            return error(f"state must be one of {', '.join(JobRun.State.values)}", 400)
-        qs = qs.filter(state=state)
-    if kind:
-        if kind not in JobRun.Kind.values:
-            return error(f"kind must be one of {', '.join(JobRun.Kind.values)}", 400)
-        qs = qs.filter(kind=kind)
+    state, kind = request.GET.get("state", ""), request.GET.get("kind", "")
+    if state and state not in JobRun.State.values:
+        return error(f"state must be one of {', '.join(JobRun.State.values)}", 400)
+    if kind and kind not in JobRun.Kind.values:
+        return error(f"kind must be one of {', '.join(JobRun.Kind.values)}", 400)
     for name in ("repo", "before"):
         raw = request.GET.get(name)
         if raw and not raw.isdigit():
             return error(f"{name} must be an integer", 400)
-    if request.GET.get("repo"):
-        qs = qs.filter(repository_id=int(request.GET["repo"]))
-    if request.GET.get("before"):
-        qs = qs.filter(pk__lt=int(request.GET["before"]))
-    text = request.GET.get("q", "").strip()[:200]
-    if text:
-        qs = qs.filter(
-            Q(job_id__icontains=text)
-            | Q(cause__icontains=text)
-            | Q(error__icontains=text)
-            | Q(repository__url__icontains=text)
-        )
-    limit = int_param(request, "limit", 50, 1, 200)
-    rows = list(qs.order_by("-pk")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return JsonResponse(
-        {"results": [run_dict(r) for r in rows], "next": rows[-1].pk if more and rows else None}
+    repo, before = request.GET.get("repo"), request.GET.get("before")
+    rows, nxt = search_runs(
+        state=state,
+        kind=kind,
+        repo=int(repo) if repo else None,
+        text=request.GET.get("q", ""),
+        before=int(before) if before else None,
+        limit=int_param(request, "limit", 50, 1, 200),
     )
+    return JsonResponse({"results": [run_dict(r) for r in rows], "next": nxt})
 
 
 @api_view(("GET",))
