@@ -1,32 +1,49 @@
 """Rollouts (DESIGN §7): one attempt to bring an analyzer version live on a queue.
 
-A rollout owns the queue's deploy lock through a driver (``dashboard.deploylock``); the
-functions below that take ``token`` are the driver's steps, each one transaction that
-moves the version through ``dashboard.versions.do_transition`` (which checks the token).
-Operators' actions reach the driver through :func:`request_action`.
+This module starts a rollout (``start_rollout``: validated, refused while the queue is
+busy, its driver enqueued) and takes operators' requests to its driver
+(``request_action``). A rollout owns the queue's deploy lock through a driver
+(``dashboard.deploylock``); the driver's steps, each one transaction that moves the
+version through ``dashboard.versions.do_transition`` (which checks the token), are in
+``dashboard.rolloutsteps``; drains in ``dashboard.drains``.
 
-The version-level names (``do_transition``, ``register_version``, errors, states) are
-re-exported here so callers need one import.
+The version-level names (``do_transition``, ``register_version``, errors, states), the
+steps and the drain checks are re-exported here so callers need one import.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from rq.command import send_stop_job_command
 from rq.exceptions import DuplicateJobError
 
 from dashboard import leases, queues
-from dashboard.models import AnalyzerVersion, JobRun, Rollout, RolloutEvent
-from dashboard.plans import enqueue_catch_up
-from dashboard.runs import cancel_runs, crash_attempt
+from dashboard.drains import (
+    DRAIN_STOP_AFTER,
+    check_drain,
+    check_version_drain,
+    drain_counts,
+    reconcile_drains,
+    stop_overdue,
+)
+from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.rolloutsteps import (
+    abort_in_place,
+    begin_warming,
+    locked_rollout,
+    promote,
+    record_diff,
+    record_verdict,
+    rerouted,
+    rollback,
+    set_ramp,
+    set_rollout_state,
+)
 from dashboard.versions import (
     ALLOWED,
     QUEUE,
@@ -40,11 +57,9 @@ from dashboard.versions import (
     RolloutError,
     actor_name,
     check_fence,
-    check_version_drain,
     current_version,
     describe_lock,
     do_transition,
-    drain_counts,
     ensure_baseline,
     fingerprint_config,
     physical_queue,
@@ -57,11 +72,14 @@ from dashboard.versions import (
 from workers import lockkeys
 
 __all__ = [
-    "ALLOWED", "QUEUE", "ROUTABLE", "STAFFED", "TOKENLESS", "InvalidConfig",
-    "InvalidTransition", "RolloutBusy", "RolloutConflict", "RolloutError", "actor_name",
+    "ALLOWED", "DRAIN_STOP_AFTER", "QUEUE", "ROUTABLE", "STAFFED", "TOKENLESS",
+    "InvalidConfig", "InvalidTransition", "RolloutBusy", "RolloutConflict", "RolloutError",
+    "abort_in_place", "actor_name", "begin_warming", "check_drain", "check_fence",
     "check_version_drain", "current_version", "describe_lock", "do_transition", "drain_counts",
-    "ensure_baseline",
-    "fingerprint_config", "physical_queue", "ramping_version", "register_version",
+    "ensure_baseline", "fingerprint_config", "locked_rollout", "physical_queue", "promote",
+    "publish_rollout_event", "ramping_version", "reconcile_drains", "record_diff",
+    "record_event", "record_verdict", "register_version", "rerouted", "rollback",
+    "served_fingerprint", "set_ramp", "set_rollout_state", "stop_overdue",
 ]  # fmt: skip
 
 DEFAULT_STEPS = (10, 50, 100)
@@ -229,319 +247,6 @@ def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = 
     except DuplicateJobError:
         return False
     return True
-
-
-def set_rollout_state(
-    *,
-    rollout: Rollout,
-    to: str,
-    actor: Any,
-    token: int | None,
-    reason: str = "",
-    detail: Mapping[str, Any] | None = None,
-    outcome: str | None = None,
-) -> Rollout:
-    """Change the rollout's own state (pending/active/rolling_back/terminal), recorded.
-
-    Called inside the holder's transaction; terminal states stamp ``finished_at``.
-    """
-    src = rollout.state
-    if src == to:
-        return rollout
-    if src not in Rollout.ACTIVE_STATES:
-        raise InvalidTransition(f"rollout #{rollout.pk} is already {src}")
-    rollout.state = to
-    fields = ["state", "updated_at"]
-    if to not in Rollout.ACTIVE_STATES:
-        rollout.finished_at = timezone.now()
-        fields.append("finished_at")
-    if outcome is not None:
-        rollout.outcome = outcome
-        fields.append("outcome")
-    rollout.save(update_fields=fields)
-    record_event(rollout, rollout.version, "rollout", src, to, actor, reason, token, detail)
-    publish_rollout_event(rollout.version, rollout, to)
-    return rollout
-
-
-def _locked_rollout(rollout: Rollout | int) -> Rollout:
-    pk = rollout if isinstance(rollout, int) else rollout.pk
-    return (
-        Rollout.objects.select_for_update(of=("self",))
-        .select_related("version", "previous")
-        .get(pk=pk)
-    )
-
-
-def begin_warming(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
-    """registered | warm_failed | drained → warming (the holder then analyses the warm set)."""
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        do_transition(
-            version=ro.version_id,
-            to=S.WARMING,
-            actor=actor,
-            token=token,
-            rollout=ro,
-            detail={"warm_set": _warm_summary(ro.warm_set)},
-        )
-    return Rollout.objects.get(pk=ro.pk)
-
-
-def _warm_summary(warm_set: Mapping[str, Any]) -> dict[str, Any]:
-    items = warm_set.get("items") or []
-    return {
-        "repositories": len(items),
-        "commits": sum(len(shas) for _, shas in items),
-        "threshold": warm_set.get("threshold"),
-    }
-
-
-def record_verdict(
-    *, rollout: Rollout | int, verdict: Mapping[str, Any], token: int, actor: Any
-) -> Rollout:
-    """Store the warming verdict: warming → verified if it passed, else → warm_failed
-    and the rollout fails (routing untouched: nothing was ever routed to the version)."""
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        ro.verdict = dict(verdict)
-        ro.save(update_fields=["verdict", "updated_at"])
-        record_event(
-            ro,
-            ro.version,
-            "verdict",
-            "",
-            "",
-            actor,
-            verdict.get("summary", ""),
-            token,
-            {"verdict": dict(verdict)},
-        )
-        ok = verdict.get("ok") is True
-        do_transition(
-            version=ro.version_id,
-            to=S.VERIFIED if ok else S.WARM_FAILED,
-            actor=actor,
-            token=token,
-            rollout=ro,
-            detail={"verdict": dict(verdict)},
-        )
-        if not ok:
-            set_rollout_state(
-                rollout=ro,
-                to=Rollout.State.FAILED,
-                actor=actor,
-                token=token,
-                reason="warming gate failed",
-                outcome=str(verdict.get("summary", "warming gate failed")),
-            )
-    return Rollout.objects.get(pk=ro.pk)
-
-
-def record_diff(
-    *, rollout: Rollout | int, diff: Mapping[str, Any], token: int, actor: Any
-) -> Rollout:
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        check_fence(ro.queue, ro, token)
-        ro.diff = dict(diff)
-        ro.save(update_fields=["diff", "updated_at"])
-        record_event(
-            ro,
-            ro.version,
-            "diff",
-            "",
-            "",
-            actor,
-            str(diff.get("summary", "")),
-            token,
-            {"summary": diff.get("summary"), "commits_changed": diff.get("commits_changed")},
-        )
-    return Rollout.objects.get(pk=ro.pk)
-
-
-def set_ramp(*, rollout: Rollout | int, percent: int, token: int, actor: Any) -> Rollout:
-    """verified | ramping → ramping(percent): that share of new work now goes to the
-    version (``dashboard.canary.route``)."""
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        do_transition(
-            version=ro.version_id,
-            to=S.RAMPING,
-            actor=actor,
-            token=token,
-            rollout=ro,
-            ramp_percent=percent,
-        )
-        index = ro.steps.index(percent) if percent in ro.steps else ro.step_index
-        ro.step_index = index
-        ro.step_started_at = timezone.now()
-        ro.save(update_fields=["step_index", "step_started_at", "updated_at"])
-    return Rollout.objects.get(pk=ro.pk)
-
-
-def promote(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
-    """ramping → current (the previous current → draining, in the same transaction);
-    the rollout completes. The driver then releases the deploy lock."""
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        do_transition(
-            version=ro.version_id,
-            to=S.CURRENT,
-            actor=actor,
-            token=token,
-            rollout=ro,
-            reason="promoted",
-        )
-        set_rollout_state(
-            rollout=ro,
-            to=Rollout.State.COMPLETED,
-            actor=actor,
-            token=token,
-            reason="promoted",
-            outcome=f"{ro.version} is current",
-        )
-        closed = [ro.previous.fingerprint] if ro.previous is not None else []
-        served = ro.version.fingerprint
-        transaction.on_commit(lambda: rerouted(closed=closed, served=served, rollout=ro.pk))
-    return Rollout.objects.get(pk=ro.pk)
-
-
-def rerouted(*, closed: Sequence[str], served: str, rollout: int | None = None) -> dict[str, int]:
-    """After a promote or rollback committed: cancel the queued work of the versions
-    whose gate just closed (``runs.cancel_runs``; their workers take no job, and the
-    served version has its own plan) and start the catch-up that brings every
-    repository up to date under the served fingerprint (``plans.catch_up``: batches on
-    the maintenance queue, deduplicated). Recorded on the rollout's timeline."""
-    cancelled = {fp: cancel_runs(fingerprint=fp, reason="analyzer version closed") for fp in closed}
-    enqueue_catch_up(served)
-    if rollout is not None:
-        ro = Rollout.objects.select_related("version").get(pk=rollout)
-        with transaction.atomic():
-            record_event(
-                ro, ro.version, "jobs.moved", "", "", "system",
-                f"cancelled {sum(cancelled.values())} queued job(s); catch-up of {served[:12]}",
-                None, {"cancelled": cancelled, "catch_up": served},
-            )  # fmt: skip
-    return cancelled
-
-
-def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = "") -> Rollout:
-    """Route back to the previous version at once; the new one starts draining.
-
-    * new version warming / warm_failed / verified / ramping: it → draining; the
-      previous version is still current, so routing is back the moment this commits.
-    * new version current (after promote): previous → current, which supersedes the new
-      one → draining in the same transaction; the previous results are still stored, so
-      they are served at once.
-
-    The rollout becomes ``rolling_back`` until :func:`check_drain` sees the new version
-    empty twice; a completed rollout (promoted, lock released) can be rolled back by a
-    holder that re-took the deploy lock.
-    """
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        version = AnalyzerVersion.objects.get(pk=ro.version_id)
-        why = reason or "rollback"
-        if version.state == S.CURRENT:
-            if ro.previous_id is None:
-                raise InvalidTransition(f"{version} has no previous version to roll back to")
-            do_transition(
-                version=ro.previous_id,
-                to=S.CURRENT,
-                actor=actor,
-                token=token,
-                rollout=ro,
-                reason=why,
-            )
-        elif version.state in {S.WARMING, S.WARM_FAILED, S.VERIFIED, S.RAMPING}:
-            do_transition(
-                version=version, to=S.DRAINING, actor=actor, token=token, rollout=ro, reason=why
-            )
-        elif version.state != S.DRAINING:
-            raise InvalidTransition(f"{version} cannot be rolled back from {version.state}")
-        if ro.state == Rollout.State.COMPLETED:
-            # Re-opened by a rollback after promote: the partial unique constraint refuses
-            # it if another rollout of the queue is active meanwhile.
-            ro.state, ro.finished_at = Rollout.State.ACTIVE, None
-            ro.save(update_fields=["state", "finished_at", "updated_at"])
-        set_rollout_state(
-            rollout=ro, to=Rollout.State.ROLLING_BACK, actor=actor, token=token, reason=why
-        )
-        closed = [version.fingerprint]
-        served = served_fingerprint(ro.queue)
-        transaction.on_commit(lambda: rerouted(closed=closed, served=served, rollout=ro.pk))
-    return Rollout.objects.get(pk=ro.pk)
-
-
-def check_drain(
-    *,
-    rollout: Rollout | int,
-    token: int | None,
-    actor: Any,
-    counts: Mapping[str, int] | None = None,
-) -> bool:
-    """Drain check of a rolling-back rollout's version; once it is drained the rollout
-    becomes ``rolled_back`` (the holder then releases the lock)."""
-    with transaction.atomic():
-        ro = _locked_rollout(rollout)
-        drained = check_version_drain(
-            version=ro.version_id, actor=actor, rollout=ro, token=token, counts=counts
-        )
-        if drained and ro.state == Rollout.State.ROLLING_BACK:
-            set_rollout_state(
-                rollout=ro,
-                to=Rollout.State.ROLLED_BACK,
-                actor=actor,
-                token=token,
-                reason="drained",
-                outcome=f"rolled back to {ro.previous}",
-            )
-    return drained
-
-
-#: A draining version's jobs still running after this many seconds are stopped.
-DRAIN_STOP_AFTER = 300.0
-
-
-def stop_overdue(*, version: AnalyzerVersion, stop_after: float = DRAIN_STOP_AFTER) -> int:
-    """Stop the running jobs of a version draining for more than ``stop_after`` s.
-
-    Each attempt is first recorded as crashed (a conditional UPDATE from running: if it
-    finished meanwhile nothing happens), so its retry meets the closed gate and is
-    cancelled (``runs.enqueue_run``); then RQ is told to kill its work horse. A write the
-    horse commits between the two is a correct result of the closed version, never
-    another version's. Returns how many were stopped."""
-    since = version.state_changed_at
-    if since is None or timezone.now() - since < timedelta(seconds=stop_after):
-        return 0
-    stopped = 0
-    for run in JobRun.objects.filter(
-        kind=JobRun.Kind.ANALYZE, fingerprint=version.fingerprint, state=JobRun.State.RUNNING
-    ):
-        reason = f"stopped: its analyzer version drained for more than {stop_after:.0f}s"
-        if not crash_attempt(run_id=run.pk, number=run.attempts, reason=reason):
-            continue
-        stopped += 1
-        with contextlib.suppress(Exception):  # not running in RQ any more: nothing to stop
-            send_stop_job_command(queues.connection(), run.rq_id(run.attempts))
-    return stopped
-
-
-def reconcile_drains(*, actor: Any = "reconciler", stop_after: float = DRAIN_STOP_AFTER) -> int:
-    """One drain check of every draining version (superseded ones after a promote,
-    and those of rollbacks whose driver died), after stopping jobs that run past
-    ``stop_after`` (``stop_overdue``); returns how many became drained."""
-    done = 0
-    for version in AnalyzerVersion.objects.filter(state=S.DRAINING):
-        stop_overdue(version=version, stop_after=stop_after)
-    for pk in AnalyzerVersion.objects.filter(state=S.DRAINING).values_list("pk", flat=True):
-        ro = Rollout.objects.filter(version_id=pk, state=Rollout.State.ROLLING_BACK).first()
-        if ro is not None:
-            done += check_drain(rollout=ro, token=None, actor=actor)
-        else:
-            done += check_version_drain(version=pk, actor=actor)
-    return done
 
 
 # ---------------------------------------------------------------------------- operator actions

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import api, commitviews, repoapi, views
+from dashboard import api, commitviews, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -38,10 +38,10 @@ urlpatterns = [
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),
     path(
         "api/repos/<int:repo_id>/commits/<str:sha>",
-        repoapi.commit_detail,
+        api.commit_detail,
         name="api-repo-commit",
     ),
-    path("api/repos/<int:repo_id>/reanalyse", repoapi.repo_reanalyse, name="api-repo-reanalyse"),
+    path("api/repos/<int:repo_id>/reanalyse", api.repo_reanalyse, name="api-repo-reanalyse"),
     path("api/status", api.status, name="api-status"),
     path("metrics", api.metrics, name="metrics"),
     path("api/locks/release", api.lock_release, name="api-lock-release"),

@@ -35,13 +35,12 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
-from dashboard import leases, queues
+from dashboard import leases
 from dashboard.audit import record_audit
 from dashboard.fencing import StaleToken, check_token
 from dashboard.live import EVENT_TYPES, publish_event
-from dashboard.models import AnalyzerVersion, JobRun, Rollout, RolloutEvent
+from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from workers import analyzer, lockkeys
 from workers.locks import LockNotAcquired
 
@@ -436,75 +435,3 @@ def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVer
     current = current_version(queue)
     assert current is not None
     return current
-
-
-# ---------------------------------------------------------------------------- drains
-
-
-def drain_counts(version: AnalyzerVersion) -> dict[str, int]:
-    """What still waits for or runs on ``version``: its physical RQ queue (queued,
-    started, scheduled) and its job runs in the database (queued, running)."""
-
-    name = physical_queue(version.queue, version.fingerprint)
-    q = queues.queue(name)
-    runs = JobRun.objects.filter(
-        kind=JobRun.Kind.ANALYZE,
-        fingerprint=version.fingerprint,
-        state__in=[JobRun.State.QUEUED, JobRun.State.RUNNING],
-    ).count()
-    return {
-        "queued": q.count,
-        "started": StartedJobRegistry(queue=q).count,
-        "scheduled": ScheduledJobRegistry(queue=q).count,
-        "runs": runs,
-    }
-
-
-def check_version_drain(
-    *,
-    version: AnalyzerVersion | int,
-    actor: Any,
-    rollout: Rollout | None = None,
-    token: int | None = None,
-    counts: Mapping[str, int] | None = None,
-) -> bool:
-    """One drain check of a draining version; True once it is drained.
-
-    Drained only when this check *and the previous one since it entered draining* found
-    nothing queued, started, scheduled or running (an unknown or a single empty reading
-    never counts: temporal-worker-controller #573). Needs no deploy-lock token: it only
-    records what is observed, so a reconciler can finish a drain whose driver died.
-    Race: a job enqueued between the two checks shows on the second one (not empty), so
-    the count starts over; the version is closed to routing, so nothing new is routed.
-    """
-    pk = version if isinstance(version, int) else version.pk
-    with transaction.atomic():
-        row = AnalyzerVersion.objects.select_for_update().get(pk=pk)
-        if row.state != S.DRAINING:
-            return row.state in {S.DRAINED, S.RETIRED}
-        seen = dict(counts) if counts is not None else drain_counts(row)
-        empty = not any(seen.values())
-        checks = RolloutEvent.objects.filter(version=row, action="drain.check")
-        if row.state_changed_at is not None:
-            checks = checks.filter(at__gte=row.state_changed_at)
-        last = checks.order_by("-at", "-id").first()
-        RolloutEvent.objects.create(
-            rollout=rollout,
-            version=row,
-            action="drain.check",
-            actor=actor_name(actor),
-            token=token,
-            detail={"counts": seen, "empty": empty},
-        )
-        if not (empty and last is not None and last.detail.get("empty") is True):
-            return False
-        do_transition(
-            version=row,
-            to=S.DRAINED,
-            actor=actor,
-            token=token,
-            rollout=rollout,
-            reason="empty on two checks",
-            detail={"counts": seen},
-        )
-    return True

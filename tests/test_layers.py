@@ -46,7 +46,15 @@ TESTED_UNDER = {
     "dashboard.commitdetails": "test_commitpage",
     "dashboard.commitviews": "test_commitpage",
     "dashboard.reanalysis": "test_commitpage",
-    "dashboard.repoapi": "test_commitpage",
+    "dashboard.drains": "test_rollouts",
+    "dashboard.rolloutactions": "test_rolloutboard",
+    "dashboard.rolloutoffers": "test_rolloutboard",
+    "dashboard.rolloutdriver": "test_rollout_driver",
+    "dashboard.rolloutsteps": "test_rollout_driver",
+    "workers.branches": "test_remotes",  # the URL grammar's parts, tested through it
+    "workers.hosts": "test_remotes",
+    "workers.redaction": "test_remotes",
+    "workers.remotepolicy": "test_remotes",
     "dashboard.management": "test_cli",  # the commands, run as a user runs them
     "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
 }

@@ -26,19 +26,24 @@ Design choices (each refusal names the attack it stops, catalog rows G1-G13):
 * ``Remote.pinned_addresses`` are the addresses validated here; the worker must
   pin them (``http.curloptResolve``) so a DNS rebinding between validation and
   connect cannot reach an internal address (G7).
+
+The checks live beside this module, one noun each: ``remotepolicy`` (the policy and
+the refusal), ``hosts`` (host names and addresses: the SSRF wall), ``branches`` and
+``redaction``.  The names callers import from here are re-exported.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
-import socket
-import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, unquote_to_bytes
+
+from workers.branches import normalise_branch
+from workers.hosts import check_address, parse_host, resolve_pinned
+from workers.redaction import redact
+from workers.remotepolicy import InvalidRemote, RemotePolicy, has_unsafe_chars, show
 
 __all__ = [
     "ALLOWED_SCHEMES",
@@ -51,25 +56,11 @@ __all__ = [
     "redact",
 ]
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
 ALLOWED_SCHEMES = frozenset({"https", "http", "ssh", "git", "file"})
 _NETWORK_SCHEMES = ("https", "http", "ssh", "git")
 _DEFAULT_PORTS = {"https": 443, "http": 80, "ssh": 22, "git": 9418}
 
 MAX_URL_LENGTH = 2048
-MAX_BRANCH_LENGTH = 255
-
-
-class InvalidRemote(ValueError):
-    """A refused remote or branch.  ``str(exc)`` is one safe, human-readable line."""
-
-    def __init__(self, message: str) -> None:
-        # Messages are built from validated fragments only, but redact and
-        # flatten anyway so that no future message can leak a token or inject
-        # a second line into a log / form error / JSON body.
-        super().__init__(" ".join(redact(message).split()))
 
 
 @dataclass(frozen=True)
@@ -88,47 +79,6 @@ class Remote:
         return self.fetch_url or self.url
 
 
-def _default_resolve(host: str, port: int | None) -> list[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
-
-
-@dataclass(frozen=True)
-class RemotePolicy:
-    # Directories under which local repositories may be read.  Empty: no local
-    # paths at all (Gitea allows local imports only for admins; G4).
-    local_roots: tuple[Path, ...] = ()
-    # Networks that are reachable even though they are internal (e.g. an
-    # on-prem git server in 10.0.0.0/8).  Cloud metadata addresses stay refused.
-    allowed_nets: tuple[IPNetwork, ...] = ()
-    resolve: Callable[[str, int | None], list[str]] | None = None
-    resolve_hosts: bool = True
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _show(value: str, limit: int = 80) -> str:
-    """Quote a (validated) fragment for a message: printable, bounded, one line."""
-    shown = "".join(ch if ch.isprintable() else "?" for ch in value)
-    if len(shown) > limit:
-        shown = shown[: limit - 1] + "…"
-    return repr(shown)
-
-
-def _has_unsafe_chars(text: str) -> bool:
-    # Control chars (CR/LF/NUL/TAB) split git config lines and HTTP headers
-    # (G11, GHSA-v87r-6q3f-2j67); format chars (bidi overrides, zero-width,
-    # soft hyphen) make a URL display differently from what git fetches (G13);
-    # any whitespace is never part of a remote and hides argument splitting.
-    for ch in text:
-        cat = unicodedata.category(ch)
-        if cat[0] in ("C", "Z"):
-            return True
-    return False
-
-
-# URL schemes git would hand to a "remote helper" or a curl transport.  Any
 # ``x::address`` is git's transport-helper syntax (``ext::sh -c …`` is RCE,
 # CVE-2022-24439); we refuse ``::`` anywhere outside an IPv6 bracket so that
 # GitPython's own broader ``(.+)::.+`` check can never be the one to fail.
@@ -137,7 +87,6 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
 _SCP = re.compile(r"^([^@/:\[\]]+)@(\[[^\]/]*\]|[^:/\[\]@]+):(.*)$", re.DOTALL)
 _SSH_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._\-]{0,63}$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
-_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9\-]{0,61}[a-z0-9])?$")
 # Path characters allowed in http(s)/git/ssh URLs: RFC 3986 pchar minus ``$``
 # (and without ``{}``/backtick, which are not pchar anyway) so that
 # ``$DJANGO_SECRET_KEY`` / ``${SECRET}`` can never be expanded by any layer
@@ -148,244 +97,6 @@ _SCP_PATH = re.compile(r"^[A-Za-z0-9\-._~!&'()*+,;=:@/]*$")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-
-# Names that by convention resolve to the local machine or an intranet.  They
-# are refused by name so that a resolver with a search domain or a split-horizon
-# DNS cannot hand us an internal address we then fail to notice (G5/G6).
-_INTERNAL_SUFFIXES = (
-    "localhost",
-    "local",
-    "localdomain",
-    "internal",  # ICANN private-use TLD; also metadata.google.internal
-    "intranet",
-    "lan",
-    "home",
-    "corp",
-    "home.arpa",
-    "arpa",  # in-addr.arpa / ip6.arpa PTR names are never repositories
-)
-
-# Cloud metadata endpoints: never reachable, even inside allowed_nets, because
-# they hand out instance credentials (G5, Capital One-style SSRF).
-_METADATA = frozenset(
-    ipaddress.ip_address(a)
-    for a in (
-        "169.254.169.254",  # AWS / GCP / Azure / OpenStack / DigitalOcean
-        "169.254.170.2",  # AWS ECS task metadata
-        "fd00:ec2::254",  # AWS IMDS over IPv6
-        "100.100.100.200",  # Alibaba Cloud
-        "168.63.129.16",  # Azure WireServer (looks public, is not)
-        "192.0.0.192",  # Oracle Cloud
-    )
-)
-_CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
-_COMPAT = ipaddress.IPv6Network("::/96")
-
-
-# --------------------------------------------------------------------------- addresses
-
-
-def _refusal(addr: IPAddress, policy: RemotePolicy) -> str | None:
-    """Why ``addr`` may not be contacted, or None when it may."""
-    if addr in _METADATA:
-        return "is a cloud metadata address"
-    if isinstance(addr, ipaddress.IPv6Address):
-        if addr.scope_id:
-            # fe80::1%eth0: zone ids only exist for link-local targets.
-            return "has an IPv6 zone id"
-        # IPv6 spellings of IPv4 addresses: check the embedded address, or
-        # ``[::ffff:127.0.0.1]`` / NAT64 / 6to4 reach loopback and metadata.
-        mapped = addr.ipv4_mapped
-        if mapped is not None:
-            return _refusal(mapped, policy)
-        if addr in _NAT64:
-            return _refusal(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF), policy)
-        six_to_four = addr.sixtofour
-        if six_to_four is not None:
-            inner = _refusal(six_to_four, policy)
-            if inner is not None:
-                return inner
-        if addr.teredo is not None and not _allowed(addr, policy):
-            # Teredo hides the client address behind an XOR; refuse the range.
-            return "is a Teredo tunnel address"
-        if addr in _NAT64_LOCAL and not _allowed(addr, policy):
-            return "is a local-use NAT64 address"
-        if addr in _COMPAT and int(addr) > 1 and not _allowed(addr, policy):
-            # ::a.b.c.d (deprecated IPv4-compatible); some stacks route it to IPv4.
-            return "is an IPv4-compatible IPv6 address"
-    if _allowed(addr, policy):
-        return None
-    if addr.is_unspecified:
-        # 0.0.0.0 / :: are treated as "this host" by Linux connect().
-        return "is unspecified (this host)"
-    if addr.is_loopback:
-        return "is loopback"
-    if addr.is_link_local:
-        return "is link-local"
-    if addr.is_multicast:
-        return "is multicast"
-    if isinstance(addr, ipaddress.IPv4Address) and addr in _CGNAT:
-        return "is carrier-grade NAT (shared) space"
-    if isinstance(addr, ipaddress.IPv6Address) and addr.is_site_local:
-        return "is site-local"
-    if addr.is_reserved:
-        return "is reserved"
-    if addr.is_private:
-        return "is private"
-    if not addr.is_global:
-        # TEST-NETs, benchmarking 198.18/15, 192.0.0/24, … (Gitea's list).
-        return "is not a public address"
-    return None
-
-
-def _allowed(addr: IPAddress, policy: RemotePolicy) -> bool:
-    return any(addr.version == net.version and addr in net for net in policy.allowed_nets)
-
-
-def _parse_ip(ip: str) -> IPAddress:
-    try:
-        return ipaddress.ip_address(ip)
-    except ValueError:
-        raise InvalidRemote(f"resolver returned an invalid address {_show(ip)}") from None
-
-
-def check_address(ip: str, policy: RemotePolicy) -> None:
-    """Raise InvalidRemote unless ``ip`` is a public address or inside ``policy.allowed_nets``."""
-    addr = _parse_ip(ip)
-    why = _refusal(addr, policy)
-    if why is not None:
-        raise InvalidRemote(f"address {addr} {why}; internal addresses are not accepted")
-
-
-def _parse_ipv4_number(part: str) -> int | None:
-    """One dotted part in inet_aton syntax (decimal, 0x hex, 0-prefixed octal)."""
-    if part[:2] in ("0x", "0X"):
-        digits, base = part[2:], 16
-        if digits == "":
-            return 0
-    elif len(part) > 1 and part.startswith("0"):
-        digits, base = part[1:], 8
-    else:
-        digits, base = part, 10
-    if not digits or not all(c in "0123456789abcdefABCDEF"[:base] for c in digits):
-        return None
-    return int(digits, base)
-
-
-def _parse_legacy_ipv4(host: str) -> ipaddress.IPv4Address | None:
-    """Parse every IPv4 spelling libc/curl accept (``127.1``, ``0x7f000001``,
-    ``0177.0.0.1``, ``2130706433``).  Returns None if ``host`` is not numeric.
-
-    Attackers spell 127.0.0.1 in these forms precisely because naive filters
-    only know dotted-decimal (G5).  Raises for "numeric but invalid" such as
-    ``1.1.1.1.1`` or ``256.1.1.1`` (WHATWG: a host ending in a number must be
-    an IPv4 address)."""
-    parts = host.split(".")
-    last = parts[-1]
-    ends_in_number = bool(last) and (
-        last.isdigit() or (last[:2] in ("0x", "0X") and _parse_ipv4_number(last) is not None)
-    )
-    if not ends_in_number:
-        return None
-    numbers = [_parse_ipv4_number(p) if p else None for p in parts]
-    if len(parts) > 4 or any(n is None for n in numbers):
-        raise InvalidRemote(f"host {_show(host)} is not a valid IPv4 address or host name")
-    values = [n for n in numbers if n is not None]
-    *head, tail = values
-    if any(n > 255 for n in head) or tail >= 256 ** (5 - len(values)):
-        raise InvalidRemote(f"host {_show(host)} is not a valid IPv4 address")
-    total = tail
-    for i, n in enumerate(head):
-        total += n << (8 * (3 - i))
-    return ipaddress.IPv4Address(total)
-
-
-# --------------------------------------------------------------------------- hosts
-
-
-def _check_hostname(host: str) -> str:
-    """Validate and normalise a DNS host name; returns the lower-case form."""
-    if not host.isascii():
-        raise InvalidRemote("non-ASCII host names are not accepted; use the punycode (xn--) form")
-    name = host.lower()
-    if name.endswith("."):
-        name = name[:-1]  # FQDN dot: same host, one dedup key
-    if not name:
-        raise InvalidRemote("the URL has no host")
-    if len(name) > 253:
-        raise InvalidRemote("host name is too long")
-    labels = name.split(".")
-    for label in labels:
-        # LDH rule: a label may not start with '-', which also stops
-        # ``ssh://-oProxyCommand=…`` (CVE-2017-1000117, G12).
-        if not _LABEL.match(label):
-            raise InvalidRemote(f"host {_show(name)} is not a valid host name")
-        if label.startswith("xn--"):
-            try:
-                label.encode("ascii").decode("idna")
-            except UnicodeError:
-                raise InvalidRemote(f"host {_show(name)} has an invalid punycode label") from None
-    for suffix in _INTERNAL_SUFFIXES:
-        if name == suffix or name.endswith("." + suffix):
-            raise InvalidRemote(f"host {_show(name)} is an internal name; not accepted")
-    if len(labels) < 2:
-        # Single-label names ("redis", "db", "host") resolve through the search
-        # domain to intranet services.
-        raise InvalidRemote(f"host {_show(name)} is not a fully qualified domain name")
-    return name
-
-
-def _parse_host(raw_host: str) -> tuple[str, IPAddress | None]:
-    """Return (host as written in the canonical URL, literal address or None)."""
-    if raw_host.startswith("["):
-        inner = raw_host[1:-1]
-        if "%" in inner:
-            # fe80::1%25eth0: zone ids only exist to reach link-local targets.
-            raise InvalidRemote(f"host {_show(raw_host)} is not a valid IPv6 address (zone id)")
-        try:
-            # No zone ids (``%25eth0``) and no IPvFuture: only plain IPv6.
-            addr6 = ipaddress.IPv6Address(inner)
-        except ValueError:
-            raise InvalidRemote(f"host {_show(raw_host)} is not a valid IPv6 address") from None
-        return f"[{addr6.compressed}]", addr6
-    if not raw_host:
-        raise InvalidRemote("the URL has no host")
-    if not raw_host.isascii():
-        return _check_hostname(raw_host), None
-    lowered = raw_host.lower()
-    addr4 = _parse_legacy_ipv4(lowered[:-1] if lowered.endswith(".") else lowered)
-    if addr4 is not None:
-        # Canonical dotted-quad: git/curl never see the exotic spelling.
-        return str(addr4), addr4
-    return _check_hostname(raw_host), None
-
-
-def _resolve(host: str, port: int, policy: RemotePolicy) -> tuple[str, ...]:
-    resolver = policy.resolve or _default_resolve
-    try:
-        answers = resolver(host, port)
-    except (OSError, UnicodeError, ValueError):
-        answers = []
-    if not answers:
-        # GitLab: "Host cannot be resolved" is a refusal, not a pass (G6).
-        raise InvalidRemote(f"host {_show(host)} could not be resolved")
-    pinned: list[str] = []
-    for answer in answers:
-        addr = _parse_ip(str(answer))
-        why = _refusal(addr, policy)
-        if why is not None:
-            # ANY internal answer refuses the host: with several A records the
-            # client may pick any of them (G6, Gitea checkByAllowBlockList).
-            raise InvalidRemote(
-                f"host {_show(host)} resolves to {addr}, which {why}; "
-                "internal addresses are not accepted"
-            )
-        text = str(addr)
-        if text not in pinned:
-            pinned.append(text)
-    return tuple(pinned)
 
 
 # --------------------------------------------------------------------------- paths
@@ -460,7 +171,7 @@ def _local_remote(path_text: str, policy: RemotePolicy) -> Remote:
         # Same message whether or not the target exists: no existence oracle.
         raise InvalidRemote("local path is not under an allowed repository root")
     text = str(resolved)
-    if _has_unsafe_chars(text) or any(seg.startswith("-") for seg in text.split("/")):
+    if has_unsafe_chars(text) or any(seg.startswith("-") for seg in text.split("/")):
         raise InvalidRemote("local path resolves to a name that is not accepted")
     try:
         is_dir = resolved.is_dir()
@@ -496,7 +207,7 @@ def _network_remote(
             raise InvalidRemote("the ssh user name is not valid")
     # Host and literal-address checks come first: they are the security
     # decision and the most useful message for an SSRF attempt.
-    host_text, literal = _parse_host(raw_host)
+    host_text, literal = parse_host(raw_host)
     if literal is not None:
         check_address(str(literal), policy)
     if port is not None:
@@ -515,7 +226,7 @@ def _network_remote(
         pinned = (str(literal),)
     elif policy.resolve_hosts:
         # Last: only a URL that is otherwise valid costs a DNS query.
-        pinned = _resolve(host_text, effective_port, policy)
+        pinned = resolve_pinned(host_text, effective_port, policy)
     userinfo = f"{user}@" if user is not None else ""
     hostport = host_text + (f":{port}" if port is not None else "")
     if scp:
@@ -545,7 +256,7 @@ def parse_remote(raw: str, policy: RemotePolicy) -> Remote:
     text = raw.strip(" ")
     if not text.strip():
         raise InvalidRemote("enter a repository URL")
-    if _has_unsafe_chars(text):
+    if has_unsafe_chars(text):
         raise InvalidRemote("the repository URL contains control or whitespace characters")
     if text.startswith("-"):
         # ``--upload-pack=…``, ``-u …``, ``-oProxyCommand=…`` (G2, G12).
@@ -576,7 +287,7 @@ def parse_remote(raw: str, policy: RemotePolicy) -> Remote:
             return _local_remote(local_path, policy)
         if scheme not in _NETWORK_SCHEMES:
             raise InvalidRemote(
-                f"scheme {_show(scheme)} is not accepted; use https, http, ssh or git"
+                f"scheme {show(scheme)} is not accepted; use https, http, ssh or git"
             )
         if not rest.isascii():
             raise InvalidRemote(
@@ -624,79 +335,3 @@ def parse_remote(raw: str, policy: RemotePolicy) -> Remote:
     raise InvalidRemote(
         "unrecognised repository URL; use https://host/owner/repo or user@host:owner/repo"
     )
-
-
-# --------------------------------------------------------------------------- branches
-
-_BRANCH_FORBIDDEN = frozenset("~^:?*[\\")
-
-
-def normalise_branch(raw: str | None) -> str:
-    """Validate a branch name (``git check-ref-format --branch`` rules, stricter).
-
-    Returns "" for "use the default branch".  A leading ``refs/heads/`` is
-    dropped.  Refuses anything git could read as an option or a revision
-    expression (``--output=…``, ``HEAD@{-1}``, ``a..b``), G3."""
-    if raw is None:
-        return ""
-    name = raw.strip(" ")
-    if not name:
-        return ""
-    if len(name) > MAX_BRANCH_LENGTH:
-        raise InvalidRemote(f"branch name is longer than {MAX_BRANCH_LENGTH} characters")
-    if _has_unsafe_chars(name):
-        raise InvalidRemote("branch name contains control or whitespace characters")
-    if name.startswith("-"):
-        # --output=/tmp/pwn, -o/tmp/pwn, --exec=…: option injection into git.
-        raise InvalidRemote("branch name must not start with '-'")
-    if name.startswith("refs/heads/"):
-        name = name[len("refs/heads/") :]
-        if not name:
-            raise InvalidRemote("branch name is empty")
-    if any(ch in _BRANCH_FORBIDDEN for ch in name):
-        raise InvalidRemote("branch name contains one of ~ ^ : ? * [ \\")
-    if ".." in name:
-        # Range syntax and ../ path traversal (CVE-2023-41040).
-        raise InvalidRemote("branch name must not contain '..'")
-    if "@{" in name or name == "@":
-        # Reflog syntax (HEAD@{-1}) selects another revision.
-        raise InvalidRemote("branch name must not contain '@{' or be '@'")
-    if name.startswith("/") or name.endswith("/") or "//" in name:
-        raise InvalidRemote("branch name must not start or end with '/' or contain '//'")
-    if name.endswith(".") or name.endswith(".lock"):
-        raise InvalidRemote("branch name must not end with '.' or '.lock'")
-    for component in name.split("/"):
-        if component.startswith(".") or component.startswith("-"):
-            raise InvalidRemote("a branch name component must not start with '.' or '-'")
-        if component.endswith(".lock"):
-            raise InvalidRemote("a branch name component must not end with '.lock'")
-    if name == "HEAD":
-        raise InvalidRemote("'HEAD' is not a branch name")
-    return name
-
-
-# --------------------------------------------------------------------------- redaction
-
-_URL_USERINFO = re.compile(
-    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/\s?#@]*(?:@[^/\s?#@]*)*)@"
-)
-_AUTH_HEADER = re.compile(r"(?i)(authorization\s*[:=]\s*)(?:(?:basic|bearer|token)\s+)?\S+")
-
-
-def redact(text: str) -> str:
-    """Remove userinfo (``user:pass@``, ``TOKEN@``) from URLs and Authorization
-    header values in ``text`` (G9: logs, exceptions, RQ ``exc_info``).
-
-    For ssh URLs only a password is removed; a bare ssh user (``git@``) is not
-    a secret and keeping it makes errors useful."""
-
-    def fix(m: re.Match[str]) -> str:
-        scheme, info = m.group("scheme"), m.group("info")
-        if "ssh" in scheme.lower() and ":" not in info and "@" not in info:
-            return m.group(0)
-        if "ssh" in scheme.lower() and ":" in info:
-            return f"{scheme}{info.split(':', 1)[0]}:<redacted>@"
-        return f"{scheme}<redacted>@"
-
-    text = _URL_USERINFO.sub(fix, text)
-    return _AUTH_HEADER.sub(r"\1<redacted>", text)

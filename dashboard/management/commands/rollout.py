@@ -21,12 +21,11 @@ from dashboard.checklists import describe_rollout, rollout_checklist
 from dashboard.deploylock import (
     RolloutDriver,
     abort_rollout,
-    describe_lock,
     rollback_rollout,
     takeover_rollout,
 )
 from dashboard.models import AnalyzerVersion, Rollout
-from dashboard.rollouts import ensure_baseline
+from dashboard.rollouts import describe_lock, ensure_baseline
 from dashboard.warming import warm_rollout
 from workers import lockkeys
 

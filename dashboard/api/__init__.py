@@ -1,0 +1,41 @@
+"""JSON API (DESIGN §10): session or ``Authorization: Bearer <token>``.
+
+One module per resource, each a thin adapter over the domain modules; ``endpoint``
+holds what they share (the ``api_view`` decorator: authentication, method, rate limit,
+JSON errors).  ``dashboard/urls.py`` routes to the names re-exported here.
+"""
+
+from __future__ import annotations
+
+from dashboard.api.commits import commit_detail, repo_reanalyse
+from dashboard.api.dlq import bulk_action, dlq, dlq_discard, dlq_group, dlq_retry
+from dashboard.api.endpoint import not_found
+from dashboard.api.metrics import metrics
+from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
+from dashboard.api.repos import repo_commits, repo_detail, repos
+from dashboard.api.rollouts import rollout_action, rollout_detail, rollouts_collection
+from dashboard.api.runs import run_detail, runs
+
+__all__ = [
+    "bulk_action",
+    "commit_detail",
+    "dlq",
+    "dlq_discard",
+    "dlq_group",
+    "dlq_retry",
+    "lock_release",
+    "metrics",
+    "not_found",
+    "queue_pause",
+    "queue_resume",
+    "repo_commits",
+    "repo_detail",
+    "repo_reanalyse",
+    "repos",
+    "rollout_action",
+    "rollout_detail",
+    "rollouts_collection",
+    "run_detail",
+    "runs",
+    "status",
+]

@@ -1,0 +1,76 @@
+"""Repositories over the API: submit one, its status (and summary), its commits."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api.endpoint import api_view, error, json_body, rate_limited
+from dashboard.commits import BadCursor, commit_dict, commit_page
+from dashboard.models import Repository
+from dashboard.repositories import (
+    InvalidRemote,
+    current_fingerprint,
+    repository_status,
+    submit_repository,
+)
+from dashboard.summaries import repository_summary
+
+
+@api_view(("POST",))
+def repos(request: HttpRequest) -> HttpResponse:
+    limited = rate_limited(request, "submit")
+    if limited is not None:
+        return limited
+    data = json_body(request)
+    url = data.get("url")
+    branch = data.get("branch")
+    if not isinstance(url, str) or not url.strip():
+        return error("url is required", 400)
+    if branch is not None and not isinstance(branch, str):
+        return error("branch must be a string", 400)
+    try:
+        repo, created = submit_repository(url=url, branch=branch, user=request.user)
+    except InvalidRemote as exc:
+        return error(str(exc), 400)
+    return JsonResponse(repository_status(repo), status=202 if created else 200)
+
+
+def _repo_or_404(repo_id: int) -> Repository | None:
+    return Repository.objects.filter(pk=repo_id).first()
+
+
+@api_view(("GET",))
+def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
+    repo = _repo_or_404(repo_id)
+    if repo is None:
+        return error("repository not found", 404)
+    body = repository_status(repo)
+    if request.GET.get("summary") in {"1", "true"}:
+        body["summary"] = repository_summary(repo, current_fingerprint())
+    return JsonResponse(body)
+
+
+@api_view(("GET",))
+def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
+    repo = _repo_or_404(repo_id)
+    if repo is None:
+        return error("repository not found", 404)
+    raw_limit = request.GET.get("limit", "50")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        return error("limit must be an integer", 400)
+    if not 1 <= limit <= 1000:
+        return error("limit must be between 1 and 1000", 400)
+    try:
+        rows, nxt = commit_page(
+            repo,
+            fingerprint=current_fingerprint(),
+            limit=limit,
+            cursor=request.GET.get("cursor") or None,
+            with_files=request.GET.get("files") in {"1", "true"},
+        )
+    except BadCursor:
+        return error("invalid cursor", 400)
+    results = [commit_dict(c, getattr(c, "file_rows", None)) for c in rows]
+    return JsonResponse({"results": results, "next": nxt})

@@ -1,0 +1,227 @@
+"""Rollouts over the API (DESIGN §7, docs/rollouts.md).
+
+``POST /api/rollouts`` starts one (CI after a merge), ``GET`` lists them; the actions
+go to the rollout's driver or, for a dead driver, take the deploy lock here
+(dashboard.deploylock). Every refusal is audited; accepted actions are audited by the
+rollout's own timeline (rollouts.record_event writes an AuditEntry per event).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api.endpoint import api_view, error, int_param, json_body, permitted, rate_limited
+from dashboard.audit import record_audit
+from dashboard.checklists import describe_rollout
+from dashboard.deploylock import abort_rollout, driver_alive, rollback_rollout
+from dashboard.models import Rollout
+from dashboard.rollouts import QUEUE as ROLLOUT_QUEUE
+from dashboard.rollouts import (
+    RolloutBusy,
+    RolloutError,
+    actor_name,
+    enqueue_driver_job,
+    request_action,
+    start_rollout,
+)
+
+ROLLOUT_ACTIONS = {
+    "promote": "dashboard.start_rollout",
+    "rollback": "dashboard.rollback_rollout",
+    "abort": "dashboard.rollback_rollout",
+    "takeover": "dashboard.rollback_rollout",
+}
+_ROLLOUT_VIEWERS = (
+    "dashboard.view_jobrun",
+    "dashboard.start_rollout",
+    "dashboard.rollback_rollout",
+)
+
+
+def _refuse_rollout(
+    request: HttpRequest, action: str, target: str, why: str, status: int
+) -> JsonResponse:
+    record_audit(
+        user=request.user, action=f"rollout.{action}", target=target, outcome=f"refused: {why}"
+    )
+    return error(why, status)
+
+
+def _rollout_reader(request: HttpRequest) -> JsonResponse | None:
+    if any(request.user.has_perm(p) for p in _ROLLOUT_VIEWERS):
+        return None
+    return error("rollouts need the view_jobrun, start_rollout or rollback_rollout permission", 403)
+
+
+@api_view(("GET", "POST"))
+def rollouts_collection(request: HttpRequest) -> HttpResponse:
+    """``GET`` → ``{"rollouts": [...]}`` (newest first, ``?queue=``, ``?limit=``);
+    ``POST {queue?, config, steps?, auto?, warm_set?, options?}`` → 202 ``{id, state,
+    rollout}``: the rollout is pending until its driver (the ``rollouts`` queue) takes
+    the deploy lock; poll ``GET /api/rollouts/<id>``."""
+    if request.method == "GET":
+        if (refused := _rollout_reader(request)) is not None:
+            return refused
+        rows = Rollout.objects.select_related("version", "previous").order_by("-created_at", "-id")
+        if request.GET.get("queue"):
+            rows = rows.filter(queue=request.GET["queue"])
+        limit = int_param(request, "limit", 50, 1, 200)
+        return JsonResponse({"rollouts": [describe_rollout(r) for r in rows[:limit]]})
+    if not permitted(request, "dashboard.start_rollout"):
+        return _refuse_rollout(
+            request, "start", request.path, "you do not have permission to start rollouts", 403
+        )
+    limited = rate_limited(request, "submit")
+    if limited is not None:
+        return limited
+    try:
+        data = json_body(request)
+        spec = _rollout_spec(data)
+    except ValueError as exc:
+        return _refuse_rollout(request, "start", request.path, str(exc), 400)
+    try:
+        ro = start_rollout(actor=request.user, **spec)
+    except RolloutBusy as exc:
+        return _refuse_rollout(request, "start", spec["queue"], str(exc), 409)
+    except RolloutError as exc:
+        return _refuse_rollout(request, "start", spec["queue"], str(exc), 400)
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    return JsonResponse(
+        {"id": ro.pk, "state": ro.state, "rollout": describe_rollout(ro)}, status=202
+    )
+
+
+def _rollout_spec(data: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``POST /api/rollouts`` checked for shape (values are checked by
+    ``start_rollout``): ValueError naming the field otherwise."""
+    unknown = sorted(set(data) - {"queue", "config", "steps", "auto", "warm_set", "options"})
+    if unknown:
+        raise ValueError(f"unknown field(s): {', '.join(unknown)}")
+    queue = data.get("queue", ROLLOUT_QUEUE)
+    if queue != ROLLOUT_QUEUE:
+        raise ValueError(f'"queue" must be {ROLLOUT_QUEUE!r} (the only logical queue)')
+    config = data.get("config")
+    if not isinstance(config, dict):
+        raise ValueError('"config" must be a JSON object, e.g. {"detect_renames": true}')
+    steps = data.get("steps")
+    if steps is not None and not (
+        isinstance(steps, list)
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+    ):
+        raise ValueError('"steps" must be a list of percentages, e.g. [10, 50, 100]')
+    auto = data.get("auto", False)
+    if not isinstance(auto, bool):
+        raise ValueError('"auto" must be true or false')
+    for name in ("warm_set", "options"):
+        if not isinstance(data.get(name, {}), dict):
+            raise ValueError(f'"{name}" must be a JSON object')
+    return {
+        "queue": queue,
+        "config": config,
+        "steps": steps,
+        "auto": auto,
+        "warm_set": _warm_spec(data.get("warm_set") or {}),
+        "options": data.get("options") or {},
+    }
+
+
+def _warm_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("repositories", "commits_per_repository"):
+        if key in spec:
+            value = spec[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f'"warm_set.{key}" must be a positive integer')
+            out[key] = value
+    if "threshold" in spec:
+        value = spec["threshold"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise ValueError('"warm_set.threshold" must be a number in (0, 1]')
+        out["threshold"] = float(value)
+    unknown = sorted(set(spec) - {"repositories", "commits_per_repository", "threshold"})
+    if unknown:
+        raise ValueError(f"unknown warm_set field(s): {', '.join(unknown)}")
+    return out
+
+
+@api_view(("GET",))
+def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """One rollout with its versions' states and its timeline."""
+    if (refused := _rollout_reader(request)) is not None:
+        return refused
+    ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
+    if ro is None:
+        return error(f"no rollout #{rollout_id}", 404)
+    return JsonResponse(describe_rollout(ro, timeline=True))
+
+
+@api_view(("POST",))
+def rollout_action(request: HttpRequest, rollout_id: int, action: str) -> HttpResponse:
+    """``POST /api/rollouts/<id>/promote|rollback|abort|takeover`` ``{reason?, force?}``.
+
+    * promote — asks the driver for the next step (current after the last): 202;
+    * rollback — the one button: a live driver is asked (202); a dead one's lock is
+      taken here, routing goes back at once and the lock is released (200);
+    * abort — for a dead driver (or ``force``): 200;
+    * takeover — a dead driver's rollout gets a new driver job on the ``rollouts``
+      queue (202); a live one is refused (409).
+    """
+    target = f"rollout #{rollout_id}"
+    perm = ROLLOUT_ACTIONS.get(action)
+    if perm is None:
+        return error(f"unknown action {action!r}: one of {', '.join(ROLLOUT_ACTIONS)}", 404)
+    if not permitted(request, perm):
+        return _refuse_rollout(
+            request, action, target, f"you do not have permission to {action} rollouts", 403
+        )
+    try:
+        data = json_body(request)
+    except ValueError as exc:
+        return _refuse_rollout(request, action, target, str(exc), 400)
+    reason, force = data.get("reason", ""), data.get("force", False)
+    if not isinstance(reason, str) or len(reason) > 500:
+        return _refuse_rollout(
+            request, action, target, '"reason" must be a string (≤ 500 characters)', 400
+        )
+    if not isinstance(force, bool):
+        return _refuse_rollout(request, action, target, '"force" must be true or false', 400)
+    ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
+    if ro is None:
+        return error(f"no rollout #{rollout_id}", 404)
+    try:
+        ro, status = _run_rollout_action(request, ro, action, reason, force)
+    except RolloutBusy as exc:
+        return _refuse_rollout(request, action, target, str(exc), 409)
+    except RolloutError as exc:
+        return _refuse_rollout(request, action, target, str(exc), 409)
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    return JsonResponse(describe_rollout(ro, timeline=True), status=status)
+
+
+def _run_rollout_action(
+    request: HttpRequest, ro: Rollout, action: str, reason: str, force: bool
+) -> tuple[Rollout, int]:
+    actor = request.user
+    if action == "promote":
+        return request_action(rollout=ro, action="promote", actor=actor), 202
+    if action == "rollback":
+        delegated = driver_alive(ro) and not force
+        done = rollback_rollout(
+            rollout=ro.pk, actor=actor, reason=reason or "rollback", force=force
+        )
+        return done, 202 if delegated else 200
+    if action == "abort":
+        return abort_rollout(rollout=ro.pk, actor=actor, reason=reason or "abort", force=force), 200
+    if not ro.is_active:
+        raise RolloutError(f"rollout #{ro.pk} is {ro.state}: nothing to take over")
+    if driver_alive(ro):
+        raise RolloutBusy(
+            f"rollout #{ro.pk} is still driven by {ro.lock_holder}: nothing to take over"
+        )
+    if not enqueue_driver_job(ro.pk, takeover=True, actor=actor_name(actor)):
+        raise RolloutBusy(f"a takeover driver job of rollout #{ro.pk} exists already")
+    record_audit(user=actor, action="rollout.takeover", target=f"rollout #{ro.pk}",
+                 outcome="driver job enqueued", detail={"reason": reason})  # fmt: skip
+    return ro, 202

@@ -1,0 +1,51 @@
+"""Job runs over the API: search them, and one run with its attempts and trace."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api.endpoint import api_view, error, int_param, operator_refusal
+from dashboard.deadletters import run_dict
+from dashboard.models import JobRun
+from dashboard.runs import search_runs
+from dashboard.traces import run_trace
+
+
+@api_view(("GET",))
+def runs(request: HttpRequest) -> HttpResponse:
+    """Search job runs: ``state``, ``kind``, ``repo`` (id), ``q`` (text in job id, cause,
+    error, repository URL), newest first, keyset-paginated with ``before`` (a run id)."""
+
+    if (refused := operator_refusal(request)) is not None:
+        return refused
+    state, kind = request.GET.get("state", ""), request.GET.get("kind", "")
+    if state and state not in JobRun.State.values:
+        return error(f"state must be one of {', '.join(JobRun.State.values)}", 400)
+    if kind and kind not in JobRun.Kind.values:
+        return error(f"kind must be one of {', '.join(JobRun.Kind.values)}", 400)
+    for name in ("repo", "before"):
+        raw = request.GET.get(name)
+        if raw and not raw.isdigit():
+            return error(f"{name} must be an integer", 400)
+    repo, before = request.GET.get("repo"), request.GET.get("before")
+    rows, nxt = search_runs(
+        state=state,
+        kind=kind,
+        repo=int(repo) if repo else None,
+        text=request.GET.get("q", ""),
+        before=int(before) if before else None,
+        limit=int_param(request, "limit", 50, 1, 200),
+    )
+    return JsonResponse({"results": [run_dict(r) for r in rows], "next": nxt})
+
+
+@api_view(("GET",))
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run with every attempt and its trace (the run page's data)."""
+
+    if (refused := operator_refusal(request)) is not None:
+        return refused
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        return error("run not found", 404)
+    return JsonResponse(run_trace(found))

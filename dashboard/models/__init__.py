@@ -1,0 +1,47 @@
+"""gitward's tables, one module per domain noun. Behaviour of one row lives with its
+model; multi-model work lives in the ``dashboard/<noun>.py`` modules.
+
+Django finds the models through this package; every model is re-exported here, so
+``from dashboard.models import Repository`` stays the one way to import them.
+"""
+
+from __future__ import annotations
+
+from dashboard.models.accounts import ApiToken, AuditEntry
+from dashboard.models.jobs import (
+    BulkAction,
+    FenceToken,
+    JobAttempt,
+    JobRun,
+    QueueSample,
+    WorkerBeat,
+)
+from dashboard.models.repositories import (
+    Chunk,
+    Commit,
+    FileChange,
+    Repository,
+    RepositoryView,
+    Summary,
+)
+from dashboard.models.rollouts import AnalyzerVersion, Rollout, RolloutEvent
+
+__all__ = [
+    "AnalyzerVersion",
+    "ApiToken",
+    "AuditEntry",
+    "BulkAction",
+    "Chunk",
+    "Commit",
+    "FenceToken",
+    "FileChange",
+    "JobAttempt",
+    "JobRun",
+    "QueueSample",
+    "Repository",
+    "RepositoryView",
+    "Rollout",
+    "RolloutEvent",
+    "Summary",
+    "WorkerBeat",
+]

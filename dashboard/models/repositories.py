@@ -1,0 +1,232 @@
+"""Repositories and what their analysis stores: chunks, commits, file changes,
+summaries, page views."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from workers import lockkeys
+
+
+class Repository(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        SYNCING = "syncing"
+        ANALYZING = "analyzing"
+        READY = "ready"
+        FAILED = "failed"
+
+    #: Normalised URL (``workers.remotes``); with ``branch`` it identifies the repository.
+    url = models.CharField(max_length=2048)
+    #: The URL handed to git (the submitted form, validated); ``url`` is only the dedup key.
+    fetch_url = models.CharField(max_length=2048, blank=True, default="")
+    #: Branch to analyse; "" means the remote's default branch (its HEAD).
+    branch = models.CharField(max_length=255, blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    error = models.TextField(blank=True, default="")
+    head = models.CharField(max_length=40, blank=True, default="")
+    #: Analyzer fingerprint the last sync planned work for.
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
+    commits_total = models.IntegerField(default=0)
+    #: Bumped by every accepted (re)submission; part of the sync job id so that one
+    #: generation is synced at most once however often it is submitted.
+    generation = models.IntegerField(default=1)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    synced_at = models.DateTimeField(null=True, blank=True)
+    analyzed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["url", "branch"], name="repository_url_branch_unique")
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def name(self) -> str:
+        tail = self.url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        return tail.removesuffix(".git") or self.url
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in {self.Status.QUEUED, self.Status.SYNCING, self.Status.ANALYZING}
+
+    def sync_job_id(self) -> str:
+        return f"sync-{self.pk}-g{self.generation}"
+
+    def lock_key(self) -> str:
+        """The mirror lock: held by every write to this repository's mirror."""
+        return lockkeys.mirror(self.pk)
+
+    def fail(self, reason: str, *, generation: int | None = None) -> bool:
+        """Mark the repository failed with a readable reason; True if it changed.
+
+        A ready repository is left alone, and with ``generation`` only that generation
+        is failed (a newer submission is not failed by an old job). One conditional
+        UPDATE: a concurrent re-submission (which bumps the generation) or completion
+        either happened before it, and the row does not match, or after it, and wins.
+        """
+        qs = Repository.objects.filter(pk=self.pk)
+        if generation is not None:
+            qs = qs.filter(generation=generation)
+        now = timezone.now()
+        updated = qs.exclude(status=self.Status.READY).update(
+            status=self.Status.FAILED, error=reason[:2000], updated_at=now
+        )
+        if updated:
+            self.status, self.error, self.updated_at = self.Status.FAILED, reason[:2000], now
+        return bool(updated)
+
+
+class Chunk(models.Model):
+    """A planned slice of one repository's history for one analyzer fingerprint.
+
+    Boundaries are content-defined (``dashboard.chunks``), so re-planning the same
+    pending commits yields the same keys and therefore the same job ids.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="chunks")
+    fingerprint = models.CharField(max_length=64)
+    #: ``{first_sha}..{last_sha}``, or the sha of a single-commit chunk.
+    key = models.CharField(max_length=100)
+    shas = models.TextField()
+    size = models.IntegerField()
+    position = models.IntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    token = models.BigIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint", "key"], name="chunk_repo_fp_key_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["repository", "fingerprint", "state"])]
+
+    def sha_list(self) -> list[str]:
+        return self.shas.split()
+
+    def lock_key(self) -> str:
+        return lockkeys.chunk(self.repository_id, self.key)
+
+    def job_id(self) -> str:
+        # RQ ids allow letters, digits, "-" and "_" only: "first..last" becomes "first-last".
+        return f"analyze-{self.repository_id}-{self.fingerprint[:12]}-{self.key.replace('..', '-')}"
+
+
+class Commit(models.Model):
+    """One analysed commit (DESIGN §3), stored once per (repository, sha, fingerprint)."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="commits")
+    fingerprint = models.CharField(max_length=64)
+    sha = models.CharField(max_length=40)
+    parents = models.TextField(blank=True, default="")  # git has no limit: Linux has 66
+    author_name = models.CharField(max_length=512)
+    author_email = models.CharField(max_length=512)
+    author_canonical_name = models.CharField(max_length=512)
+    author_canonical_email = models.CharField(max_length=512)
+    authored_at = models.DateTimeField()
+    author_tz = models.SmallIntegerField(default=0)  # UTC offset in minutes
+    committer_name = models.CharField(max_length=512)
+    committer_email = models.CharField(max_length=512)
+    committed_at = models.DateTimeField()
+    committer_tz = models.SmallIntegerField(default=0)
+    subject = models.TextField()
+    is_merge = models.BooleanField(default=False)
+    files_changed = models.IntegerField(default=0)
+    insertions = models.IntegerField(default=0)
+    deletions = models.IntegerField(default=0)
+    #: Fencing token of the chunk lock that wrote this row.
+    token = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint", "sha"], name="commit_repo_fp_sha_unique"
+            )
+        ]
+        indexes = [
+            # Keyset pagination: newest first, ties broken by id.
+            models.Index(
+                fields=["repository", "fingerprint", "-committed_at", "-id"],
+                name="commit_page_idx",
+            )
+        ]
+
+    def parent_list(self) -> list[str]:
+        return self.parents.split()
+
+
+class FileChange(models.Model):
+    """One file of one commit's first-parent diff (DESIGN §3)."""
+
+    commit = models.ForeignKey(Commit, on_delete=models.CASCADE, related_name="files")
+    #: Denormalised so per-repository aggregates need no join.
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    path = models.TextField()
+    added = models.IntegerField(default=0)
+    deleted = models.IntegerField(default=0)
+    binary = models.BooleanField(default=False)
+    language = models.CharField(max_length=40, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            # Hotspots and languages group from these indexes without reading rows.
+            models.Index(
+                fields=["repository", "fingerprint", "path", "added", "deleted"],
+                name="file_repo_fp_path_idx",
+            ),
+            models.Index(
+                fields=["repository", "fingerprint", "language", "added", "deleted"],
+                name="file_repo_fp_lang_idx",
+            ),
+        ]
+
+
+class Summary(models.Model):
+    """Cached aggregates of one repository for one fingerprint, valid while
+    ``commits`` equals the number of stored commits."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    commits = models.IntegerField()
+    data = models.JSONField()
+    computed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint"], name="summary_repo_fp_unique"
+            )
+        ]
+
+
+class RepositoryView(models.Model):
+    """Page views of one repository per day: what "most viewed" means for the warm set."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="page_views")
+    day = models.DateField()
+    views = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["repository", "day"], name="repositoryview_day_unique")
+        ]

@@ -1,0 +1,174 @@
+"""Rollouts (DESIGN §7): analyzer versions, rollouts and their timelines."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class AnalyzerVersion(models.Model):
+    """One analyzer version (code version + config) of one logical queue.
+
+    State changes go through ``dashboard.rollouts.do_transition`` only; the constraints
+    below repeat its invariants so that even a raw ORM write cannot break them.
+    """
+
+    class State(models.TextChoices):
+        REGISTERED = "registered"
+        WARMING = "warming"
+        WARM_FAILED = "warm_failed"
+        VERIFIED = "verified"
+        RAMPING = "ramping"
+        CURRENT = "current"
+        DRAINING = "draining"
+        DRAINED = "drained"
+        RETIRED = "retired"
+
+    #: The logical queue (``analysis``); the physical one is ``{queue}@{fingerprint[:8]}``.
+    queue = models.CharField(max_length=100, default="analysis")
+    fingerprint = models.CharField(max_length=64)
+    code_version = models.CharField(max_length=64)
+    #: The normalised analyzer config the fingerprint was computed from.
+    config = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.REGISTERED)
+    #: Share of new work routed here; non-zero only while ``ramping``.
+    ramp_percent = models.PositiveSmallIntegerField(default=0)
+    #: Set when the warming gate passed: routing never reaches a version without it.
+    verified_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "fingerprint"], name="analyzerversion_queue_fp_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["queue"],
+                condition=models.Q(state="current"),
+                name="analyzerversion_one_current_per_queue",
+            ),
+            models.UniqueConstraint(
+                fields=["queue"],
+                condition=models.Q(state="ramping"),
+                name="analyzerversion_one_ramping_per_queue",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(ramp_percent__gte=0, ramp_percent__lte=100),
+                name="analyzerversion_ramp_0_100",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state="ramping") | models.Q(ramp_percent=0),
+                name="analyzerversion_ramp_only_when_ramping",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state__in=["verified", "ramping"])
+                | models.Q(verified_at__isnull=False),
+                name="analyzerversion_routable_only_when_verified",
+            ),
+        ]
+        ordering = ["queue", "-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.queue}@{self.fingerprint[:12]} ({self.state})"
+
+    @property
+    def fp12(self) -> str:
+        return self.fingerprint[:12]
+
+
+class Rollout(models.Model):
+    """One attempt to bring a version live on a queue; owns the queue's deploy lock.
+
+    ``lock_holder``/``lock_token``/``lock_since``/``heartbeat_at`` describe the driver
+    that holds ``locks:queue:{queue}:deploy`` (Redlock + fencing token); a newer token
+    (takeover) makes every routing change presenting the older one fail.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # created, its driver has not taken the deploy lock yet
+        ACTIVE = "active"  # lock held; the version's state says where it is
+        ROLLING_BACK = "rolling_back"  # routed back; waiting for the bad version to drain
+        COMPLETED = "completed"
+        ROLLED_BACK = "rolled_back"
+        FAILED = "failed"
+        ABORTED = "aborted"
+
+    ACTIVE_STATES = ("pending", "active", "rolling_back")
+
+    queue = models.CharField(max_length=100, default="analysis")
+    version = models.ForeignKey(AnalyzerVersion, on_delete=models.PROTECT, related_name="rollouts")
+    previous = models.ForeignKey(
+        AnalyzerVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    #: Ramp percentages, e.g. ``[10, 50, 100]``; ``step_index`` is the one applied last.
+    steps = models.JSONField(default=list)
+    step_index = models.SmallIntegerField(default=-1)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    auto = models.BooleanField(default=False)
+    #: Driver knobs: ``step_pause`` (s between automatic steps), ``min_samples`` (canary
+    #: attempts before a health verdict), ``warm_timeout`` (s before warming gives up).
+    options = models.JSONField(default=dict)
+    started_by = models.CharField(max_length=150)
+    lock_holder = models.CharField(max_length=255, blank=True, default="")
+    lock_token = models.BigIntegerField(null=True, blank=True)
+    lock_since = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    #: An operator's request to the driver: ``{"action": "promote", "actor": ..., "id": n}``.
+    pending_action = models.JSONField(null=True, blank=True)
+    #: What to warm: ``{"repositories": n, "commits_per_repository": k, "threshold": f,
+    #: "items": [[repo_id, [sha, ...]], ...]}``.
+    warm_set = models.JSONField(default=dict)
+    verdict = models.JSONField(default=dict)
+    diff = models.JSONField(default=dict)
+    outcome = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue"],
+                condition=models.Q(state__in=["pending", "active", "rolling_back"]),
+                name="rollout_one_active_per_queue",
+            )
+        ]
+        ordering = ["-created_at", "-id"]
+        permissions = [
+            ("start_rollout", "Can start a rollout"),
+            ("rollback_rollout", "Can roll back, abort or take over a rollout"),
+        ]
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+
+class RolloutEvent(models.Model):
+    """One step of a rollout: a version transition, a lock event, a verdict, an action.
+
+    The rollout page's timeline and the release checklist are both read from here.
+    """
+
+    rollout = models.ForeignKey(
+        Rollout, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    version = models.ForeignKey(
+        AnalyzerVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    #: ``transition`` (of ``version``), ``rollout`` (of the rollout's own state),
+    #: ``lock.taken``, ``lock.released``, ``lock.lost``, ``takeover``, ``verdict``,
+    #: ``diff``, ``action.requested``, ``drain.check``, ``note``.
+    action = models.CharField(max_length=40)
+    from_state = models.CharField(max_length=16, blank=True, default="")
+    to_state = models.CharField(max_length=16, blank=True, default="")
+    actor = models.CharField(max_length=150)
+    reason = models.TextField(blank=True, default="")
+    token = models.BigIntegerField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["at", "id"]
