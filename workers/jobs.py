@@ -38,7 +38,7 @@ from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.mirror import (
     HEAD_REF,
     RepositoryUnavailable,
-    is_valid,
+    mirror_head,
     mirror_path,
     pins_for,
     update_mirror,
@@ -271,10 +271,20 @@ def _ensure_mirror(
 
     Each worker host has its own workspace, so an analyze job may run where no sync
     ran: it then brings the mirror up to date itself, holding the same lock a sync would.
+
+    The usual case costs no git process: the mirror's head ref (read from its ref files,
+    ``mirror_head``) is the head the repository was last planned from, so every commit
+    of the plan is in it. Otherwise (another host synced, the mirror is behind or gone)
+    one ``cat-file -e`` asks git for ``need``. A chunk of an older plan whose commits a
+    force-push dropped passes the first check as it passed ``cat-file`` before: nothing
+    is ever pruned (``gc.auto=0``), so its objects are still there.
     """
     path = mirror_path(Path(settings.WORKSPACE), repo.pk)
+    head = mirror_head(path)
+    if head is not None and (need is None or head == repo.head):
+        return path
     runner = Runner(groups=groups)
-    if is_valid(path, runner) and (need is None or _has_commit(runner, path, need)):
+    if head is not None and need is not None and _has_commit(runner, path, need):
         return path
     remote = validate_remote(repo.fetch_url or repo.url)
     with _locked(repo.lock_key(), attempt, groups) as lock:
