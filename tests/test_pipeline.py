@@ -74,6 +74,9 @@ def test_it_analyses_every_commit_of_a_submitted_repository(git_repo: GitRepo) -
     runs = JobRun.objects.filter(repository=repo)
     assert {r.kind for r in runs} == {"sync", "analyze"}
     assert all(r.state == JobRun.State.SUCCEEDED and r.token for r in runs)
+    # the analyze phases are marked in the job and stored with its success
+    for r in runs.filter(kind="analyze"):
+        assert r.lock_acquired_at <= r.analysed_at <= r.written_at <= r.finished_at, r.pk
 
 
 def test_it_splits_history_into_chunks_each_under_its_own_lock(git_repo: GitRepo, settings) -> None:

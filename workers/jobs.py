@@ -148,11 +148,11 @@ def _analyze(attempt: runs.Attempt) -> str:
             records.append(record)
             if len(records) == 1:
                 failpoint("analyze.parsing", repo.name)
-        runs.record_phase(attempt, analysed_at=timezone.now())
+        runs.mark_phase(attempt, analysed_at=timezone.now())
         lock.check()
         failpoint("analyze.before_write", repo.name)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
-    runs.record_phase(attempt, written_at=timezone.now())
+    runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     plans.finish_chunk(chunk)
     return f"stored {written} commits"
 
@@ -173,7 +173,11 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
     if attempt is None:
         return "superseded: this attempt was already claimed or the run moved on"
     try:
-        result = body(attempt)
+        try:
+            result = body(attempt)
+        except BaseException:
+            runs.flush_phases(attempt)  # marked phases are stored with success otherwise
+            raise
     except LockNotAcquired as exc:
         delay = _lock_wait(exc)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
