@@ -572,7 +572,9 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         cpu = tree_cpu_seconds(worker_proc.pid) - cpu_before
         poller.stop_event.set()
         poller.join()
-        pushed = _push_to_results(origin, repo, cfg["push"], cfg["timeout"]) if cfg["push"] else {}
+        pushed = (
+            _push_to_results(origin, repo, cfg["push"], cfg["timeout"]) if cfg.get("push") else {}
+        )
 
         def secs(a: Any, b: Any) -> float:
             return (b - a).total_seconds() if a and b else 0.0
