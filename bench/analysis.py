@@ -572,9 +572,6 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         cpu = tree_cpu_seconds(worker_proc.pid) - cpu_before
         poller.stop_event.set()
         poller.join()
-        pushed = (
-            _push_to_results(origin, repo, cfg["push"], cfg["timeout"]) if cfg.get("push") else {}
-        )
 
         def secs(a: Any, b: Any) -> float:
             return (b - a).total_seconds() if a and b else 0.0
@@ -584,7 +581,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         t_submit = repo.created_at
         first_analyze = min((r.started_at for r in runs), default=None)
         n_runs = max(len(runs), 1)
-        return {
+        result = {
             "cpu_s": cpu,
             "database": connection_vendor(),
             "queue_wait_s_per_chunk": sum(secs(r.enqueued_at, r.started_at) for r in runs) / n_runs,
@@ -611,8 +608,10 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
             "analyze_attempts": sum(r.attempts for r in runs),
             "idle_worker_hwm_mb": idle,
             **poller.summary(),
-            **pushed,
         }
+        if cfg.get("push"):  # after the figures above: it adds runs of its own
+            result.update(_push_to_results(origin, repo, cfg["push"], cfg["timeout"]))
+        return result
     finally:
         if worker_proc is not None:
             _stop_tree(worker_proc)
