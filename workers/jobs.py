@@ -281,11 +281,15 @@ def _ensure_mirror(
     of the plan is in it. Otherwise (another host synced, the mirror is behind or gone)
     one ``cat-file -e`` asks git for ``need``. A chunk of an older plan whose commits a
     force-push dropped passes the first check as it passed ``cat-file`` before: nothing
-    is ever pruned (``gc.auto=0``), so its objects are still there.
+    is ever pruned (``gc.auto=0``), so its objects are still there. Retries always
+    take the git check.
     """
     path = mirror_path(Path(settings.WORKSPACE), repo.pk)
     head = mirror_head(path)
-    if head is not None and (need is None or head == repo.head):
+    # A retry asks git: if the first attempt failed on a damaged mirror whose ref is
+    # intact, the check below finds the object missing and the fetch repairs it
+    # (``update_mirror`` sanitises first), as every attempt did before.
+    if head is not None and attempt.number == 1 and (need is None or head == repo.head):
         return path
     runner = Runner(groups=groups)
     if head is not None and need is not None and _has_commit(runner, path, need):
