@@ -327,3 +327,24 @@ def test_an_analyze_job_reads_a_mirror_whose_ref_moved_but_holds_the_commits(
     assert repo.status == Repository.Status.READY, repo.error
     assert mirror_head(path) == root  # not fetched again
     assert_matches_git(repo, git_repo.path)
+
+
+def test_a_retry_repairs_a_mirror_whose_objects_are_gone_but_whose_ref_is_intact(
+    git_repo: GitRepo, settings
+) -> None:
+    """The first attempt trusts the intact ref and fails on the missing objects; the
+    retry asks git, finds the commit missing, and fetches (sanitising re-clones the
+    broken mirror): the results still equal git's."""
+    repo = _sync_only(git_repo)
+    path = mirror_path(Path(settings.WORKSPACE), repo.pk)
+    gone = [*(path / "objects" / "pack").iterdir(), *(path / "objects").glob("??")]
+    assert gone
+    for p in gone:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    assert mirror_head(path) == repo.head
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    (run,) = JobRun.objects.filter(repository=repo, kind="analyze")
+    assert run.attempts == 2
+    assert_matches_git(repo, git_repo.path)
