@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from workers import history
+from workers import history, numstat
 from workers.analyzer import DEFAULT, AnalyzerConfig
 from workers.history import CommitRecord, HistoryError, list_commits, stream_commits
 from workers.languages import language_for
@@ -705,7 +705,7 @@ def test_path_cache_overflow_and_block_boundaries_do_not_change_results(
     repo.commit("rename some")
     bare = repo.bare()
     expected = [as_dict(c) for c in assert_matches_git(bare, RENAMES)]
-    monkeypatch.setattr(history, "_PATH_CACHE_LIMIT", 1)
+    monkeypatch.setattr(numstat, "_PATH_CACHE_LIMIT", 1)
     monkeypatch.setattr(history, "READ_BLOCK", 7)
     assert [as_dict(c) for c in assert_matches_git(bare, RENAMES)] == expected
     assert [as_dict(c) for c in assert_matches_git(bare)][2]["files"] != expected[2]["files"]

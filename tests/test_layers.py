@@ -55,6 +55,9 @@ TESTED_UNDER = {
     "workers.hosts": "test_remotes",
     "workers.redaction": "test_remotes",
     "workers.remotepolicy": "test_remotes",
+    "workers.numstat": "test_history",  # the parser of the stream history.py reads
+    "workers.fetcherrors": "test_mirror",  # the mirror's fetch failures and limits
+    "workers.mirrorlimits": "test_mirror",
     "dashboard.management": "test_cli",  # the commands, run as a user runs them
     "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
 }

@@ -37,6 +37,7 @@ from workers.locks import LockLost, Redlock
 from workers.mirror import (
     MirrorBusy,
     is_valid,
+    mirror_head,
     mirror_path,
     packs_intact,
     sanitize_mirror,
@@ -151,3 +152,18 @@ def test_a_lease_lost_during_a_clone_stops_it_before_the_rename_and_the_mirror_s
     assert (path / "kept").read_text() == "the previous holder's mirror\n"
     assert not is_valid(path)  # not replaced by the clone
     assert list((workspace / "tmp").iterdir()) == []  # our own temporary is gone
+
+
+def test_mirror_head_reads_the_ref_files_loose_or_packed(synced: tuple[Path, GitRepo]) -> None:
+    """``mirror_head`` (the analyze job's no-git check) names what git resolves, whether
+    the ref is loose or packed, and nothing for a mirror that is not one."""
+    workspace, _origin = synced
+    path = mirror_path(workspace, REPO_ID)
+    want = rev_list(path)[0]
+    assert mirror_head(path) == want
+    subprocess.run(["git", "--git-dir", str(path), "pack-refs", "--all"], check=True)
+    assert not (path / "refs" / "gitward" / "head").exists()
+    assert mirror_head(path) == want
+    (path / "HEAD").unlink()
+    assert mirror_head(path) is None
+    assert mirror_head(workspace / "nothing-here") is None

@@ -3,11 +3,14 @@ real Redis masters, real git and the real database; compared with git itself."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from rq import SimpleWorker
 
 from dashboard import queues
 from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository
@@ -15,6 +18,7 @@ from dashboard.repositories import InvalidRemote, current_fingerprint, submit_re
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo, reference_commits
 from tests.storedcommits import assert_matches_reference
+from workers.mirror import HEAD_REF, mirror_head, mirror_path
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,6 +40,9 @@ def test_it_analyses_every_commit_of_a_submitted_repository(git_repo: GitRepo) -
     runs = JobRun.objects.filter(repository=repo)
     assert {r.kind for r in runs} == {"sync", "analyze"}
     assert all(r.state == JobRun.State.SUCCEEDED and r.token for r in runs)
+    # the analyze phases are marked in the job and stored with its success
+    for r in runs.filter(kind="analyze"):
+        assert r.lock_acquired_at <= r.analysed_at <= r.written_at <= r.finished_at, r.pk
 
 
 def test_it_splits_history_into_chunks_each_under_its_own_lock(git_repo: GitRepo, settings) -> None:
@@ -230,3 +237,80 @@ def test_hostile_but_valid_histories_match_git_exactly(tmp_path: Path, settings)
 
     authors = repository_summary(repo, current_fingerprint())["authors"]
     assert "Zoe Canonical" in {a["name"] for a in authors}
+
+
+def _sync_only(git_repo: GitRepo) -> Repository:
+    """Submit and run only the sync job: the mirror fetched, chunks planned and queued."""
+    repo, _ = submit_repository(url=str(git_repo.path))
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+        burst=True, logging_level="WARNING"
+    )
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.ANALYZING and repo.head == git_repo.head()
+    return repo
+
+
+@pytest.mark.parametrize("damage", ["gone", "behind"])
+def test_an_analyze_job_fetches_a_mirror_that_is_gone_or_lacks_its_commits(
+    git_repo: GitRepo, settings, damage: str
+) -> None:
+    """The analyze job trusts the mirror without running git only when its head ref is
+    the head the repository was planned from; a mirror that is gone, or an older one
+    (another host synced: its ref is behind and the chunk's commits are missing), is
+    fetched under the mirror lock first, and the results still equal git's."""
+    repo = _sync_only(git_repo)
+    path = mirror_path(Path(settings.WORKSPACE), repo.pk)
+    assert mirror_head(path) == repo.head
+    shutil.rmtree(path)
+    if damage == "behind":
+        git_repo.git("branch", "old", "HEAD~2")
+        for args in (
+            ["init", "-q", "--bare", str(path)],
+            ["--git-dir", str(path), "symbolic-ref", "HEAD", HEAD_REF],
+            ["--git-dir", str(path), "fetch", "-q", str(git_repo.path), f"old:{HEAD_REF}"],
+        ):
+            subprocess.run(["git", *args], check=True)
+        assert mirror_head(path) not in (None, repo.head)
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    assert mirror_head(path) == git_repo.head()
+    assert_matches_git(repo, git_repo.path)
+
+
+def test_an_analyze_job_reads_a_mirror_whose_ref_moved_but_holds_the_commits(
+    git_repo: GitRepo, settings
+) -> None:
+    """A mirror whose ref is not the planned head but which has the chunk's commits
+    (``cat-file -e`` finds them) is used as it is: no fetch moves its ref back."""
+    repo = _sync_only(git_repo)
+    path = mirror_path(Path(settings.WORKSPACE), repo.pk)
+    root = git_repo.shas()[-1]
+    git_repo.git("--git-dir", str(path), "update-ref", HEAD_REF, root)
+    assert mirror_head(path) == root != repo.head
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    assert mirror_head(path) == root  # not fetched again
+    assert_matches_git(repo, git_repo.path)
+
+
+def test_a_retry_repairs_a_mirror_whose_objects_are_gone_but_whose_ref_is_intact(
+    git_repo: GitRepo, settings
+) -> None:
+    """The first attempt trusts the intact ref and fails on the missing objects; the
+    retry asks git, finds the commit missing, and fetches (sanitising re-clones the
+    broken mirror): the results still equal git's."""
+    repo = _sync_only(git_repo)
+    path = mirror_path(Path(settings.WORKSPACE), repo.pk)
+    gone = [*(path / "objects" / "pack").iterdir(), *(path / "objects").glob("??")]
+    assert gone
+    for p in gone:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    assert mirror_head(path) == repo.head
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    (run,) = JobRun.objects.filter(repository=repo, kind="analyze")
+    assert run.attempts == 2
+    assert_matches_git(repo, git_repo.path)

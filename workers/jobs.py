@@ -38,7 +38,7 @@ from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.mirror import (
     HEAD_REF,
     RepositoryUnavailable,
-    is_valid,
+    mirror_head,
     mirror_path,
     pins_for,
     update_mirror,
@@ -148,11 +148,11 @@ def _analyze(attempt: runs.Attempt) -> str:
             records.append(record)
             if len(records) == 1:
                 failpoint("analyze.parsing", repo.name)
-        runs.record_phase(attempt, analysed_at=timezone.now())
+        runs.mark_phase(attempt, analysed_at=timezone.now())
         lock.check()
         failpoint("analyze.before_write", repo.name)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
-    runs.record_phase(attempt, written_at=timezone.now())
+    runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     plans.finish_chunk(chunk)
     return f"stored {written} commits"
 
@@ -173,7 +173,11 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
     if attempt is None:
         return "superseded: this attempt was already claimed or the run moved on"
     try:
-        result = body(attempt)
+        try:
+            result = body(attempt)
+        except BaseException:
+            runs.flush_phases(attempt)  # marked phases are stored with success otherwise
+            raise
     except LockNotAcquired as exc:
         delay = _lock_wait(exc)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
@@ -271,10 +275,24 @@ def _ensure_mirror(
 
     Each worker host has its own workspace, so an analyze job may run where no sync
     ran: it then brings the mirror up to date itself, holding the same lock a sync would.
+
+    The usual case costs no git process: the mirror's head ref (read from its ref files,
+    ``mirror_head``) is the head the repository was last planned from, so every commit
+    of the plan is in it. Otherwise (another host synced, the mirror is behind or gone)
+    one ``cat-file -e`` asks git for ``need``. A chunk of an older plan whose commits a
+    force-push dropped passes the first check as it passed ``cat-file`` before: nothing
+    is ever pruned (``gc.auto=0``), so its objects are still there. Retries always
+    take the git check.
     """
     path = mirror_path(Path(settings.WORKSPACE), repo.pk)
+    head = mirror_head(path)
+    # A retry asks git: if the first attempt failed on a damaged mirror whose ref is
+    # intact, the check below finds the object missing and the fetch repairs it
+    # (``update_mirror`` sanitises first), as every attempt did before.
+    if head is not None and attempt.number == 1 and (need is None or head == repo.head):
+        return path
     runner = Runner(groups=groups)
-    if is_valid(path, runner) and (need is None or _has_commit(runner, path, need)):
+    if head is not None and need is not None and _has_commit(runner, path, need):
         return path
     remote = validate_remote(repo.fetch_url or repo.url)
     with _locked(repo.lock_key(), attempt, groups) as lock:

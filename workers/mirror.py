@@ -29,15 +29,26 @@ import ipaddress
 import os
 import re
 import shutil
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.gitproc import GitError, Runner, _killpg, first_error_line
+from workers.fetcherrors import (
+    RepositoryTooLarge,
+    RepositoryUnavailable,
+    is_permanent,
+    readable,
+)
+from workers.gitproc import GitError, Runner
 from workers.hostlock import Check, MirrorBusy, hold_mirror, unchecked
 from workers.leftovers import STALE_AFTER, remove_stale_files, remove_stale_temporaries
+from workers.mirrorlimits import (
+    DEFAULT_MAX_OBJECT_BYTES,
+    DEFAULT_MAX_REPO_BYTES,
+    check_limits,
+    human,
+)
 from workers.workspace import host_lock_path, mirror_path, new_temporary
 
 if TYPE_CHECKING:
@@ -57,6 +68,7 @@ __all__ = [
     "hold_mirror",
     "host_lock_path",
     "is_valid",
+    "mirror_head",
     "mirror_path",
     "packs_intact",
     "pins_for",
@@ -70,23 +82,9 @@ __all__ = [
 #: The ref every sync writes: the analysed branch head, whatever its remote name.
 HEAD_REF = "refs/gitward/head"
 
-#: Default bound on a mirror's size on disk (packed + loose objects), and on any one
-#: file git writes while fetching (RLIMIT_FSIZE), G20.
-DEFAULT_MAX_REPO_BYTES = 2 * 1024**3
-#: Default bound on the (uncompressed) size of any one object: a 100 MB blob of zeros
-#: packs to ~100 KB, so the pack size alone does not bound what analysis reads, G20.
-DEFAULT_MAX_OBJECT_BYTES = 256 * 1024**2
-
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _BRANCH_OK = re.compile(r"[A-Za-z0-9._/+@=,-]+")
-
-
-class RepositoryUnavailable(GitError):
-    """The remote cannot be read (missing, unreachable, no such branch): not retried."""
-
-
-class RepositoryTooLarge(RepositoryUnavailable):
-    """The repository exceeds a size limit (whole mirror or one object): not retried."""
+_SHA = re.compile(rb"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def pins_for(remote: Remote) -> dict[str, list[str]]:
@@ -136,6 +134,37 @@ def is_valid(path: Path, runner: Runner | None = None) -> bool:
     except GitError:
         return False
     return True
+
+
+def mirror_head(path: Path) -> str | None:
+    """The sha ``HEAD_REF`` names in the mirror at ``path``, read from the ref files
+    themselves (no git process); None if the mirror or the ref is missing.
+
+    Safe without a lock (module docstring): git moves a loose ref by renaming
+    ``<ref>.lock`` over it, and ``pack-refs`` writes ``packed-refs`` (same rename)
+    *before* it deletes the loose file, so reading the loose ref first and then
+    ``packed-refs`` sees the old or the new value, each complete.  A sync writes the ref
+    only after every object of the fetch is in and connectivity was checked, so every
+    commit reachable from the returned sha is in the mirror (``gc.auto=0``: nothing is
+    pruned later)."""
+    if not (path / "HEAD").is_file():
+        return None
+    try:
+        loose = (path / HEAD_REF).read_bytes().strip()
+    except OSError:
+        loose = b""
+    if loose:
+        return loose.decode("ascii", "replace") if _SHA.fullmatch(loose) else None
+    try:
+        packed = (path / "packed-refs").read_bytes()
+    except OSError:
+        return None
+    suffix = b" " + HEAD_REF.encode()
+    for line in packed.splitlines():
+        if line.endswith(suffix):
+            sha = line[: -len(suffix)]
+            return sha.decode("ascii") if _SHA.fullmatch(sha) else None
+    return None
 
 
 def _check_branch(branch: str) -> None:
@@ -189,166 +218,11 @@ def _fetch(
     try:
         runner.run(args, timeout=timeout)
     except GitError as exc:
-        if exc.returncode is not None and exc.returncode != 0 and _is_permanent(exc.stderr):
+        if exc.returncode is not None and exc.returncode != 0 and is_permanent(exc.stderr):
             raise RepositoryUnavailable(
-                _readable(exc.stderr, branch), returncode=exc.returncode, stderr=exc.stderr
+                readable(exc.stderr, branch), returncode=exc.returncode, stderr=exc.stderr
             ) from None
         raise
-
-
-def _is_permanent(stderr: str) -> bool:
-    text = stderr.lower()
-    return any(
-        marker in text
-        for marker in (
-            "does not appear to be a git repository",
-            "repository not found",
-            "couldn't find remote ref",
-            "not found",
-            "could not read from remote repository",
-            "authentication failed",
-            "could not read username",
-            "could not read password",
-            "could not resolve host",
-            "unable to access",
-            "connection refused",
-            "transport '",
-            "not allowed",
-            "fsck error",
-            "did not receive expected object",
-            "returned error: 30",
-            "redirect",
-        )
-    )
-
-
-#: index-pack's report of one fsck finding: ``error: object <sha>: <msg-id>: <text>``.
-_FSCK_FINDING = re.compile(r"error: object ([0-9a-f]{7,64}): ([A-Za-z][A-Za-z0-9]*): ([^\n]*)")
-
-
-def fsck_findings(stderr: str) -> list[tuple[str, str, str]]:
-    """``(msg_id, git's text, object id)`` of every fsck finding git reported, in order,
-    each finding once.  Which ids are refused at all is ``workers.fsckpolicy``'s table."""
-    found: list[tuple[str, str, str]] = []
-    for m in _FSCK_FINDING.finditer(stderr):
-        finding = (m.group(2), m.group(3).strip(), m.group(1))
-        if finding not in found:
-            found.append(finding)
-    return found
-
-
-def _fsck_refusal(stderr: str) -> str:
-    """The refusal, naming git's exact findings (at most three, each text cut to 200
-    characters) so a user can tell a forged ``.git`` entry from a corrupt object:
-    ``repository contains malformed objects, refused by git fsck (<msg-id>: <text> in
-    object <sha12>; …)``."""
-    findings = fsck_findings(stderr)
-    details = "; ".join(
-        f"{msg_id}: {text[:200]} in object {sha[:12]}" for msg_id, text, sha in findings[:3]
-    )
-    if len(findings) > 3:
-        details += f"; and {len(findings) - 3} more"
-    detail = f" ({details})" if details else ""
-    return f"repository contains malformed objects, refused by git fsck{detail}"
-
-
-def _readable(stderr: str, branch: str) -> str:
-    text = stderr.lower()
-    if "fsck error" in text:
-        return _fsck_refusal(stderr)
-    if "did not receive expected object" in text:
-        m = re.search(r"did not receive expected object ([0-9a-f]{7,64})", stderr)
-        missing = f" (object {m.group(1)[:12]} is missing)" if m else ""
-        return (
-            "the repository sent an incomplete history"
-            f"{missing}: its server cuts the history (grafts) or is corrupt"
-        )
-    if "returned error: 30" in text or "redirect" in text:
-        return "the repository host answered with a redirect, which is not followed"
-    if "couldn't find remote ref" in text:
-        return f"branch {branch!r} does not exist in the repository"
-    if "does not appear to be a git repository" in text or "not found" in text:
-        return "repository not found or not a git repository"
-    if "could not resolve host" in text:
-        return "host name could not be resolved"
-    if "connection refused" in text:
-        return "connection refused by the repository host"
-    if (
-        "authentication" in text
-        or "could not read from remote" in text
-        or "could not read username" in text
-        or "could not read password" in text
-    ):
-        return "repository requires authentication or is not readable"
-    return first_error_line(stderr) or "git fetch failed"
-
-
-def _size_kib(line: str) -> int:
-    return int(line.split(":", 1)[1].strip() or 0)
-
-
-def check_limits(
-    runner: Runner,
-    git_dir: Path,
-    *,
-    max_repo_bytes: int | None,
-    max_object_bytes: int | None,
-    timeout: float = 600.0,
-) -> None:
-    """Raise :class:`RepositoryTooLarge` if the repository on disk (packed + loose) is
-    larger than ``max_repo_bytes`` or holds an object larger than ``max_object_bytes``.
-
-    The object scan streams ``git cat-file --batch-all-objects --batch-check`` (memory
-    bounded) and stops at the first offender."""
-    if max_repo_bytes is not None:
-        out = runner.run(["--git-dir", str(git_dir), "count-objects", "-v"], timeout=timeout)
-        fields = dict((ln.split(":", 1)[0], ln) for ln in out.splitlines() if ":" in ln)
-        size = 1024 * sum(_size_kib(fields[k]) for k in ("size", "size-pack") if k in fields)
-        if size > max_repo_bytes:
-            raise RepositoryTooLarge(
-                f"repository is larger than the limit of {_human(max_repo_bytes)} "
-                f"({_human(size)} on disk)"
-            )
-    if max_object_bytes is None:
-        return
-    proc = runner(
-        [
-            "--git-dir",
-            str(git_dir),
-            "cat-file",
-            "--batch-all-objects",
-            "--unordered",
-            "--batch-check=%(objectsize) %(objecttype) %(objectname)",
-        ]
-    )
-    assert proc.stdout is not None
-    offender: tuple[int, str, str] | None = None
-    try:
-        for raw in proc.stdout:
-            size_b, kind, name = raw.decode("ascii", "replace").split()
-            if int(size_b) > max_object_bytes:
-                offender = (int(size_b), kind, name)
-                break
-    finally:
-        runner.groups.discard(proc.pid)
-        _killpg(proc.pid)  # stop early at an offender; reap any child of the group
-        proc.communicate()
-    if offender is not None:
-        size, kind, name = offender
-        raise RepositoryTooLarge(
-            f"repository contains a {kind} of {_human(size)} ({name[:12]}), more than "
-            f"the limit of {_human(max_object_bytes)} per object"
-        )
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise GitError(f"git cat-file exited with {proc.returncode}", returncode=proc.returncode)
-
-
-def _human(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} bytes"  # pragma: no cover
 
 
 def sync_mirror(
@@ -398,7 +272,7 @@ def sync_mirror(
         except GitError as exc:
             if "exceeded the limit" in str(exc) and not isinstance(exc, RepositoryUnavailable):
                 raise RepositoryTooLarge(
-                    f"repository is larger than the limit of {_human(max_repo_bytes or 0)} "
+                    f"repository is larger than the limit of {human(max_repo_bytes or 0)} "
                     "(fetch stopped)",
                     returncode=exc.returncode,
                     stderr=exc.stderr,
