@@ -56,7 +56,7 @@ TESTED_UNDER = {
     "workers.redaction": "test_remotes",
     "workers.remotepolicy": "test_remotes",
     "workers.numstat": "test_history",  # the parser of the stream history.py reads
-    "workers.fetcherrors": "test_mirror",  # the mirror's fetch failures and limits
+X
     "workers.mirrorlimits": "test_mirror",
     "dashboard.management": "test_cli",  # the commands, run as a user runs them
     "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
