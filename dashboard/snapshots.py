@@ -53,7 +53,8 @@ _SHARED: dict[bool, tuple[float, int, dict[str, Any]]] = {}
 #: Single flight: one thread builds while the others wait for its copy rather than
 #: building the same one (Django runs sync views in one thread per process under ASGI,
 #: but the consumers' and the reconciler's threads ask too).
-_SHARED_LOCK = threading.Lock()
+#: One per variant, so a slow dead-letter grouping does not hold up the other pages.
+_SHARED_LOCKS = {True: threading.Lock(), False: threading.Lock()}
 
 
 def ops_snapshot(
@@ -72,12 +73,18 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
     ttl = float(settings.SNAPSHOT_TTL)
     if ttl <= 0:
         return build_shared_snapshot(dlq_groups=dlq_groups)
-    with _SHARED_LOCK:
+    # Freshness is measured from the request's arrival, not from when it gets the lock:
+    # a copy whose build started at most ``ttl`` before the request came is good for
+    # it, so everyone who queued behind a slow build shares that build rather than
+    # each building anew once the copy has aged (on a busy host a build can outlast
+    # the TTL).
+    arrived = time.monotonic()
+    with _SHARED_LOCKS[dlq_groups]:
         hit = _SHARED.get(dlq_groups)
         published = published_count()
         if hit is not None:
             started, count, data = hit
-            if not_before <= started and time.monotonic() - started < ttl and count == published:
+            if max(not_before, arrived - ttl) <= started and count == published:
                 return data
         # The start time, not the end: whatever happened after this moment may be
         # missing from the copy, so only callers that need nothing newer may reuse it.
