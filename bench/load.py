@@ -91,8 +91,10 @@ class Shared:
 def log_in_sessions(count: int) -> list[dict[str, str]]:
     """``count`` sessions, each logged in through the login form (before the users
     start: a password hash costs ~0.3 s of CPU, and 220 at once would be the ramp)."""
-    jars = []
-    for _ in range(count):
+    jars: list[dict[str, str]] = []
+    attempts = 0
+    while len(jars) < count:
+        attempts += 1
         client = requests.Session()
         page = client.get(f"{Shared.base}/login/", timeout=60)
         res = client.post(
@@ -104,7 +106,12 @@ def log_in_sessions(count: int) -> list[dict[str, str]]:
             timeout=60,
         )  # fmt: skip
         if res.status_code != 302 or page.status_code != 200:
-            raise RuntimeError(f"login failed: {page.status_code}/{res.status_code}")
+            # Set-up, not measured: a login refused while the server starts (SQLite busy
+            # under the workers' first writes) is retried, and said.
+            print(f"login {len(jars) + 1} failed: {page.status_code}/{res.status_code}")
+            if attempts > count + 10:
+                raise RuntimeError("logins keep failing")
+            continue
         jars.append(dict(client.cookies.items()))
     return jars
 
