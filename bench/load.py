@@ -303,6 +303,7 @@ def main() -> int:
     parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per s")
     parser.add_argument("--drain-timeout", type=float, default=900.0)
     parser.add_argument("--logins", type=int, default=20, help="sessions the users share")
+    parser.add_argument("--keep-log", default="", help="copy the server's log here at the end")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gitward-load-"))
@@ -408,6 +409,8 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if args.keep_log and (tmp / "var" / "up.log").exists():
+            shutil.copy(tmp / "var" / "up.log", args.keep_log)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

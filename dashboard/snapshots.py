@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from rq import Queue
 
@@ -79,7 +80,17 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
     # each building anew once the copy has aged (on a busy host a build can outlast
     # the TTL).
     arrived = time.monotonic()
-    with _SHARED_LOCKS[dlq_groups]:
+    lock = _SHARED_LOCKS[dlq_groups]
+    if not lock.acquire(blocking=False):
+        # Another thread builds. Django gives each in-flight request a thread and a
+        # database connection of its own: dozens of requests queued here would hold
+        # dozens of idle connections (PostgreSQL refused the 101st under the load
+        # test). Hand ours back while we wait; the next query opens one again. Not
+        # inside a transaction, whose connection must stay.
+        if not connection.in_atomic_block:
+            connection.close()
+        lock.acquire()
+    try:
         hit = _SHARED.get(dlq_groups)
         published = published_count()
         if hit is not None:
@@ -94,6 +105,8 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
         # so the next caller rebuilds rather than trusting a copy that may predate it.
         _SHARED[dlq_groups] = (started, published, data)
         return data
+    finally:
+        lock.release()
 
 
 def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
