@@ -84,9 +84,10 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
     if not lock.acquire(blocking=False):
         # Another thread builds. Django gives each in-flight request a thread and a
         # database connection of its own: dozens of requests queued here would hold
-        # dozens of idle connections (PostgreSQL refused the 101st under the load
-        # test). Hand ours back while we wait; the next query opens one again. Not
-        # inside a transaction, whose connection must stay.
+        # dozens of idle connections (every page answered 500 on PostgreSQL, 100
+        # connections, under the load test until this). Hand ours back while we wait;
+        # the next query opens one again. Not inside a transaction, whose connection
+        # must stay.
         if not connection.in_atomic_block:
             connection.close()
         lock.acquire()
