@@ -7,7 +7,8 @@ temporary ``GITWARD_VAR_DIR``: SQLite, or ``DATABASE_URL`` if set; embedded Redi
 submission and API rate limits off). Locust runs in this process, as a library
 (headless, one gevent loop):
 
-* ``--users`` browsers (default 200): each logs in through the login form, holds the
+* ``--users`` browsers (default 200): each is logged in (the users share ``--logins``
+  sessions, default 20, each made through the login form before the run), holds the
   operators' websocket (``/ws/ops/``) open for the whole run, and every 2 s (think time)
   opens one of the main pages: overview, repositories, one repository, locks, workers,
   dead letters, audit, and the status API.
@@ -83,20 +84,45 @@ class Shared:
     ws_errors: list[str] = []
     ws_open = 0
     measuring = False
+    sessions: list[dict[str, str]] = []
+    next_session = 0
+
+
+def log_in_sessions(count: int) -> list[dict[str, str]]:
+    """``count`` sessions, each logged in through the login form (before the users
+    start: a password hash costs ~0.3 s of CPU, and 220 at once would be the ramp)."""
+    jars: list[dict[str, str]] = []
+    attempts = 0
+    while len(jars) < count:
+        attempts += 1
+        client = requests.Session()
+        page = client.get(f"{Shared.base}/login/", timeout=60)
+        res = client.post(
+            f"{Shared.base}/login/",
+            data={"username": "admin", "password": PASSWORD,
+                  "csrfmiddlewaretoken": client.cookies.get("csrftoken", "")},
+            headers={"Referer": f"{Shared.base}/login/"},
+            allow_redirects=False,
+            timeout=60,
+        )  # fmt: skip
+        if res.status_code != 302 or page.status_code != 200:
+            # Set-up, not measured: a login refused while the server starts (SQLite busy
+            # under the workers' first writes) is retried, and said.
+            print(f"login {len(jars) + 1} failed: {page.status_code}/{res.status_code}")
+            if attempts > count + 10:
+                raise RuntimeError("logins keep failing")
+            continue
+        jars.append(dict(client.cookies.items()))
+    return jars
 
 
 def log_in(user: HttpUser) -> None:
-    page = user.client.get("/login/", name="login")
-    csrf = user.client.cookies.get("csrftoken", "")
-    res = user.client.post(
-        "/login/",
-        data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": csrf},
-        headers={"Referer": f"{Shared.base}/login/"},
-        name="login",
-        allow_redirects=False,
-    )
-    if res.status_code != 302 or page.status_code != 200:
-        raise RuntimeError(f"login failed: {page.status_code}/{res.status_code}")
+    """Take the next logged-in session (users share ``--logins`` sessions round-robin,
+    as an operator's browser tabs share one)."""
+    Shared.next_session += 1
+    jar = Shared.sessions[Shared.next_session % len(Shared.sessions)]
+    for name, value in jar.items():
+        user.client.cookies.set(name, value)
 
 
 def csrf_headers(user: HttpUser) -> dict[str, str]:
@@ -113,6 +139,8 @@ class Browser(HttpUser):
     wait_time = constant(2)
     fixed_count = 200
 
+    listener: gevent.Greenlet | None = None
+
     def on_start(self) -> None:
         log_in(self)
         self.ws_stop = False
@@ -120,7 +148,8 @@ class Browser(HttpUser):
 
     def on_stop(self) -> None:
         self.ws_stop = True
-        self.listener.kill(block=False)
+        if self.listener is not None:
+            self.listener.kill(block=False)
 
     def _listen(self) -> None:
         cookie = "; ".join(f"{k}={v}" for k, v in self.client.cookies.items())
@@ -273,6 +302,8 @@ def main() -> int:
     parser.add_argument("--submit-every", type=float, default=10.0, help="s per submitter")
     parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per s")
     parser.add_argument("--drain-timeout", type=float, default=900.0)
+    parser.add_argument("--logins", type=int, default=20, help="sessions the users share")
+    parser.add_argument("--keep-log", default="", help="copy the server's log here at the end")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gitward-load-"))
@@ -287,9 +318,10 @@ def main() -> int:
         port = free_port()
         Shared.base = f"http://127.0.0.1:{port}"
         proc = start_server(tmp / "var", port, args)
-        print(f"server up on {Shared.base} with {args.workers} workers; "
+        print(f"server up on {Shared.base} (pid {proc.pid}) with {args.workers} workers; "
               f"{args.web_workers} web process(es)", flush=True)  # fmt: skip
 
+        Shared.sessions = log_in_sessions(args.logins)
         Browser.fixed_count = args.users
         Browser.host = Shared.base
         Submitter.fixed_count = args.submitters
@@ -377,6 +409,8 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if args.keep_log and (tmp / "var" / "up.log").exists():
+            shutil.copy(tmp / "var" / "up.log", args.keep_log)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -45,6 +46,10 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
         self.pending: dict[str, dict[str, Any]] = {}
         self.dropped = 0
         self.joined = await self._join_groups()
+        #: A snapshot for this socket must be built after this (``time.monotonic``):
+        #: after the join (else an event sent meanwhile is missed) and after the last
+        #: event received (else the snapshot undoes it). See ``dashboard.snapshots``.
+        self.fresh_after = time.monotonic()
         await self.accept()
         self.flusher = asyncio.create_task(self._flush_forever())
         await self.send_snapshot()
@@ -78,6 +83,7 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
             log.debug("group discard failed: %s", exc)
 
     async def live_event(self, message: dict[str, Any]) -> None:
+        self.fresh_after = time.monotonic()
         event = message["event"]
         key = live.coalesce_key(event)
         self.pending.pop(key, None)  # re-insert: keeps arrival order of the newest
@@ -95,6 +101,7 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
                 next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
                 if self._must_rejoin():
                     self.joined = await self._join_groups()
+                    self.fresh_after = time.monotonic()
                     if self.joined:
                         await self.send_snapshot()  # events were missed while away
             if self.pending:
@@ -163,7 +170,7 @@ class OpsConsumer(_Coalescing):
         # costliest part of the snapshot at 100,000 dead letters.
         groups = b"dlq=groups" in self.scope.get("query_string", b"")
         data: dict[str, Any] = await database_sync_to_async(ops_snapshot)(
-            user=self.scope["user"], dlq_groups=groups
+            user=self.scope["user"], dlq_groups=groups, not_before=self.fresh_after
         )
         return data
 

@@ -92,6 +92,7 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
     message = {"type": "live.event", "event": event}
 
     def send() -> None:
+        PUBLISHED.add()  # drops this process's cached snapshot (dashboard.snapshots)
         groups = [OPS_GROUP]
         if kind.startswith("rollout."):
             groups.append(ROLLOUTS_GROUP)
@@ -118,6 +119,13 @@ class _Dropped:
 
 
 DROPPED = _Dropped()
+#: Events this process published (committed) since start: a change counter.
+PUBLISHED = _Dropped()
+
+
+def published_count() -> int:
+    """How many events this process has published: changes when it changed something."""
+    return PUBLISHED.count
 
 
 def dropped_events() -> int:

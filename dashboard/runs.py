@@ -341,6 +341,22 @@ def defer_attempt(attempt: Attempt, *, delay: float, reason: str) -> bool:
     return True
 
 
+def hand_back_attempt(*, run_id: int, number: int, worker: str, reason: str) -> bool:
+    """A stopping worker ran out of its grace (``GITWARD_WORKER_GRACE``) and killed the
+    work horse running attempt ``number``: the run goes back to its queue at once
+    without spending its budget (a shutdown is no fault of the job). False if the
+    attempt had already ended (the horse finished just before it was killed).
+
+    Safe against a double write: the caller has reaped the horse first (its open
+    transaction rolled back with it), and ``defer_attempt`` moves the run only while
+    that attempt is still the running one; a write the horse committed is fenced and
+    idempotent for the retry like any crash's."""
+    run = JobRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return False
+    return defer_attempt(Attempt(run=run, number=number, worker=worker), delay=0.0, reason=reason)
+
+
 def crash_attempt(*, run_id: int, number: int, reason: str) -> str | None:
     """The worker running attempt ``number`` died (its work horse was killed, or its
     heartbeat stopped). Counts as a failed attempt. None if the attempt had already

@@ -287,6 +287,13 @@ JOB_TIMEOUT = env_int("GITWARD_JOB_TIMEOUT", 1800, minimum=10)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
+#: Seconds a stopping worker (SIGTERM) may spend finishing its job before it hands the
+#: job back (workers/pool.py). The deployment files allow this plus Pool.STOP_MARGIN.
+WORKER_GRACE_DEFAULT = 60.0
+WORKER_GRACE = env_float("GITWARD_WORKER_GRACE", WORKER_GRACE_DEFAULT, minimum=1.0)
+#: Seconds a web process reuses the shared part of the operations snapshot
+#: (dashboard/snapshots.py); 0 builds it for every page and socket.
+SNAPSHOT_TTL = env_float("GITWARD_SNAPSHOT_TTL", 1.0, minimum=0.0)
 RECONCILE_INTERVAL = env_float("GITWARD_RECONCILE_INTERVAL", 15.0, minimum=0.5)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)

@@ -3,19 +3,35 @@
 
 Everything here reads. A snapshot is sent on connect and on request; events keep it
 fresh in between (``dashboard.live``).
+
+The operations snapshot is the same for every operator except the buttons they may
+press (``can``), and costs tens of queries and Redis calls across every lock master. A
+web process builds its shared part at most once per ``GITWARD_SNAPSHOT_TTL`` (default
+1 s) and gives that copy to every page, ``/api/status`` and socket asking meanwhile;
+``can`` is computed per user on every call. Who may see a snapshot at all is decided
+by the caller before it asks (``dashboard.view_jobrun``), so sharing changes what
+nobody sees. An event this process publishes (an operator's action served here) drops
+the copy, so that operator's next page shows the action at once. A socket asks for a
+copy built after it joined its groups and after the last event it received
+(``not_before``): a copy older than an event the socket already showed would undo it,
+and one older than the join could miss an event sent in between. A page may be up to
+the TTL stale; its socket's first snapshot, built after the join, corrects it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
+from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from rq import Queue
 
 from dashboard import leases, queues
 from dashboard.deadletters import dead_runs, list_groups
-from dashboard.live import dropped_events
+from dashboard.live import dropped_events, published_count
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.nodes import quorum, redis_nodes
 from dashboard.repositories import current_fingerprint, repository_status
@@ -33,9 +49,70 @@ def user_can(user: Any) -> dict[str, bool]:
     }
 
 
-def ops_snapshot(*, user: Any = None, dlq_groups: bool = True) -> dict[str, Any]:
-    """Everything the operations pages show. ``dlq_groups=False`` (pages that only show
-    the dead-letter totals) skips grouping every dead letter by cause.
+#: ``{dlq_groups: (build started (monotonic), events published here by then, snapshot)}``
+_SHARED: dict[bool, tuple[float, int, dict[str, Any]]] = {}
+#: Single flight: one thread builds while the others wait for its copy rather than
+#: building the same one (Django runs sync views in one thread per process under ASGI,
+#: but the consumers' and the reconciler's threads ask too).
+#: One per variant, so a slow dead-letter grouping does not hold up the other pages.
+_SHARED_LOCKS = {True: threading.Lock(), False: threading.Lock()}
+
+
+def ops_snapshot(
+    *, user: Any = None, dlq_groups: bool = True, not_before: float = 0.0
+) -> dict[str, Any]:
+    """Everything the operations pages show (the shared part at most
+    ``GITWARD_SNAPSHOT_TTL`` old, and built after ``not_before`` (``time.monotonic``);
+    see the module docstring) with this user's ``can``. The shared part is one dict
+    for every caller: read it, never change it."""
+    shared = shared_snapshot(dlq_groups=dlq_groups, not_before=not_before)
+    return {**shared, "can": user_can(user) if user is not None else {}}
+
+
+def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, Any]:
+    """The user-independent part of the operations snapshot, cached per process."""
+    ttl = float(settings.SNAPSHOT_TTL)
+    if ttl <= 0:
+        return build_shared_snapshot(dlq_groups=dlq_groups)
+    # Freshness is measured from the request's arrival, not from when it gets the lock:
+    # a copy whose build started at most ``ttl`` before the request came is good for
+    # it, so everyone who queued behind a slow build shares that build rather than
+    # each building anew once the copy has aged (on a busy host a build can outlast
+    # the TTL).
+    arrived = time.monotonic()
+    lock = _SHARED_LOCKS[dlq_groups]
+    if not lock.acquire(blocking=False):
+        # Another thread builds. Django gives each in-flight request a thread and a
+        # database connection of its own: dozens of requests queued here would hold
+        # dozens of idle connections (every page answered 500 on PostgreSQL, 100
+        # connections, under the load test until this). Hand ours back while we wait;
+        # the next query opens one again. Not inside a transaction, whose connection
+        # must stay.
+        if not connection.in_atomic_block:
+            connection.close()
+        lock.acquire()
+    try:
+        hit = _SHARED.get(dlq_groups)
+        published = published_count()
+        if hit is not None:
+            started, count, data = hit
+            if max(not_before, arrived - ttl) <= started and count == published:
+                return data
+        # The start time, not the end: whatever happened after this moment may be
+        # missing from the copy, so only callers that need nothing newer may reuse it.
+        started = time.monotonic()
+        data = build_shared_snapshot(dlq_groups=dlq_groups)
+        # Race: an event published while we built bumps the count past ``published``,
+        # so the next caller rebuilds rather than trusting a copy that may predate it.
+        _SHARED[dlq_groups] = (started, published, data)
+        return data
+    finally:
+        lock.release()
+
+
+def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
+    """Everything the operations pages show but the user's ``can``. ``dlq_groups=False``
+    (pages that only show the dead-letter totals) skips grouping every dead letter.
 
     Never fails on Redis: an unreachable queue server is ``queue_server: {ok: false,
     error: "queue server unreachable"}`` (its queue counts None), locks come from the
@@ -82,7 +159,6 @@ def ops_snapshot(*, user: Any = None, dlq_groups: bool = True) -> dict[str, Any]
             for a in actions
         ],
         "fingerprint": current_fingerprint(),
-        "can": user_can(user) if user is not None else {},
     }
 
 

@@ -62,6 +62,9 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     settings.LOCAL_ROOTS = [tmp_path.resolve()]  # type: ignore[attr-defined]
     settings.RESOLVE_HOSTS = False  # type: ignore[attr-defined]
     settings.RETRY_BACKOFF = [0.0, 0.0]  # type: ignore[attr-defined]  # retries run in the same burst
+    # Every test sees the operations snapshot as of now (a test changes state and looks
+    # again at once); the cache itself is tested in test_snapshots.py.
+    settings.SNAPSHOT_TTL = 0.0  # type: ignore[attr-defined]
 
 
 @pytest.fixture

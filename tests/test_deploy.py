@@ -10,7 +10,6 @@ copy of each to show the validator really rejects what it should. No network.
 
 from __future__ import annotations
 
-import inspect
 import re
 import shutil
 import subprocess
@@ -20,15 +19,17 @@ from typing import Any
 import pytest
 import yaml
 
-from workers.pool import Pool
+from dashboard.settings import WORKER_GRACE_DEFAULT
+from workers.pool import STOP_MARGIN
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / ".venv" / "bin"
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"
 
-#: workers/pool.py: a worker still busy this long after SIGTERM is killed.
-POOL_GRACE = float(inspect.signature(Pool.__init__).parameters["grace"].default)
+#: Seconds the orchestrator allows on top of the worker grace: the pool's margin
+#: (workers/pool.py STOP_MARGIN: hand back, then kill the tree) plus 5 s to reap.
+ORCHESTRATOR_MARGIN = STOP_MARGIN + 5
 
 
 def compose() -> dict[str, Any]:
@@ -95,10 +96,18 @@ def test_compose_gives_every_worker_replica_its_own_workspace() -> None:
     assert f'VOLUME ["{workspace}"]' in dockerfile
 
 
-def test_compose_stop_grace_outlasts_the_pool_grace() -> None:
+def worker_grace(environment: dict[str, str]) -> float:
+    """The ``GITWARD_WORKER_GRACE`` these files give workers (the setting's default if
+    unset)."""
+    return float(environment.get("GITWARD_WORKER_GRACE", WORKER_GRACE_DEFAULT))
+
+
+def test_compose_stop_grace_is_the_worker_grace_plus_the_pool_margin() -> None:
     worker = compose()["services"]["worker"]
     assert worker["command"][0] == "worker"
-    assert seconds(worker["stop_grace_period"]) > POOL_GRACE
+    grace = worker_grace(worker["environment"])
+    assert grace == WORKER_GRACE_DEFAULT  # the files show the default, spelled out
+    assert seconds(worker["stop_grace_period"]) == grace + ORCHESTRATOR_MARGIN
 
 
 def test_compose_runs_two_web_replicas_behind_a_websocket_proxy() -> None:
@@ -141,11 +150,13 @@ def test_the_image_is_non_root_and_checks_readiness() -> None:
 # ------------------------------------------------------------------ kubernetes invariants
 
 
-def test_k8s_worker_grace_matches_compose_and_outlasts_the_pool() -> None:
+def test_k8s_worker_grace_is_the_worker_grace_plus_the_pool_margin() -> None:
     worker = find("StatefulSet", "gitward-worker")["spec"]
     grace = worker["template"]["spec"]["terminationGracePeriodSeconds"]
+    config = find("ConfigMap", "gitward-config")["data"]
+    assert worker_grace(config) == WORKER_GRACE_DEFAULT
+    assert grace == worker_grace(config) + ORCHESTRATOR_MARGIN
     assert grace == seconds(compose()["services"]["worker"]["stop_grace_period"])
-    assert grace > POOL_GRACE
 
 
 def test_k8s_worker_pods_each_claim_their_own_workspace() -> None:

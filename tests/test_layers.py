@@ -56,8 +56,8 @@ TESTED_UNDER = {
     "workers.redaction": "test_remotes",
     "workers.remotepolicy": "test_remotes",
     "workers.numstat": "test_history",  # the parser of the stream history.py reads
-X
-    "workers.mirrorlimits": "test_mirror",
+    "workers.fetcherrors": "test_git_security",  # refused fetches, fsck findings, limits
+    "workers.mirrorlimits": "test_git_security",
     "dashboard.management": "test_cli",  # the commands, run as a user runs them
     "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
 }

@@ -3,11 +3,14 @@ from real Redis masters, queues and the database."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
 from dashboard import leases, queues
+from dashboard.live import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository
 from dashboard.repositories import current_fingerprint, submit_repository
 from dashboard.snapshots import ops_snapshot, repository_live, user_can, why_waiting
@@ -81,3 +84,43 @@ def test_a_repository_shows_its_holders_and_why_the_rest_waits(git_repo: GitRepo
     blocked = [w for w in live["waiting"] if w.startswith("chunk 1/1")]
     assert blocked and "lock held by job other" in blocked[0]
     assert live["status"] == "queued" and live["id"] == repo.pk
+
+
+# ---------------------------------------------------------------- the shared snapshot cache
+
+
+def _dead_letter(repo: Repository, n: int) -> None:
+    JobRun.objects.create(job_id=f"c{n}", kind="sync", queue="sync", repository=repo,
+                          state="dead", cause_key="k", finished_at=timezone.now())  # fmt: skip
+
+
+def test_the_shared_part_is_built_once_per_ttl_and_the_buttons_per_user(settings) -> None:
+    settings.SNAPSHOT_TTL = 3600.0  # nothing expires during the test
+    repo = Repository.objects.create(url="https://example.com/t/c.git")
+    _dead_letter(repo, 1)
+    staff = User.objects.create_user("s", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="retry_jobrun"))
+    plain = User.objects.create_user("p")
+    # not_before: a fresh copy, not one an earlier test left in this process.
+    first = ops_snapshot(user=staff, dlq_groups=False, not_before=time.monotonic())
+    _dead_letter(repo, 2)  # a change made elsewhere (no event published here)
+    second = ops_snapshot(user=plain, dlq_groups=False)
+    assert second["at"] == first["at"] and second["dlq"]["dead"] == 1  # the shared copy
+    # ... but each user's own buttons, never the other's.
+    assert first["can"]["retry"] is True and second["can"]["retry"] is False
+    # A socket that joined (or received an event) after the copy was built gets a
+    # newer one; so does everyone after the TTL.
+    newer = ops_snapshot(user=plain, dlq_groups=False, not_before=time.monotonic())
+    assert newer["dlq"]["dead"] == 2 and newer["at"] > first["at"]
+    settings.SNAPSHOT_TTL = 0.0
+    assert ops_snapshot(dlq_groups=False)["at"] > newer["at"]
+
+
+def test_an_event_published_by_this_process_drops_the_copy(settings) -> None:
+    settings.SNAPSHOT_TTL = 3600.0
+    repo = Repository.objects.create(url="https://example.com/t/d.git")
+    before = ops_snapshot(dlq_groups=False, not_before=time.monotonic())
+    _dead_letter(repo, 3)
+    assert ops_snapshot(dlq_groups=False)["dlq"]["dead"] == before["dlq"]["dead"]
+    publish_event("dlq.changed", {})  # outside a transaction: sent at once
+    assert ops_snapshot(dlq_groups=False)["dlq"]["dead"] == before["dlq"]["dead"] + 1

@@ -9,10 +9,16 @@ version's ``AnalyzerConfig`` (``manage.py worker --analyzer FP``); a drained ver
 workers are stopped (warm shutdown). A worker whose version's gate is closed (draining)
 listens on nothing, so it takes no job while its running one finishes.
 
-Shutdown: SIGTERM/SIGINT to the pool sends SIGTERM to every child; RQ's warm shutdown
-lets each finish its current job (the job's lock is heartbeat-extended meanwhile). A
-child still busy after ``grace`` seconds is killed; its job's lock then expires by TTL
-and the job is retried (RQ's abandoned-job handling, and the reconciler at start-up).
+Shutdown (``GITWARD_WORKER_GRACE``, default 60 s): SIGTERM/SIGINT to the pool sends
+SIGTERM to every child. A child stops taking jobs at once (RQ's warm shutdown) and lets
+its running job finish (the job's lock is heartbeat-extended meanwhile). A child still
+busy ``grace`` seconds later hands the job back itself: it kills its work horse (RQ's
+cold shutdown, a second SIGTERM it sends itself), re-queues the attempt without
+spending its budget (``runs.hand_back_attempt``), releases the horse's locks and
+exits. A child still alive ``STOP_MARGIN`` seconds after that (wedged, or SIGSTOPped) is
+SIGKILLed with every process below it (``workers.proctree.kill_tree``); a horse also
+dies with its worker (``PR_SET_PDEATHSIG``), so no horse outlives its worker and goes
+on writing. Its run is then retried as a crash once the worker's heartbeat is stale.
 """
 
 from __future__ import annotations
@@ -39,8 +45,13 @@ from dashboard.rollouts import DRIVER_QUEUE
 from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
 from workers.forkguard import ForkGuard
 from workers.jobs import load_versions, loaded_fingerprints
+from workers.proctree import die_with_parent, kill_tree
 
 log = logging.getLogger(__name__)
+
+#: Seconds the pool waits past the grace for a child to hand its job back and exit
+#: before it kills the child's whole tree. The deployment files allow grace + this + 5.
+STOP_MARGIN = 10.0
 
 
 class PauseAware:
@@ -101,11 +112,68 @@ def run_one_worker(
     """
 
     class DjangoWorker(PauseAware, Worker):
+        #: (job, queue) while a work horse runs it; the grace timer once stopping.
+        running: tuple[Any, Any] | None = None
+        grace_timer: threading.Timer | None = None
+        parent_pid = 0
+
         def fork_work_horse(self, *args: Any, **kwargs: Any) -> Any:
             # A forked child must never share its parent's database socket; the parent
             # only uses the database between jobs, so close it before each fork.
             connections.close_all()
+            self.parent_pid = os.getpid()
             return super().fork_work_horse(*args, **kwargs)
+
+        def setup_work_horse_signals(self) -> None:
+            super().setup_work_horse_signals()
+            die_with_parent(self.parent_pid)  # in the horse: no horse outlives its worker
+
+        def execute_job(self, job: Any, queue: Any) -> Any:
+            self.running = (job, queue)
+            try:
+                return super().execute_job(job, queue)
+            finally:
+                self.running = None
+
+        def request_stop(self, signum: int, frame: Any) -> None:
+            """Warm shutdown (RQ: no new job; the running one may finish), with a timer
+            that turns it cold after the grace: the timer's SIGTERM reaches RQ's
+            ``request_force_stop`` below, in the main thread like any signal."""
+            if self.grace_timer is None:
+                # RQ ignores a second signal within 1 s of the first (duplicate Ctrl-C).
+                delay = max(float(settings.WORKER_GRACE), 1.5)
+                self.grace_timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
+                self.grace_timer.daemon = True
+                self.grace_timer.start()
+            super().request_stop(signum, frame)
+
+        def request_force_stop(self, signum: int, frame: Any) -> None:
+            """Cold shutdown: RQ kills the horse's process group and reaps it, then
+            raises SystemExit; before that exit, the job is handed back."""
+            running, horse = (self.running, self.horse_pid) if self.horse_pid else (None, 0)
+            try:
+                super().request_force_stop(signum, frame)
+            except SystemExit:
+                if running is not None:
+                    self.hand_back(*running, horse=horse)
+                raise
+
+        def hand_back(self, job: Any, queue: Any, *, horse: int) -> None:
+            """Re-queue the killed horse's attempt (the horse is reaped: it writes no
+            more), release its locks, and take its RQ job off the started registry."""
+            reason = f"handed back: worker stopping, grace of {settings.WORKER_GRACE:g}s over"
+            try:
+                if runs.is_run_job(job.func_name, job.args):
+                    runs.hand_back_attempt(
+                        run_id=int(job.args[0]), number=int(job.args[1]), worker=self.name,
+                        reason=reason,
+                    )  # fmt: skip
+                release_locks_of(horse)
+                self.handle_job_failure(job, queue=queue, exc_string=reason)
+            except Exception:  # the reconciler retries it once our heartbeat is stale
+                log.exception("could not hand back job %s", job.id)
+            finally:
+                connections.close_all()
 
         def handle_work_horse_killed(
             self, job: Any, retpid: int, ret_val: int, rusage: Any
@@ -170,6 +238,8 @@ def run_one_worker(
         # jobs are promoted by the heartbeat thread above (and the reconciler).
         worker.work(burst=burst, with_scheduler=False, logging_level="WARNING")
     finally:
+        if worker.grace_timer is not None:  # done in time: no cold shutdown during clean-up
+            worker.grace_timer.cancel()
         stop.set()
         beat_thread.join(timeout=5)
         workerbeats.stop_beat(name)
@@ -223,6 +293,8 @@ class Pool:
 
     ``versioned`` (the default) runs ``desired_workers(size)``, re-read every ``poll``
     seconds by ``check``; otherwise ``size`` plain workers of the served version.
+    ``grace`` (default ``GITWARD_WORKER_GRACE``) is also passed to the children, which
+    hand their job back once it is over.
     """
 
     def __init__(
@@ -231,14 +303,16 @@ class Pool:
         *,
         manage_py: Path,
         env: dict[str, str] | None = None,
-        grace: float = 60.0,
+        grace: float | None = None,
         versioned: bool = True,
         poll: float = 2.0,
     ) -> None:
         self.size = size
         self.manage_py = manage_py
         self.env = env
-        self.grace = grace
+        #: The children's own grace (they read ``GITWARD_WORKER_GRACE`` too); the pool
+        #: kills a child ``STOP_MARGIN`` seconds after it.
+        self.grace = float(settings.WORKER_GRACE if grace is None else grace)
         self.versioned = versioned
         self.poll = poll
         self.children: list[tuple[Spec, subprocess.Popen[bytes]]] = []
@@ -259,9 +333,11 @@ class Pool:
             return [spec for spec, _ in self.children]
 
     def _spawn(self, spec: Spec) -> subprocess.Popen[bytes]:
+        env = dict(os.environ if self.env is None else self.env)
+        env["GITWARD_WORKER_GRACE"] = f"{self.grace:g}"
         return subprocess.Popen(
             [sys.executable, str(self.manage_py), "worker", "--workers", "1", *spec],
-            env=self.env,
+            env=env,
             stdin=subprocess.DEVNULL,
         )
 
@@ -296,7 +372,7 @@ class Pool:
             else:
                 log.info("stopping worker pid %s (%s): no longer needed", child.pid, spec)
                 child.send_signal(signal.SIGTERM)
-                self.retiring.append((child, now + self.grace))
+                self.retiring.append((child, now + self.grace + STOP_MARGIN))
         keep += [(spec, self._spawn(spec)) for spec in want]
         self.children = keep
 
@@ -306,13 +382,14 @@ class Pool:
         for child in everyone:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
+        deadline = time.monotonic() + self.grace + STOP_MARGIN
         for child in everyone:
             remaining = max(0.1, deadline - time.monotonic())
             try:
                 child.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
-                child.kill()
+                log.warning("worker pid %s still running past its grace; killing it", child.pid)
+                kill_tree(child.pid)
                 child.wait(timeout=10)
 
 
@@ -321,7 +398,7 @@ def _reaped(child: subprocess.Popen[bytes], *, kill: bool) -> bool:
     if child.poll() is not None:
         return True
     if kill:
-        child.kill()
+        kill_tree(child.pid)
         child.wait(timeout=10)
         return True
     return False
