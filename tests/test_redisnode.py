@@ -4,6 +4,9 @@ resumed and restarted, only ever by their own pid; ports, data and the AOF."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +16,8 @@ import redis
 from tests.sysproc import proc_state
 from tests.writers import wait_for
 from workers.redisnode import RedisNode, find_redis_server, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -137,3 +142,26 @@ def test_a_node_never_started_has_no_pid_and_signals_nothing(tmp_path: Path) -> 
     node.resume()
     node.stop()
     node.kill()
+
+
+def test_a_node_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """``manage.py up`` SIGKILLed must not leave its embedded nodes holding their ports."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from pathlib import Path\n"
+         "from workers.redisnode import RedisNode\n"
+         f"node = RedisNode(Path({str(tmp_path)!r}) / 'n').start()\n"
+         "print(node.proc.pid, node.port, flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert starter.stdout is not None
+    pid, port = map(int, starter.stdout.readline().split())
+    assert redis.Redis(port=port).ping()
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), "the node outlived the process that started it"

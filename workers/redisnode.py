@@ -12,10 +12,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import redis
+
+from workers.proctree import die_with_parent
 
 
 class RedisBinaryMissing(RuntimeError):
@@ -96,12 +100,18 @@ class RedisNode:
             args += ["--appendfsync", "everysec"]
         if self.debug_command:
             args += ["--enable-debug-command", "local"]
+        # The node dies with the process that started it (``manage.py up`` SIGKILLed, a
+        # test run killed), instead of holding its port forever. The kernel's signal
+        # follows the *thread* that forked, so only a node started on the main thread is
+        # tied; one started on a short-lived thread would die with that thread.
+        tie = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=partial(die_with_parent, os.getpid()) if tie else None,
         )
         deadline = time.monotonic() + wait
         while True:
