@@ -32,6 +32,7 @@ from dashboard.rollouts import DRIVER_QUEUE
 from tests.processes import worker_env
 from tests.sysproc import proc_state
 from tests.writers import wait_for
+from workers import pool as pool_module
 from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
 from workers.pool import PauseAware, Pool, desired_workers, run_one_worker, version_config
 
@@ -184,7 +185,12 @@ def test_a_drained_version_loses_its_worker_and_a_new_one_gets_one(children: Chi
     assert pool.retiring == []  # reaped
 
 
-def test_a_retiring_child_still_busy_after_the_grace_is_killed(tmp_path: Path) -> None:
+def test_a_retiring_child_still_busy_after_the_grace_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Grace and the stop margin both 0: the next check after the SIGTERM kills it (the
+    # worker's own hand-back within the margin is tests/test_shutdown.py's).
+    monkeypatch.setattr(pool_module, "STOP_MARGIN", 0.0)
     stubborn = Children(tmp_path, ignore_term=True)
     try:
         draining = version("d", S.DRAINING)

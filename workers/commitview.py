@@ -35,6 +35,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+# GitPython looks for git when imported and raises ImportError without one, which would
+# stop every process (web, workers, ``manage.py check``) at start-up with GitPython's
+# message. Quiet here: pages that read a mirror report a missing git themselves, and
+# git's absence is the hardening checks' to report, not an import error's.
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
 import git
 from git.refs.symbolic import SymbolicReference
 
