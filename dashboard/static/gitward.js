@@ -93,17 +93,38 @@
   });
 
   // ------------------------------------------------------------------ confirm dialog
-  // templates/_confirm.html documents the contract. One dialog per page; ``run(reason)``
-  // does the action and its error, if any, is shown in the dialog.
-  function confirmAction(opts) {
+  // templates/_confirm.html documents the contract: ONE dialog per page, for the JSON
+  // actions (confirmAction: ``run(reason)`` does the action, its error shows in the
+  // dialog) and for the Rollouts form posts (openConfirm: the dialog's form is posted).
+  function fillConfirm(o) {
     const dlg = $("confirm-dialog");
-    if (!dlg || typeof dlg.showModal !== "function") return Promise.resolve(false);
+    if (!dlg || typeof dlg.showModal !== "function") return null;
+    $("confirm-title").textContent = o.title;
+    $("confirm-what").textContent = o.what;
+    const ok = $("confirm-ok");
+    ok.textContent = o.verb || o.title;
+    ok.className = o.danger ? "danger" : "";
+    ok.disabled = false;
+    $("confirm-form").action = o.action || "";
+    $("confirm-percent-row").hidden = !o.percent;
+    $("confirm-percent").required = !!o.percent;
+    $("confirm-percent").value = "";
+    $("confirm-reason").value = o.reason || "";
+    $("confirm-next").value = location.pathname;
+    const err = $("confirm-error");
+    err.hidden = true; err.textContent = "";
+    dlg.dataset.mode = o.mode;
+    dlg.dataset.verb = o.dataVerb || "";
+    return dlg;
+  }
+  function showConfirm(dlg, o) {
+    dlg.showModal();
+    (o.percent ? $("confirm-percent") : o.danger ? $("confirm-cancel") : $("confirm-reason")).focus();
+  }
+  function confirmAction(opts) {
+    const dlg = fillConfirm({ ...opts, mode: "json" });
+    if (!dlg) return Promise.resolve(false);
     const ok = $("confirm-ok"), reason = $("confirm-reason"), err = $("confirm-error");
-    $("confirm-title").textContent = opts.title;
-    $("confirm-what").textContent = opts.what;
-    ok.textContent = opts.verb || opts.title;
-    ok.className = opts.danger ? "danger" : "";
-    reason.value = ""; err.hidden = true; err.textContent = ""; ok.disabled = false;
     return new Promise((resolve) => {
       const done = (value) => { cleanup(); if (dlg.open) dlg.close(); resolve(value); };
       const onSubmit = async (e) => {
@@ -112,20 +133,20 @@
         try { const r = await opts.run(reason.value.trim()); done(r === undefined ? true : r); }
         catch (ex) { err.textContent = ex.message; err.hidden = false; ok.disabled = false; }
       };
-      const onCancel = () => done(false);
       const onClose = () => { cleanup(); resolve(false); };
       function cleanup() {
         $("confirm-form").removeEventListener("submit", onSubmit);
-        $("confirm-cancel").removeEventListener("click", onCancel);
         dlg.removeEventListener("close", onClose);
       }
       $("confirm-form").addEventListener("submit", onSubmit);
-      $("confirm-cancel").addEventListener("click", onCancel);
       dlg.addEventListener("close", onClose);
-      dlg.showModal();
-      (opts.danger ? $("confirm-cancel") : reason).focus();
+      showConfirm(dlg, opts);
     });
   }
+  // Cancel (and Esc, natively) closes whichever use of the dialog is open.
+  document.addEventListener("click", (e) => {
+    if (e.target instanceof Element && e.target.id === "confirm-cancel") $("confirm-dialog").close("cancel");
+  });
   window.gitward = { confirmAction, post };
   // Declarative buttons: data-confirm-url, -body (JSON), -title, -what, -danger.
   document.addEventListener("click", async (e) => {
@@ -483,7 +504,7 @@
   // (warming, verified without its diff yet, a request pending), the page is refetched
   // every 2 s too: those changes are written without a rollout.* event.
   let swapTimer = null, swapPending = false, lastRollouts = null;
-  // Any dialog: the rollout step here or the shared confirm (templates/_confirm.html).
+  // The confirm dialog (templates/_confirm.html) or any other.
   function dialogOpen() { return !!document.querySelector("dialog[open]"); }
   function swapRolloutsSoon(delay) {
     if (!$("rollouts-live")) return;
@@ -522,32 +543,20 @@
   }, 2000);
 
 
-  // The confirm step of every rollout button (server-rendered or drawn here): a modal
-  // <dialog> naming exactly what will happen, with an optional reason for the audit log.
+  // The confirm step of every rollout button (server-rendered or drawn here): the same
+  // dialog, in form mode: its form posts the reason (and a percentage) to the button's URL.
   function openConfirm(btn) {
-    const dialog = $("rollout-dialog");
-    if (!dialog) return;
-    const form = $("rollout-form");
-    form.action = btn.dataset.confirm;
-    $("rollout-title").textContent = btn.dataset.title || btn.textContent;
-    $("rollout-plan").textContent = btn.dataset.plan || "";
-    const needsPercent = btn.dataset.percent === "1";
-    $("rollout-percent-row").hidden = !needsPercent;
-    $("rollout-percent").required = needsPercent;
-    $("rollout-percent").value = "";
-    $("rollout-reason").value = "";
-    $("rollout-next").value = location.pathname;
-    const ok = $("rollout-ok");
-    ok.textContent = btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm";
-    ok.className = btn.dataset.danger === "1" ? "danger" : "";
-    dialog.dataset.verb = btn.dataset.verb || "";
-    dialog.showModal();
-    (needsPercent ? $("rollout-percent") : $("rollout-reason")).focus();
+    const o = {
+      mode: "form", action: btn.dataset.confirm, title: btn.dataset.title || btn.textContent,
+      what: btn.dataset.plan || "", percent: btn.dataset.percent === "1", danger: btn.dataset.danger === "1",
+      verb: btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm", dataVerb: btn.dataset.verb || "",
+    };
+    const dlg = fillConfirm(o);
+    if (dlg) showConfirm(dlg, { ...o, danger: false });
   }
   document.addEventListener("click", (e) => {
     const btn = e.target instanceof Element ? e.target.closest("button[data-confirm]") : null;
-    if (btn) { e.preventDefault(); openConfirm(btn); return; }
-    if (e.target instanceof Element && e.target.id === "rollout-cancel") $("rollout-dialog").close("cancel");
+    if (btn) { e.preventDefault(); openConfirm(btn); }
   });
   document.addEventListener("close", (e) => {
     if (e.target instanceof HTMLDialogElement && swapPending && !dialogOpen()) { swapPending = false; swapRolloutsSoon(0); }
@@ -565,26 +574,18 @@
       `a driver takes locks:queue:${f.get("queue")}:deploy, warms the warm set under the new fingerprint and opens the gate only if the verdict passes; ` +
       `then ramp ${String(f.get("steps") || "").split(/[\s,]+/).filter(Boolean).map((x) => x.replace(/%$/, "") + "%").join(" → ")} ` +
       (f.get("auto") ? "automatically, health-checked between steps." : "when you promote each step.");
-    const dialog = $("rollout-dialog");
-    $("rollout-title").textContent = "Start rollout";
-    $("rollout-plan").textContent = plan;
-    $("rollout-percent-row").hidden = true;
-    $("rollout-percent").required = false;
-    $("rollout-reason").value = String(f.get("reason") || "");
-    $("rollout-ok").textContent = "Confirm: start rollout";
-    $("rollout-ok").className = "";
-    dialog.dataset.verb = "start";
-    dialog.showModal();
-    $("rollout-reason").focus();
+    const o = { mode: "form", title: "Start rollout", what: plan, verb: "Confirm: start rollout", dataVerb: "start", reason: String(f.get("reason") || "") };
+    const dlg = fillConfirm(o);
+    if (dlg) showConfirm(dlg, o);
   });
   document.addEventListener("submit", (e) => {
     const form = e.target;
-    if (!(form instanceof HTMLFormElement) || form.id !== "rollout-form") return;
-    const dialog = $("rollout-dialog");
-    if (dialog.dataset.verb !== "start") return;
+    if (!(form instanceof HTMLFormElement) || form.id !== "confirm-form") return;
+    const dialog = $("confirm-dialog");
+    if (dialog.dataset.mode !== "form" || dialog.dataset.verb !== "start") return;
     e.preventDefault();
     const start = $("start-form");
-    start.querySelector("[name=reason]").value = $("rollout-reason").value;
+    start.querySelector("[name=reason]").value = $("confirm-reason").value;
     start.dataset.confirmed = "1";
     dialog.close("ok");
     start.submit();
