@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Q
 from rq import Queue
 
-from dashboard import leases, queues
+from dashboard import activity, leases, queues
 from dashboard.deadletters import dead_runs, list_groups
 from dashboard.live import dropped_events
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
@@ -82,6 +82,7 @@ def ops_snapshot(*, user: Any = None, dlq_groups: bool = True) -> dict[str, Any]
             for a in actions
         ],
         "fingerprint": current_fingerprint(),
+        "activity": activity.recent(),
         "can": user_can(user) if user is not None else {},
     }
 

@@ -169,11 +169,14 @@
   });
 
   // ------------------------------------------------------------------ socket
-  const socketPath = document.body.dataset.liveSocket;
+  const socketPath = document.body.dataset.liveSocket || "";
+  const onRepoPage = /^\/ws\/repos\/\d+\//.test(socketPath), onRepoList = socketPath === "/ws/repos/";
   let ws = null;
   let retryMs = 500;
   let snapshotTimer = null;
-  const state = { locks: new Map(), snapshot: null, repo: null };
+  let retryTimer = null;
+  let snapshots = 0;  // how many this page got: the first one is the state it was rendered in
+  const state = { locks: new Map(), snapshot: null, repo: null, feed: [] };
 
   function setDot(mode) {
     const dot = $("live-dot"), label = $("live-state");
@@ -181,25 +184,43 @@
     if (label) label.textContent = mode;
   }
   function connect() {
-    if (!socketPath) return;
+    if (!socketPath || document.hidden) return;
+    if (ws && ws.readyState <= WebSocket.OPEN) return;  // connecting or open already
+    clearTimeout(retryTimer);
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    ws = new WebSocket(scheme + location.host + socketPath);
-    ws.onopen = () => { retryMs = 500; setDot("live"); };
-    ws.onmessage = (msg) => {
+    const sock = new WebSocket(scheme + location.host + socketPath);
+    ws = sock;
+    sock.onopen = () => { retryMs = 500; setDot("live"); };
+    sock.onmessage = (msg) => {
       const data = JSON.parse(msg.data);
-      if (data.type === "snapshot") onSnapshot(data.data);
+      if (data.type === "snapshot") { snapshots += 1; onSnapshot(data.data); }
       else if (data.type === "events") {
         data.events.forEach(onEvent);
         if (data.dropped) refreshSoon();  // we missed some: resync from a snapshot
       }
     };
-    ws.onclose = (ev) => {
+    sock.onclose = (ev) => {
+      if (sock !== ws) return;  // a socket we let go on purpose (tab hidden)
       if (ev.code === 4401 || ev.code === 4403 || ev.code === 4404) { setDot("refused"); return; }
       setDot("reconnecting");
-      setTimeout(connect, retryMs);
+      retryTimer = setTimeout(connect, retryMs);
       retryMs = Math.min(retryMs * 2, 10000);
     };
   }
+  // A hidden tab lets its socket go (no events to a page nobody sees); shown again it
+  // connects, and the snapshot every connect begins with catches the page up.
+  document.addEventListener("visibilitychange", () => {
+    if (!socketPath) return;
+    if (document.hidden) {
+      clearTimeout(retryTimer);
+      const sock = ws; ws = null;
+      if (sock) sock.close(1000, "hidden");
+      setDot("paused");
+    } else {
+      setDot("reconnecting");
+      connect();
+    }
+  });
   // Aggregates (queue rates, DLQ groups, workers) come from snapshots, asked for at most
   // once a second while events arrive; locks and progress are applied event by event.
   function refreshSoon() {
@@ -211,9 +232,12 @@
   }
 
   function onSnapshot(data) {
-    if (socketPath.startsWith("/ws/repos/")) { renderRepo(data); return; }
+    if (snapshots > 1) swapAllRegions();  // a reconnect or a tab shown again: catch up
+    if (onRepoPage) { renderRepo(data); return; }
+    if (onRepoList) return;
     if (socketPath.startsWith("/ws/rollouts/")) { onRolloutsSnapshot(data); return; }
     state.snapshot = data;
+    if (data.activity) { state.feed = data.activity.slice(0, FEED_MAX); renderFeed(); }
     const now = performance.now();
     state.locks = new Map(data.locks.map((l) => [l.key, { ...l, expiresAt: now + l.ttl_ms }]));
     renderOps(data);
@@ -222,8 +246,11 @@
 
   function onEvent(ev) {
     const t = ev.type;
-    if (socketPath.startsWith("/ws/repos/")) { onRepoEvent(ev); return; }
+    if (onRepoPage) { onRepoEvent(ev); return; }
     if (socketPath.startsWith("/ws/rollouts/")) { onRolloutEvent(ev); return; }
+    onRegionEvent(ev);
+    if (onRepoList) return;
+    if (isActivity(ev)) { state.feed.unshift(ev); state.feed.length = Math.min(state.feed.length, FEED_MAX); renderFeed(); }
     if (t === "lock.acquired") {
       state.locks.set(ev.key, { ...ev, expiresAt: performance.now() + ev.ttl_ms });
       renderLocks();
@@ -243,6 +270,89 @@
     } else {
       refreshSoon();
     }
+  }
+
+  // ------------------------------------------------------------------ recent activity
+  // The overview's feed (dashboard/activity.py keeps the list): seeded from the page's
+  // snapshot, then every event worth a line is prepended, newest first; the select
+  // filters by kind. Every value is text (textContent), links are built from ids.
+  const FEED_MAX = 100;
+  const TICKS = new Set(["job.progress", "lock.extended", "worker.heartbeat"]);
+  function isActivity(ev) {
+    if (TICKS.has(ev.type)) return false;
+    return ev.type !== "action.progress" || ev.state !== "running";
+  }
+  function repoLink(id, name) { return id ? el("a", { href: `/repos/${encodeURIComponent(id)}/`, text: name || `repository #${id}` }) : "?"; }
+  function describe(ev) {
+    const [family, what] = String(ev.type).split(".", 2);
+    if (family === "job" && !ev.run) return [`queue ${ev.queue} ${ev.paused ? "paused" : "resumed"}`];
+    if (family === "job") {
+      const verb = { queued: "queued", started: "started", succeeded: "succeeded", failed: "failed (will retry)", dead: "dead (dead letters)", deferred: "deferred (lock busy)" }[what] || what;
+      return [el("a", { href: `/runs/${encodeURIComponent(ev.run)}/`, text: `${ev.kind || "job"} run #${ev.run}` }), ` ${verb}`,
+        ev.attempt ? `, attempt ${ev.attempt}` : "", ev.repo ? " · " : "", ev.repo ? repoLink(ev.repo) : null];
+    }
+    if (family === "lock") {
+      const res = [ev.repo ? repoLink(ev.repo, ev.repo_name) : null, ev.repo ? " · " : "", ev.what || ev.key];
+      if (what === "acquired") return ["lock taken on ", ...res, " by ", ev.worker || "?", ev.token ? `, token ${ev.token}` : ""];
+      if (what === "lost") return ["lock lost: ", ev.key, ev.job ? ` (job ${shorten(ev.job)})` : ""];
+      return [ev.forced ? "lock force-released: " : "lock released: ", ev.key, ev.token ? `, token now ${ev.token}` : ""];
+    }
+    if (family === "repo") return [repoLink(ev.repo, ev.url), ` is ${ev.status || "changed"}`, ev.error ? `: ${ev.error}` : ""];
+    if (family === "dlq") return [el("a", { href: "/dead-letters/", text: "dead letters" }), " changed"];
+    if (family === "action") return [`${ev.kind} #${ev.action}: ${ev.done}/${ev.total} ${ev.state}`];
+    if (family === "audit") return [el("a", { href: `/audit/?action=${encodeURIComponent(ev.action)}`, text: ev.action }), ` by ${ev.actor} on ${ev.target}`, ev.outcome ? ` — ${ev.outcome}` : "", ev.reason ? ` (reason: ${ev.reason})` : ""];
+    if (family === "rollout") return [el("a", { href: ev.rollout ? `/rollouts/${encodeURIComponent(ev.rollout)}/` : "/rollouts/", text: `rollout ${ev.key || ev.rollout || ""}`.trim() }), ` ${ev.rollout_state || ev.version_state || what}`, ev.ramp_percent ? ` ${ev.ramp_percent}%` : ""];
+    return [ev.type];
+  }
+  function renderFeed() {
+    const list = $("activity-list");
+    if (!list) return;
+    const kind = ($("activity-kind") || {}).value || "";
+    const rows = state.feed.filter((ev) => !kind || String(ev.type).startsWith(kind + "."));
+    list.replaceChildren(...(rows.length ? rows.slice(0, 50).map((ev) => el("li", { "data-type": ev.type }, [
+      ago(new Date(ev.at * 1000).toISOString()), " ", el("span", { cls: "pill kind", text: ev.type }), " ", ...describe(ev)]))
+      : [el("li", { cls: "muted empty", text: kind ? `No ${kind} events yet.` : "No activity yet." })]));
+  }
+  document.addEventListener("change", (e) => { if (e.target instanceof Element && e.target.id === "activity-kind") renderFeed(); });
+
+  // ------------------------------------------------------------------ live regions
+  // Server-rendered tables (filtered and paged there) kept live: an event that may
+  // change one fetches the page again (at most once a second) and swaps the table in —
+  // never while a dialog is open. Same origin, escaped by the server.
+  const REGIONS = [
+    ["audit-table", (t) => t === "audit.recorded"],
+    ["runs-table", (t) => t.startsWith("job.") && t !== "job.progress"],
+    ["repo-table", (t) => t === "repo.changed"],
+    ["run-live", (t, ev) => t.startsWith("job.") && String(ev.run) === (($("run-live") || {}).dataset || {}).run],
+  ];
+  const regionTimers = new Map();
+  function swapSoon(id) {
+    if (regionTimers.has(id)) return;
+    regionTimers.set(id, setTimeout(async () => {
+      try {
+        if (dialogOpen()) return;
+        const res = await fetch(location.href, { credentials: "same-origin" });
+        if (!res.ok) return;
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        const fresh = doc.getElementById(id), current = $(id);
+        if (fresh && current && !dialogOpen()) { current.replaceWith(document.importNode(fresh, true)); tickTimes(); }
+      } catch (err) { /* the next event or snapshot tries again */ }
+      finally { setTimeout(() => regionTimers.delete(id), 1000); }
+    }, 150));
+  }
+  function onRegionEvent(ev) {
+    for (const [id, wants] of REGIONS) if ($(id) && wants(String(ev.type), ev)) swapSoon(id);
+    if (ev.type === "job.progress") progressRow(ev);
+  }
+  function swapAllRegions() { for (const [id] of REGIONS) if ($(id)) swapSoon(id); }
+  // A repository row's progress, straight from the event (no fetch).
+  function progressRow(ev) {
+    const row = document.querySelector(`#repo-table tr[data-repo-id="${CSS.escape(String(ev.repo))}"]`);
+    if (!row || !ev.total) return;
+    const pc = Math.min(100, Math.round(1000 * ev.analyzed / ev.total) / 10);
+    const cells = row.querySelectorAll("td");
+    cells[3].replaceChildren(el("progress", { max: 100, value: pc, "aria-label": "progress" }), " ", el("span", { cls: "small", text: pc + "%" }));
+    cells[4].textContent = `${ev.analyzed} / ${plural(ev.total, "commit")}`;
   }
 
   // ------------------------------------------------------------------ ops page
@@ -649,11 +759,13 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    const seed = $("activity-seed");  // the feed as the page was rendered (overview)
+    if (seed) { try { state.feed = JSON.parse(seed.textContent) || []; } catch (e) { state.feed = []; } renderFeed(); }
     const dlqBox = $("dlq");
     if (dlqBox) wireGroups(dlqBox);
     if (socketPath) connect();
     tickTimes();
-    if (!socketPath || !socketPath.startsWith("/ws/ops/")) {
+    if (!socketPath) {
       for (const row of document.querySelectorAll("#repo-table tr[data-repo-id]")) if (ACTIVE.has(row.dataset.status)) pollRow(row);
     }
   });
