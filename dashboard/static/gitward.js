@@ -309,7 +309,7 @@
     if (!list) return;
     const kind = ($("activity-kind") || {}).value || "";
     const rows = state.feed.filter((ev) => !kind || String(ev.type).startsWith(kind + "."));
-    list.replaceChildren(...(rows.length ? rows.slice(0, 50).map((ev) => el("li", { "data-type": ev.type }, [
+    list.replaceChildren(...(rows.length ? rows.slice(0, 50).map((ev) => el("li", { "data-type": ev.type, "data-at": ev.at }, [
       ago(new Date(ev.at * 1000).toISOString()), " ", el("span", { cls: "pill kind", text: ev.type }), " ", ...describe(ev)]))
       : [el("li", { cls: "muted empty", text: kind ? `No ${kind} events yet.` : "No activity yet." })]));
   }
@@ -351,7 +351,7 @@
     if (!row || !ev.total) return;
     const pc = Math.min(100, Math.round(1000 * ev.analyzed / ev.total) / 10);
     const cells = row.querySelectorAll("td");
-    cells[3].replaceChildren(el("progress", { max: 100, value: pc, "aria-label": "progress" }), " ", el("span", { cls: "small", text: pc + "%" }));
+    cells[3].replaceChildren(el("progress", { max: 100, value: pc, "aria-label": "analysed" }), " ", el("span", { cls: "small", text: pc + "%" }));
     cells[4].textContent = `${ev.analyzed} / ${plural(ev.total, "commit")}`;
   }
 
@@ -558,7 +558,7 @@
     const id = a.action ?? a.id;
     let row = box.querySelector(`[data-action="${id}"]`);
     if (!row) { row = el("p", { cls: "flash", "data-action": id }); box.append(row); }
-    row.replaceChildren(`${a.kind} #${id}: `, el("progress", { max: a.total || 1, value: a.done }), ` ${a.done}/${a.total} ${a.state}`);
+    row.replaceChildren(`${a.kind} #${id}: `, el("progress", { max: a.total || 1, value: a.done, "aria-label": `${a.kind} progress` }), ` ${a.done}/${a.total} ${a.state}`);
   }
 
   // ------------------------------------------------------------------ repository page
@@ -752,7 +752,7 @@
       row.dataset.status = r.status;
       const cells = row.querySelectorAll("td");
       cells[2].replaceChildren(el("span", { cls: "status s-" + r.status, text: r.status }));
-      cells[3].replaceChildren(el("progress", { max: 100, value: r.progress }), " ", el("span", { cls: "small", text: r.progress + "%" }));
+      cells[3].replaceChildren(el("progress", { max: 100, value: r.progress, "aria-label": "analysed" }), " ", el("span", { cls: "small", text: r.progress + "%" }));
       cells[4].textContent = `${r.commits_analyzed} / ${plural(r.commits_total, "commit")}`;
       if (ACTIVE.has(r.status)) setTimeout(() => pollRow(row), 2000);
     } catch (e) { setTimeout(() => pollRow(row), 5000); }
