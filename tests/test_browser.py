@@ -1,11 +1,16 @@
 """End to end in a real headless Chromium (Debian's package, installed by `make test`)
-against `manage.py up` running as a user starts it. Everything is watched live, without
-reloading: a lock appears with a token and a falling TTL, a progress bar reaches 100%,
-a dead letter appears and is retried with its button, another is discarded through the
-confirm dialog with a reason that the audit log then shows. Every page is checked at
-1280 px: no card overflows sideways (the Workers card was cut), no console error (the
-favicon 404), no markup in the title. Screenshots of every page are saved to
-artifacts/screenshots/ (the README's are copies in docs/)."""
+against ONE `manage.py up` per module (started once: it is expensive), run as a user
+starts it. Everything is watched live, without reloading: a lock appears with a token and
+a falling TTL, a progress bar reaches 100%, a dead letter appears and is retried with its
+button, another is discarded through the confirm dialog with a reason that the Audit page,
+open in another tab, then shows. The tour visits every screen (overview, repositories, a
+repository, a run, locks, workers, dead letters, rollouts, audit, runs, login) at 1280x800
+and 390x844: no card overflows sideways (the Workers card was cut), nothing is wider than
+the viewport, no console error (the favicon 404), no markup in the title, every button
+reachable by keyboard, every table with headers, zero serious or critical axe-core
+violations; the Runs screen, the Repositories list and the overview's Recent activity
+update live, and a hidden tab's socket pauses and catches up when shown. Screenshots of
+every screen are saved to artifacts/screenshots/ (the README's are copies in docs/)."""
 
 from __future__ import annotations
 
@@ -299,6 +304,15 @@ WIDER_THAN_VIEWPORT = """() => document.documentElement.scrollWidth <= innerWidt
     [...document.querySelectorAll('body *')]
       .filter((e) => e.getBoundingClientRect().right > innerWidth + 1).slice(0, 5)
       .map((e) => e.tagName + '.' + e.className)"""
+#: Keyboard and structure: every visible button and link is reachable by Tab, and every
+#: data table has header cells.
+KEYBOARD = """() => [
+    ...[...document.querySelectorAll('button, a[href], summary, select, input:not([type=hidden])')]
+      .filter((e) => e.offsetParent !== null && e.tabIndex < 0)
+      .map((e) => 'unreachable ' + e.outerHTML.slice(0, 80)),
+    ...[...document.querySelectorAll('table')].filter((t) => !t.querySelector('th'))
+      .map((t) => 'no headers ' + (t.id || t.className)),
+]"""
 HIDE = """(hidden) => {
     Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
     Object.defineProperty(document, 'visibilityState',
@@ -322,6 +336,7 @@ def check_screen(page, name: str, size: str) -> None:
     assert "<" not in page.title() and ">" not in page.title(), (name, page.title())
     assert page.evaluate(OVERFLOWING) == [], (name, size, page.evaluate(OVERFLOWING))
     assert page.evaluate(WIDER_THAN_VIEWPORT) == [], (name, size)
+    assert page.evaluate(KEYBOARD) == [], (name, size, page.evaluate(KEYBOARD))
     page.evaluate(AXE.read_text())  # DevTools evaluation: not subject to the page's CSP
     violations = page.evaluate(AXE_RUN, list(BLOCKING))
     assert violations == [], (name, size, violations)
@@ -422,4 +437,13 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
             check_screen(login_page, "login", size)
             assert not errors, ("login", size, errors)
             anon.close()
+        # Focus is visible: Tab lands on the first link, drawn with an outline.
+        page = ctx.new_page()
+        page.goto(f"{base}/")
+        page.keyboard.press("Tab")
+        ring = page.evaluate(
+            "() => { const a = document.activeElement, s = getComputedStyle(a);"
+            " return [a.tagName, s.outlineStyle, parseFloat(s.outlineWidth)]; }"
+        )
+        assert ring[0] == "A" and ring[1] != "none" and ring[2] >= 2, ring
         browser.close()
