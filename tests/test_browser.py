@@ -112,7 +112,7 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
         ops.click("button[type=submit]")
         ops.wait_for_url(f"{base}/")
         ops.goto(f"{base}/locks/")
-        expect(ops.locator("#live-state")).to_have_text("live")
+        expect(ops.locator("#live-state")).to_have_text("live", timeout=30000)
         ops.evaluate("window.__notReloaded = true")
 
         # Submit through the form in a second tab; watch the lock on the Locks page.
@@ -151,7 +151,7 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
 
         # A poison repository: dead after 3 attempts, shown live on the DLQ page.
         ops.goto(f"{base}/dead-letters/")
-        expect(ops.locator("#live-state")).to_have_text("live")
+        expect(ops.locator("#live-state")).to_have_text("live", timeout=30000)
         ops.evaluate("window.__notReloaded = true")
         user.goto(f"{base}/repos/")
         user.fill("input[name=url]", str(poison.path))
@@ -188,7 +188,7 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
         # The Audit page, open in another tab, shows the discard's entry live.
         audit = ctx.new_page()
         audit.goto(f"{base}/audit/")
-        expect(audit.locator("#live-state")).to_have_text("live")
+        expect(audit.locator("#live-state")).to_have_text("live", timeout=30000)
         audit.evaluate("window.__notReloaded = true")
         discard.click()
         expect(ops.locator("#confirm-dialog")).to_be_visible()
@@ -365,13 +365,13 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
         # a repository is submitted, show its runs; the Repositories list its status.
         runs = ctx.new_page()
         runs.goto(f"{base}/runs/")
-        expect(runs.locator("#live-state")).to_have_text("live")
+        expect(runs.locator("#live-state")).to_have_text("live", timeout=30000)
         runs.evaluate("window.__notReloaded = true")
         repos = ctx.new_page()
         repos.goto(f"{base}/repos/")
-        expect(repos.locator("#live-state")).to_have_text("live")
+        expect(repos.locator("#live-state")).to_have_text("live", timeout=30000)
         repos.evaluate("window.__notReloaded = true")
-        expect(ops.locator("#live-state")).to_have_text("live")
+        expect(ops.locator("#live-state")).to_have_text("live", timeout=30000)
         repos.fill("input[name=url]", str(toured.path))
         repos.click("form.submit button[type=submit]")
         repos.wait_for_url(re.compile(r".*/repos/\d+/$"))
@@ -404,7 +404,7 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
         expect(repos.locator("#repo-status")).to_have_text("ready", timeout=60000)
         assert feed.evaluate_all(shown) == before  # paused: no events came
         ops.evaluate(HIDE, False)
-        expect(ops.locator("#live-state")).to_have_text("live")
+        expect(ops.locator("#live-state")).to_have_text("live", timeout=30000)
         expect(ops.locator("#activity-list")).to_contain_text("late", timeout=15000)
 
         run_href = runs.locator("#runs-table a[href^='/runs/']").first.get_attribute("href")
@@ -424,8 +424,8 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
                 errors.clear()
                 page.goto(f"{base}{path}")
                 page.wait_for_load_state("networkidle")
-                if page.locator("#live-state").count():
-                    expect(page.locator("#live-state")).to_have_text("live")  # the dot, live
+                if page.locator("#live-state").count():  # the dot, live
+                    expect(page.locator("#live-state")).to_have_text("live", timeout=30000)
                 check_screen(page, name, size)
                 assert not errors, (name, size, errors)  # no favicon 404, no script error
             # Logged out: the login screen.

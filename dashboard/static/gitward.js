@@ -758,7 +758,26 @@
     } catch (e) { setTimeout(() => pollRow(row), 5000); }
   }
 
+  // Phones stack each table row as "header: value" lines (CSS, max-width 640px): every
+  // cell carries its column's header as data-label, for rows drawn now and later.
+  function labelCells(root) {
+    for (const table of root.querySelectorAll ? root.querySelectorAll("table.grid:not(.timeline)") : []) {
+      const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+      if (!heads.length) continue;
+      for (const row of table.querySelectorAll("tbody tr")) {
+        [...row.children].forEach((cell, i) => {
+          if (cell.colSpan > 1) return;  // "No locks held.": a message, not a column
+          if (heads[i] && cell.dataset.label !== heads[i]) cell.dataset.label = heads[i];
+        });
+      }
+    }
+  }
+  new MutationObserver((records) => {
+    for (const r of records) for (const n of r.addedNodes) if (n.nodeType === 1) labelCells(n.closest("table") || n);
+  }).observe(document.documentElement, { childList: true, subtree: true });
+
   document.addEventListener("DOMContentLoaded", () => {
+    labelCells(document);
     const seed = $("activity-seed");  // the feed as the page was rendered (overview)
     if (seed) { try { state.feed = JSON.parse(seed.textContent) || []; } catch (e) { state.feed = []; } renderFeed(); }
     const dlqBox = $("dlq");
