@@ -313,6 +313,9 @@ KEYBOARD = """() => [
     ...[...document.querySelectorAll('table')].filter((t) => !t.querySelector('th'))
       .map((t) => 'no headers ' + (t.id || t.className)),
 ]"""
+UNLABELLED = """() => [...document.querySelectorAll('table.grid:not(.timeline) tbody td')]
+    .filter((td) => td.colSpan === 1 && td.offsetParent !== null && !td.dataset.label)
+    .slice(0, 5).map((td) => (td.closest('table').id || 'table') + ': ' + td.textContent.slice(0, 40))"""
 HIDE = """(hidden) => {
     Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
     Object.defineProperty(document, 'visibilityState',
@@ -337,6 +340,9 @@ def check_screen(page, name: str, size: str) -> None:
     assert page.evaluate(OVERFLOWING) == [], (name, size, page.evaluate(OVERFLOWING))
     assert page.evaluate(WIDER_THAN_VIEWPORT) == [], (name, size)
     assert page.evaluate(KEYBOARD) == [], (name, size, page.evaluate(KEYBOARD))
+    if size == "phone":  # rows stack as "header: value": every cell names its column
+        unlabelled = page.evaluate(UNLABELLED)
+        assert unlabelled == [], (name, unlabelled)
     page.evaluate(AXE.read_text())  # DevTools evaluation: not subject to the page's CSP
     violations = page.evaluate(AXE_RUN, list(BLOCKING))
     assert violations == [], (name, size, violations)

@@ -761,7 +761,9 @@
   // Phones stack each table row as "header: value" lines (CSS, max-width 640px): every
   // cell carries its column's header as data-label, for rows drawn now and later.
   function labelCells(root) {
-    for (const table of root.querySelectorAll ? root.querySelectorAll("table.grid:not(.timeline)") : []) {
+    const sel = "table.grid:not(.timeline)";
+    const tables = root.matches && root.matches(sel) ? [root] : root.querySelectorAll ? root.querySelectorAll(sel) : [];
+    for (const table of tables) {
       const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
       if (!heads.length) continue;
       for (const row of table.querySelectorAll("tbody tr")) {
