@@ -315,7 +315,7 @@ KEYBOARD = """() => [
 ]"""
 UNLABELLED = """() => [...document.querySelectorAll('table.grid:not(.timeline) tbody td')]
     .filter((td) => td.colSpan === 1 && td.offsetParent !== null && !td.dataset.label)
-    .slice(0, 5).map((td) => (td.closest('table').id || 'table') + ': ' + td.textContent.slice(0, 40))"""
+    .slice(0, 5).map((td) => (td.closest('table').id || 'table') + ': ' + td.textContent)"""
 HIDE = """(hidden) => {
     Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
     Object.defineProperty(document, 'visibilityState',
