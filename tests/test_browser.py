@@ -314,6 +314,7 @@ KEYBOARD = """() => [
       .map((t) => 'no headers ' + (t.id || t.className)),
 ]"""
 UNLABELLED = """() => [...document.querySelectorAll('table.grid:not(.timeline) tbody td')]
+    .filter((td) => td.closest('table').querySelector('thead th'))  // a column table
     .filter((td) => td.colSpan === 1 && td.offsetParent !== null && !td.dataset.label)
     .slice(0, 5).map((td) => (td.closest('table').id || 'table') + ': ' + td.textContent)"""
 HIDE = """(hidden) => {
