@@ -84,6 +84,7 @@ def confirm_in_dialog(page, reason: str = "") -> str:
     dialog = page.locator("#confirm-dialog")
     expect(dialog).to_be_visible(timeout=5000)
     what = dialog.locator("#confirm-what").inner_text()
+    expect(dialog.locator("#confirm-percent")).to_be_hidden()  # only rollout ramps ask for it
     if reason:
         dialog.locator("#confirm-reason").fill(reason)
     dialog.locator("#confirm-ok").click()
