@@ -21,8 +21,15 @@ run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py up
 
-# Headless Chromium for the browser tests (Debian's package; never a downloaded build).
-browser:
+# Headless Chromium for the browser tests (Debian's package; never a downloaded build),
+# and axe-core (npm, pinned by package-lock.json) which they inject to check accessibility.
+AXE := node_modules/axe-core/axe.min.js
+
+$(AXE): package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
+	touch $(AXE)
+
+browser: $(AXE)
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; }
@@ -75,4 +82,4 @@ bench: install
 	$(PY) bench/locks.py
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var node_modules

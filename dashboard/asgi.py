@@ -18,11 +18,17 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from dashboard.consumers import OpsConsumer, RepositoryConsumer, RolloutsConsumer  # noqa: E402
+from dashboard.consumers import (  # noqa: E402
+    OpsConsumer,
+    RepositoryConsumer,
+    RepositoryListConsumer,
+    RolloutsConsumer,
+)
 from dashboard.origins import StrictOriginValidator  # noqa: E402
 
 websocket_urls = [
     path("ws/ops/", OpsConsumer.as_asgi()),
+    path("ws/repos/", RepositoryListConsumer.as_asgi()),
     path("ws/repos/<int:repo_id>/", RepositoryConsumer.as_asgi()),
     path("ws/rollouts/", RolloutsConsumer.as_asgi()),
 ]

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 
+from dashboard.live import publish_event
 from dashboard.models import AuditEntry
 
 REASON_HEADER = "HTTP_X_AUDIT_REASON"
@@ -64,7 +65,7 @@ def record_audit(*, user: Any, action: str, target: str, outcome: str,
     data = dict(detail or {})
     if why:
         data["reason"] = why
-    return AuditEntry.objects.create(
+    entry = AuditEntry.objects.create(
         user=real_user,
         actor=str(actor)[:150],
         action=action,
@@ -72,6 +73,13 @@ def record_audit(*, user: Any, action: str, target: str, outcome: str,
         outcome=outcome[:500],
         detail=data,
     )
+    # The Audit page and the overview's feed show it live (after commit, like every event).
+    publish_event(
+        "audit.recorded",
+        {"entry": entry.pk, "action": action, "actor": entry.actor, "target": entry.target[:200],
+         "outcome": entry.outcome[:200], "reason": why or None},
+    )  # fmt: skip
+    return entry
 
 
 # ---------------------------------------------------------------------------- reading

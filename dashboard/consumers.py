@@ -193,6 +193,22 @@ class RepositoryConsumer(_Coalescing):
         return data
 
 
+class RepositoryListConsumer(_Coalescing):
+    """The repository list (any logged-in user, like the list): ``live.REPOS_GROUP``.
+    Its snapshot is only a time: the page fetches its rows again after a reconnect."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        await self._start([live.REPOS_GROUP])
+
+    async def send_snapshot(self) -> None:
+        self.last_snapshot = asyncio.get_running_loop().time()
+        await self.send_json({"type": "snapshot", "data": {"at": time.time()}})
+
+
 class RolloutsConsumer(_Coalescing):
     """The Rollouts pages: ``rollout.*`` events only (``live.ROLLOUTS_GROUP``)."""
 

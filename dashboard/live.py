@@ -24,7 +24,7 @@ from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 from django.db import transaction
 
-from dashboard import queues
+from dashboard import activity, queues
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ OPS_GROUP = "live.ops"
 #: The Rollouts pages: only ``rollout.*`` events (also sent to ``OPS_GROUP``), so a
 #: flood of job and lock events never reaches them. Needs ``dashboard.view_jobrun``.
 ROLLOUTS_GROUP = "live.rollouts"
+#: The repository list (any logged-in user, like the list itself): only the events that
+#: change a row (``REPO_LIST_TYPES``).
+REPOS_GROUP = "live.repos"
+REPO_LIST_TYPES = frozenset({"repo.changed", "job.progress"})
 
 EVENT_TYPES = frozenset(
     {
@@ -52,6 +56,7 @@ EVENT_TYPES = frozenset(
         "action.progress",
         "repo.changed",
         "rollout.changed",
+        "audit.recorded",
     }
 )
 
@@ -76,7 +81,7 @@ def coalesce_key(event: dict[str, Any]) -> str:
     only needs the newest state of each lock, run, repository or worker."""
     kind = str(event["type"])
     family = kind.split(".", 1)[0]
-    for field in ("key", "run", "repo", "worker", "action"):
+    for field in ("key", "run", "repo", "worker", "action", "entry"):
         if field in event:
             return f"{family}:{field}:{event[field]}"
     return kind
@@ -84,7 +89,8 @@ def coalesce_key(event: dict[str, Any]) -> str:
 
 def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = None) -> None:
     """Send ``{type: kind, at, ...payload}`` to operators (and to the repository's
-    watchers) once the current transaction commits (at once outside one)."""
+    watchers) once the current transaction commits (at once outside one); events worth
+    a line in the overview's feed are kept there too (``dashboard.activity``)."""
     if kind not in EVENT_TYPES:
         raise ValueError(f"unknown live event type {kind!r}")
     event = {"type": kind, "at": round(time.time(), 3), **payload}
@@ -96,9 +102,12 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
         groups = [OPS_GROUP]
         if kind.startswith("rollout."):
             groups.append(ROLLOUTS_GROUP)
+        if kind in REPO_LIST_TYPES:
+            groups.append(REPOS_GROUP)
         if repo_id is not None:
             groups.append(repo_group(repo_id))
         send_to_groups(groups, message, what=kind)
+        activity.record(event)
 
     transaction.on_commit(send)
 

@@ -66,3 +66,26 @@ def queue_server_context(request: HttpRequest) -> dict[str, Any]:
     """Template context: ``queue_server`` for the banner in ``base.html``. A callable,
     so the queue server is pinged only by a template that reads it."""
     return {"queue_server": queues.queue_server}
+
+
+#: Pages whose view names no socket of its own, and the socket that keeps them live
+#: (``live_socket`` from a view wins): the operations socket for operators' pages, the
+#: repository-list socket for the list (any logged-in user, like the list itself).
+_PAGE_SOCKETS = {
+    "audit": "/ws/ops/",
+    "runs": "/ws/ops/",
+    "run": "/ws/ops/",
+    "repositories": "/ws/repos/",
+}
+
+
+def live_socket_context(request: HttpRequest) -> dict[str, Any]:
+    """Template context: ``page_socket`` — every page is live (base.html shows its dot)."""
+    user = getattr(request, "user", None)
+    match = getattr(request, "resolver_match", None)
+    if user is None or not user.is_authenticated or match is None:
+        return {}
+    socket = _PAGE_SOCKETS.get(match.url_name or "")
+    if socket == "/ws/ops/" and not user.has_perm("dashboard.view_jobrun"):
+        return {}
+    return {"page_socket": socket} if socket else {}

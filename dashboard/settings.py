@@ -189,6 +189,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.middleware.queue_server_context",
+                "dashboard.middleware.live_socket_context",
             ],
             # |ago, |shortid, |count, |level on every page (dashboard/templatetags).
             "builtins": ["dashboard.templatetags.gitward"],

@@ -29,7 +29,7 @@ from django.db import connection
 from django.db.models import Q
 from rq import Queue
 
-from dashboard import leases, queues
+from dashboard import activity, leases, queues
 from dashboard.deadletters import dead_runs, list_groups
 from dashboard.live import dropped_events, published_count
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
@@ -159,6 +159,7 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
             for a in actions
         ],
         "fingerprint": current_fingerprint(),
+        "activity": activity.recent(),
     }
 
 

@@ -85,21 +85,21 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         page.fill("#id_steps", "50,10")
         page.check("#id_detect_renames")
         page.click("#start-button")
-        expect(page.locator("#rollout-dialog")).to_be_visible()
-        page.click("#rollout-ok")
+        expect(page.locator("#confirm-dialog")).to_be_visible()
+        page.click("#confirm-ok")
         expect(page.locator('.field-error[data-field="steps"]')).to_contain_text(
             "steps must increase"
         )
         page.fill("#id_steps", "10,100")
         page.check("#id_detect_renames")
         page.click("#start-button")
-        dialog = page.locator("#rollout-dialog")
+        dialog = page.locator("#confirm-dialog")
         expect(dialog).to_be_visible()
         assert page.locator("dialog:modal").count() == 1  # a real modal, not confirm()
-        expect(page.locator("#rollout-plan")).to_contain_text("detect_renames=true")
-        expect(page.locator("#rollout-plan")).to_contain_text("10% → 100%")
-        page.fill("#rollout-reason", "renames as one file")
-        page.click("#rollout-ok")
+        expect(page.locator("#confirm-what")).to_contain_text("detect_renames=true")
+        expect(page.locator("#confirm-what")).to_contain_text("10% → 100%")
+        page.fill("#confirm-reason", "renames as one file")
+        page.click("#confirm-ok")
         page.wait_for_url(re.compile(r".*/rollouts/\d+/$"))
         rollout_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
         section = page.locator(f"#rollout-{rollout_id}")
@@ -144,9 +144,9 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
 
         # Promote to the first step through the modal.
         section.locator("button[data-verb=promote]").click()
-        expect(page.locator("#rollout-plan")).to_contain_text("from 0% to 10%")
-        page.fill("#rollout-reason", "diff reviewed")
-        page.click("#rollout-ok")
+        expect(page.locator("#confirm-what")).to_contain_text("from 0% to 10%")
+        page.fill("#confirm-reason", "diff reviewed")
+        page.click("#confirm-ok")
         expect(page.locator(".flash.success")).to_contain_text("promote requested")
         section = page.locator(f"#rollout-{rollout_id}")
         page.evaluate("window.__notReloaded = true")
@@ -164,9 +164,9 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         expect(dlq.locator("#dlq-body details.group .offer")).to_contain_text("(ramping)")
         dlq.screenshot(path=str(SHOTS / "rollout-dead-letters.png"), full_page=True)
         offer.click()
-        expect(dlq.locator("#rollout-plan")).to_contain_text(f"to {old}: stop routing")
-        dlq.click("#rollout-cancel")  # cancelled: nothing happens
-        expect(dlq.locator("#rollout-dialog")).to_be_hidden()
+        expect(dlq.locator("#confirm-what")).to_contain_text(f"to {old}: stop routing")
+        dlq.click("#confirm-cancel")  # cancelled: nothing happens
+        expect(dlq.locator("#confirm-dialog")).to_be_hidden()
         dlq.close()
 
         page.goto(f"{base}/rollouts/")
@@ -177,7 +177,7 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
             button = page.locator(f"#rollout-{rollout_id} button[data-verb=promote]")
             expect(button).to_have_text(step, timeout=30000)
             button.click()
-            page.click("#rollout-ok")
+            page.click("#confirm-ok")
             expect(page.locator(".flash.success")).to_contain_text("promote requested")
         section = page.locator(f"#rollout-{rollout_id}")
         expect(section.locator('[data-field="version-state"]')).to_have_text(
@@ -188,12 +188,12 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         # One button: roll back, via the modal naming exactly what happens.
         section.locator("button[data-verb=rollback]").click()
         assert page.locator("dialog:modal").count() == 1
-        plan = page.locator("#rollout-plan")
+        plan = page.locator("#confirm-what")
         expect(plan).to_contain_text(f"to {old}: stop routing to")
         expect(plan).to_contain_text("becomes current again")
         expect(plan).to_contain_text("release the deploy lock")
-        page.fill("#rollout-reason", "numbers look wrong")
-        page.click("#rollout-ok")
+        page.fill("#confirm-reason", "numbers look wrong")
+        page.click("#confirm-ok")
         expect(page.locator(".flash.success")).to_contain_text(f"routed back to {old}")
         section = page.locator(f"#rollout-{rollout_id}")
         expect(section.locator('[data-field="rollout-state"]')).to_have_text(

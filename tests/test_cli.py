@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from dashboard.models import ApiToken, Repository
+from dashboard.plurals import count
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 
@@ -101,3 +102,31 @@ def test_api_token_prints_a_working_token(client, capsys) -> None:
     assert res.status_code == 404 and res.json() == {"error": "repository not found"}
     with pytest.raises(CommandError, match="no user"):
         call_command("api_token", "nobody")
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "text"),
+    [
+        (0, "run", "0 runs"),
+        (1, "run", "1 run"),
+        (2, "run", "2 runs"),
+        (1, "repository,repositories", "1 repository"),
+        (1204, "repository,repositories", "1,204 repositories"),
+        (1.5, "worker", "1.5 workers"),
+        (None, "commit", "0 commits"),
+    ],
+)
+def test_counts_take_the_right_noun_in_every_cli_message(n, noun, text) -> None:
+    assert count(n, noun) == text
+
+
+def test_submit_names_one_commit_in_the_singular(tmp_path, capsys) -> None:
+    one = GitRepo.create(tmp_path / "one")
+    one.commit("only", {"a.txt": "a\n"})
+    call_command("submit", str(one.path))
+    out = capsys.readouterr().out
+    assert out.startswith("submitted repository") and "0/0 commits" in out
+    run_workers()
+    call_command("submit", str(one.path))
+    again = capsys.readouterr().out
+    assert again.startswith("already known:") and again.rstrip().endswith("1/1 commit"), again

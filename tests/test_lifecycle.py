@@ -152,11 +152,14 @@ def test_the_dlq_command_lists_retries_and_refuses_bad_arguments(
     run_workers()
     call_command("dlq", "list", "--json")
     [group] = json.loads(capsys.readouterr().out)
+    call_command("dlq", "list")
+    listed = capsys.readouterr().out
+    assert " 1 run  1 repository  " in listed and " runs " not in listed and " repos " not in listed
     with pytest.raises(CommandError, match="exactly one"):
         call_command("dlq", "retry")
     monkeypatch.delenv("GITWARD_FAILPOINTS")
     call_command("dlq", "retry", "--group", group["group"])
-    assert capsys.readouterr().out.strip() == "1 runs re-queued"
+    assert capsys.readouterr().out.strip() == "1 run re-queued"  # not "1 runs"
     call_command("dlq", "retry", "--group", group["group"])  # already retried: nothing
     assert capsys.readouterr().out.strip() == "0 runs re-queued"
     run_workers()

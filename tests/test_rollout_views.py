@@ -319,7 +319,11 @@ def test_dead_letters_of_a_ramping_version_offer_a_rollback_beside_them(tmp_path
     assert offer["plan"].startswith("roll back ") and data["can_rollback"] is True
     # The page carries the offers endpoint and the confirm dialog for the button.
     page = admin.get("/dead-letters/").content.decode()
-    assert 'data-offers="/rollouts/offers/"' in page and 'id="rollout-dialog"' in page
+    assert (
+        'data-offers="/rollouts/offers/"' in page
+        and 'id="confirm-dialog"' in page
+        and page.count("<dialog") == 1
+    )
     # An operator without the permission sees the offer but gets no button.
     op = client_for(make_user("op", perms=OPS))
     assert op.get("/rollouts/offers/").json()["can_rollback"] is False

@@ -93,17 +93,38 @@
   });
 
   // ------------------------------------------------------------------ confirm dialog
-  // templates/_confirm.html documents the contract. One dialog per page; ``run(reason)``
-  // does the action and its error, if any, is shown in the dialog.
-  function confirmAction(opts) {
+  // templates/_confirm.html documents the contract: ONE dialog per page, for the JSON
+  // actions (confirmAction: ``run(reason)`` does the action, its error shows in the
+  // dialog) and for the Rollouts form posts (openConfirm: the dialog's form is posted).
+  function fillConfirm(o) {
     const dlg = $("confirm-dialog");
-    if (!dlg || typeof dlg.showModal !== "function") return Promise.resolve(false);
+    if (!dlg || typeof dlg.showModal !== "function") return null;
+    $("confirm-title").textContent = o.title;
+    $("confirm-what").textContent = o.what;
+    const ok = $("confirm-ok");
+    ok.textContent = o.verb || o.title;
+    ok.className = o.danger ? "danger" : "";
+    ok.disabled = false;
+    $("confirm-form").action = o.action || "";
+    $("confirm-percent-row").hidden = !o.percent;
+    $("confirm-percent").required = !!o.percent;
+    $("confirm-percent").value = "";
+    $("confirm-reason").value = o.reason || "";
+    $("confirm-next").value = location.pathname;
+    const err = $("confirm-error");
+    err.hidden = true; err.textContent = "";
+    dlg.dataset.mode = o.mode;
+    dlg.dataset.verb = o.dataVerb || "";
+    return dlg;
+  }
+  function showConfirm(dlg, o) {
+    dlg.showModal();
+    (o.percent ? $("confirm-percent") : o.danger ? $("confirm-cancel") : $("confirm-reason")).focus();
+  }
+  function confirmAction(opts) {
+    const dlg = fillConfirm({ ...opts, mode: "json" });
+    if (!dlg) return Promise.resolve(false);
     const ok = $("confirm-ok"), reason = $("confirm-reason"), err = $("confirm-error");
-    $("confirm-title").textContent = opts.title;
-    $("confirm-what").textContent = opts.what;
-    ok.textContent = opts.verb || opts.title;
-    ok.className = opts.danger ? "danger" : "";
-    reason.value = ""; err.hidden = true; err.textContent = ""; ok.disabled = false;
     return new Promise((resolve) => {
       const done = (value) => { cleanup(); if (dlg.open) dlg.close(); resolve(value); };
       const onSubmit = async (e) => {
@@ -112,20 +133,20 @@
         try { const r = await opts.run(reason.value.trim()); done(r === undefined ? true : r); }
         catch (ex) { err.textContent = ex.message; err.hidden = false; ok.disabled = false; }
       };
-      const onCancel = () => done(false);
       const onClose = () => { cleanup(); resolve(false); };
       function cleanup() {
         $("confirm-form").removeEventListener("submit", onSubmit);
-        $("confirm-cancel").removeEventListener("click", onCancel);
         dlg.removeEventListener("close", onClose);
       }
       $("confirm-form").addEventListener("submit", onSubmit);
-      $("confirm-cancel").addEventListener("click", onCancel);
       dlg.addEventListener("close", onClose);
-      dlg.showModal();
-      (opts.danger ? $("confirm-cancel") : reason).focus();
+      showConfirm(dlg, opts);
     });
   }
+  // Cancel (and Esc, natively) closes whichever use of the dialog is open.
+  document.addEventListener("click", (e) => {
+    if (e.target instanceof Element && e.target.id === "confirm-cancel") $("confirm-dialog").close("cancel");
+  });
   window.gitward = { confirmAction, post };
   // Declarative buttons: data-confirm-url, -body (JSON), -title, -what, -danger.
   document.addEventListener("click", async (e) => {
@@ -148,11 +169,14 @@
   });
 
   // ------------------------------------------------------------------ socket
-  const socketPath = document.body.dataset.liveSocket;
+  const socketPath = document.body.dataset.liveSocket || "";
+  const onRepoPage = /^\/ws\/repos\/\d+\//.test(socketPath), onRepoList = socketPath === "/ws/repos/";
   let ws = null;
   let retryMs = 500;
   let snapshotTimer = null;
-  const state = { locks: new Map(), snapshot: null, repo: null };
+  let retryTimer = null;
+  let snapshots = 0;  // how many this page got: the first one is the state it was rendered in
+  const state = { locks: new Map(), snapshot: null, repo: null, feed: [] };
 
   function setDot(mode) {
     const dot = $("live-dot"), label = $("live-state");
@@ -160,25 +184,43 @@
     if (label) label.textContent = mode;
   }
   function connect() {
-    if (!socketPath) return;
+    if (!socketPath || document.hidden) return;
+    if (ws && ws.readyState <= WebSocket.OPEN) return;  // connecting or open already
+    clearTimeout(retryTimer);
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    ws = new WebSocket(scheme + location.host + socketPath);
-    ws.onopen = () => { retryMs = 500; setDot("live"); };
-    ws.onmessage = (msg) => {
+    const sock = new WebSocket(scheme + location.host + socketPath);
+    ws = sock;
+    sock.onopen = () => { retryMs = 500; setDot("live"); };
+    sock.onmessage = (msg) => {
       const data = JSON.parse(msg.data);
-      if (data.type === "snapshot") onSnapshot(data.data);
+      if (data.type === "snapshot") { snapshots += 1; onSnapshot(data.data); }
       else if (data.type === "events") {
         data.events.forEach(onEvent);
         if (data.dropped) refreshSoon();  // we missed some: resync from a snapshot
       }
     };
-    ws.onclose = (ev) => {
+    sock.onclose = (ev) => {
+      if (sock !== ws) return;  // a socket we let go on purpose (tab hidden)
       if (ev.code === 4401 || ev.code === 4403 || ev.code === 4404) { setDot("refused"); return; }
       setDot("reconnecting");
-      setTimeout(connect, retryMs);
+      retryTimer = setTimeout(connect, retryMs);
       retryMs = Math.min(retryMs * 2, 10000);
     };
   }
+  // A hidden tab lets its socket go (no events to a page nobody sees); shown again it
+  // connects, and the snapshot every connect begins with catches the page up.
+  document.addEventListener("visibilitychange", () => {
+    if (!socketPath) return;
+    if (document.hidden) {
+      clearTimeout(retryTimer);
+      const sock = ws; ws = null;
+      if (sock) sock.close(1000, "hidden");
+      setDot("paused");
+    } else {
+      setDot("reconnecting");
+      connect();
+    }
+  });
   // Aggregates (queue rates, DLQ groups, workers) come from snapshots, asked for at most
   // once a second while events arrive; locks and progress are applied event by event.
   function refreshSoon() {
@@ -190,9 +232,12 @@
   }
 
   function onSnapshot(data) {
-    if (socketPath.startsWith("/ws/repos/")) { renderRepo(data); return; }
+    if (snapshots > 1) swapAllRegions();  // a reconnect or a tab shown again: catch up
+    if (onRepoPage) { renderRepo(data); return; }
+    if (onRepoList) return;
     if (socketPath.startsWith("/ws/rollouts/")) { onRolloutsSnapshot(data); return; }
     state.snapshot = data;
+    if (data.activity) { state.feed = data.activity.slice(0, FEED_MAX); renderFeed(); }
     const now = performance.now();
     state.locks = new Map(data.locks.map((l) => [l.key, { ...l, expiresAt: now + l.ttl_ms }]));
     renderOps(data);
@@ -201,8 +246,11 @@
 
   function onEvent(ev) {
     const t = ev.type;
-    if (socketPath.startsWith("/ws/repos/")) { onRepoEvent(ev); return; }
+    if (onRepoPage) { onRepoEvent(ev); return; }
     if (socketPath.startsWith("/ws/rollouts/")) { onRolloutEvent(ev); return; }
+    onRegionEvent(ev);
+    if (onRepoList) return;
+    if (isActivity(ev)) { state.feed.unshift(ev); state.feed.length = Math.min(state.feed.length, FEED_MAX); renderFeed(); }
     if (t === "lock.acquired") {
       state.locks.set(ev.key, { ...ev, expiresAt: performance.now() + ev.ttl_ms });
       renderLocks();
@@ -222,6 +270,89 @@
     } else {
       refreshSoon();
     }
+  }
+
+  // ------------------------------------------------------------------ recent activity
+  // The overview's feed (dashboard/activity.py keeps the list): seeded from the page's
+  // snapshot, then every event worth a line is prepended, newest first; the select
+  // filters by kind. Every value is text (textContent), links are built from ids.
+  const FEED_MAX = 100;
+  const TICKS = new Set(["job.progress", "lock.extended", "worker.heartbeat"]);
+  function isActivity(ev) {
+    if (TICKS.has(ev.type)) return false;
+    return ev.type !== "action.progress" || ev.state !== "running";
+  }
+  function repoLink(id, name) { return id ? el("a", { href: `/repos/${encodeURIComponent(id)}/`, text: name || `repository #${id}` }) : "?"; }
+  function describe(ev) {
+    const [family, what] = String(ev.type).split(".", 2);
+    if (family === "job" && !ev.run) return [`queue ${ev.queue} ${ev.paused ? "paused" : "resumed"}`];
+    if (family === "job") {
+      const verb = { queued: "queued", started: "started", succeeded: "succeeded", failed: "failed (will retry)", dead: "dead (dead letters)", deferred: "deferred (lock busy)" }[what] || what;
+      return [el("a", { href: `/runs/${encodeURIComponent(ev.run)}/`, text: `${ev.kind || "job"} run #${ev.run}` }), ` ${verb}`,
+        ev.attempt ? `, attempt ${ev.attempt}` : "", ev.repo ? " · " : "", ev.repo ? repoLink(ev.repo) : null];
+    }
+    if (family === "lock") {
+      const res = [ev.repo ? repoLink(ev.repo, ev.repo_name) : null, ev.repo ? " · " : "", ev.what || ev.key];
+      if (what === "acquired") return ["lock taken on ", ...res, " by ", ev.worker || "?", ev.token ? `, token ${ev.token}` : ""];
+      if (what === "lost") return ["lock lost: ", ev.key, ev.job ? ` (job ${shorten(ev.job)})` : ""];
+      return [ev.forced ? "lock force-released: " : "lock released: ", ev.key, ev.token ? `, token now ${ev.token}` : ""];
+    }
+    if (family === "repo") return [repoLink(ev.repo, ev.url), ` is ${ev.status || "changed"}`, ev.error ? `: ${ev.error}` : ""];
+    if (family === "dlq") return [el("a", { href: "/dead-letters/", text: "dead letters" }), " changed"];
+    if (family === "action") return [`${ev.kind} #${ev.action}: ${ev.done}/${ev.total} ${ev.state}`];
+    if (family === "audit") return [el("a", { href: `/audit/?action=${encodeURIComponent(ev.action)}`, text: ev.action }), ` by ${ev.actor} on ${ev.target}`, ev.outcome ? ` — ${ev.outcome}` : "", ev.reason ? ` (reason: ${ev.reason})` : ""];
+    if (family === "rollout") return [el("a", { href: ev.rollout ? `/rollouts/${encodeURIComponent(ev.rollout)}/` : "/rollouts/", text: `rollout ${ev.key || ev.rollout || ""}`.trim() }), ` ${ev.rollout_state || ev.version_state || what}`, ev.ramp_percent ? ` ${ev.ramp_percent}%` : ""];
+    return [ev.type];
+  }
+  function renderFeed() {
+    const list = $("activity-list");
+    if (!list) return;
+    const kind = ($("activity-kind") || {}).value || "";
+    const rows = state.feed.filter((ev) => !kind || String(ev.type).startsWith(kind + "."));
+    list.replaceChildren(...(rows.length ? rows.slice(0, 50).map((ev) => el("li", { "data-type": ev.type, "data-at": ev.at }, [
+      ago(new Date(ev.at * 1000).toISOString()), " ", el("span", { cls: "pill kind", text: ev.type }), " ", ...describe(ev)]))
+      : [el("li", { cls: "muted empty", text: kind ? `No ${kind} events yet.` : "No activity yet." })]));
+  }
+  document.addEventListener("change", (e) => { if (e.target instanceof Element && e.target.id === "activity-kind") renderFeed(); });
+
+  // ------------------------------------------------------------------ live regions
+  // Server-rendered tables (filtered and paged there) kept live: an event that may
+  // change one fetches the page again (at most once a second) and swaps the table in —
+  // never while a dialog is open. Same origin, escaped by the server.
+  const REGIONS = [
+    ["audit-table", (t) => t === "audit.recorded"],
+    ["runs-table", (t) => t.startsWith("job.") && t !== "job.progress"],
+    ["repo-table", (t) => t === "repo.changed"],
+    ["run-live", (t, ev) => t.startsWith("job.") && String(ev.run) === (($("run-live") || {}).dataset || {}).run],
+  ];
+  const regionTimers = new Map();
+  function swapSoon(id) {
+    if (regionTimers.has(id)) return;
+    regionTimers.set(id, setTimeout(async () => {
+      try {
+        if (dialogOpen()) return;
+        const res = await fetch(location.href, { credentials: "same-origin" });
+        if (!res.ok) return;
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        const fresh = doc.getElementById(id), current = $(id);
+        if (fresh && current && !dialogOpen()) { current.replaceWith(document.importNode(fresh, true)); tickTimes(); }
+      } catch (err) { /* the next event or snapshot tries again */ }
+      finally { setTimeout(() => regionTimers.delete(id), 1000); }
+    }, 150));
+  }
+  function onRegionEvent(ev) {
+    for (const [id, wants] of REGIONS) if ($(id) && wants(String(ev.type), ev)) swapSoon(id);
+    if (ev.type === "job.progress") progressRow(ev);
+  }
+  function swapAllRegions() { for (const [id] of REGIONS) if ($(id)) swapSoon(id); }
+  // A repository row's progress, straight from the event (no fetch).
+  function progressRow(ev) {
+    const row = document.querySelector(`#repo-table tr[data-repo-id="${CSS.escape(String(ev.repo))}"]`);
+    if (!row || !ev.total) return;
+    const pc = Math.min(100, Math.round(1000 * ev.analyzed / ev.total) / 10);
+    const cells = row.querySelectorAll("td");
+    cells[3].replaceChildren(el("progress", { max: 100, value: pc, "aria-label": "analysed" }), " ", el("span", { cls: "small", text: pc + "%" }));
+    cells[4].textContent = `${ev.analyzed} / ${plural(ev.total, "commit")}`;
   }
 
   // ------------------------------------------------------------------ ops page
@@ -427,7 +558,7 @@
     const id = a.action ?? a.id;
     let row = box.querySelector(`[data-action="${id}"]`);
     if (!row) { row = el("p", { cls: "flash", "data-action": id }); box.append(row); }
-    row.replaceChildren(`${a.kind} #${id}: `, el("progress", { max: a.total || 1, value: a.done }), ` ${a.done}/${a.total} ${a.state}`);
+    row.replaceChildren(`${a.kind} #${id}: `, el("progress", { max: a.total || 1, value: a.done, "aria-label": `${a.kind} progress` }), ` ${a.done}/${a.total} ${a.state}`);
   }
 
   // ------------------------------------------------------------------ repository page
@@ -483,7 +614,7 @@
   // (warming, verified without its diff yet, a request pending), the page is refetched
   // every 2 s too: those changes are written without a rollout.* event.
   let swapTimer = null, swapPending = false, lastRollouts = null;
-  // Any dialog: the rollout step here or the shared confirm (templates/_confirm.html).
+  // The confirm dialog (templates/_confirm.html) or any other.
   function dialogOpen() { return !!document.querySelector("dialog[open]"); }
   function swapRolloutsSoon(delay) {
     if (!$("rollouts-live")) return;
@@ -522,32 +653,20 @@
   }, 2000);
 
 
-  // The confirm step of every rollout button (server-rendered or drawn here): a modal
-  // <dialog> naming exactly what will happen, with an optional reason for the audit log.
+  // The confirm step of every rollout button (server-rendered or drawn here): the same
+  // dialog, in form mode: its form posts the reason (and a percentage) to the button's URL.
   function openConfirm(btn) {
-    const dialog = $("rollout-dialog");
-    if (!dialog) return;
-    const form = $("rollout-form");
-    form.action = btn.dataset.confirm;
-    $("rollout-title").textContent = btn.dataset.title || btn.textContent;
-    $("rollout-plan").textContent = btn.dataset.plan || "";
-    const needsPercent = btn.dataset.percent === "1";
-    $("rollout-percent-row").hidden = !needsPercent;
-    $("rollout-percent").required = needsPercent;
-    $("rollout-percent").value = "";
-    $("rollout-reason").value = "";
-    $("rollout-next").value = location.pathname;
-    const ok = $("rollout-ok");
-    ok.textContent = btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm";
-    ok.className = btn.dataset.danger === "1" ? "danger" : "";
-    dialog.dataset.verb = btn.dataset.verb || "";
-    dialog.showModal();
-    (needsPercent ? $("rollout-percent") : $("rollout-reason")).focus();
+    const o = {
+      mode: "form", action: btn.dataset.confirm, title: btn.dataset.title || btn.textContent,
+      what: btn.dataset.plan || "", percent: btn.dataset.percent === "1", danger: btn.dataset.danger === "1",
+      verb: btn.dataset.title ? `Confirm: ${btn.dataset.title}` : "Confirm", dataVerb: btn.dataset.verb || "",
+    };
+    const dlg = fillConfirm(o);
+    if (dlg) showConfirm(dlg, { ...o, danger: false });
   }
   document.addEventListener("click", (e) => {
     const btn = e.target instanceof Element ? e.target.closest("button[data-confirm]") : null;
-    if (btn) { e.preventDefault(); openConfirm(btn); return; }
-    if (e.target instanceof Element && e.target.id === "rollout-cancel") $("rollout-dialog").close("cancel");
+    if (btn) { e.preventDefault(); openConfirm(btn); }
   });
   document.addEventListener("close", (e) => {
     if (e.target instanceof HTMLDialogElement && swapPending && !dialogOpen()) { swapPending = false; swapRolloutsSoon(0); }
@@ -565,26 +684,18 @@
       `a driver takes locks:queue:${f.get("queue")}:deploy, warms the warm set under the new fingerprint and opens the gate only if the verdict passes; ` +
       `then ramp ${String(f.get("steps") || "").split(/[\s,]+/).filter(Boolean).map((x) => x.replace(/%$/, "") + "%").join(" → ")} ` +
       (f.get("auto") ? "automatically, health-checked between steps." : "when you promote each step.");
-    const dialog = $("rollout-dialog");
-    $("rollout-title").textContent = "Start rollout";
-    $("rollout-plan").textContent = plan;
-    $("rollout-percent-row").hidden = true;
-    $("rollout-percent").required = false;
-    $("rollout-reason").value = String(f.get("reason") || "");
-    $("rollout-ok").textContent = "Confirm: start rollout";
-    $("rollout-ok").className = "";
-    dialog.dataset.verb = "start";
-    dialog.showModal();
-    $("rollout-reason").focus();
+    const o = { mode: "form", title: "Start rollout", what: plan, verb: "Confirm: start rollout", dataVerb: "start", reason: String(f.get("reason") || "") };
+    const dlg = fillConfirm(o);
+    if (dlg) showConfirm(dlg, o);
   });
   document.addEventListener("submit", (e) => {
     const form = e.target;
-    if (!(form instanceof HTMLFormElement) || form.id !== "rollout-form") return;
-    const dialog = $("rollout-dialog");
-    if (dialog.dataset.verb !== "start") return;
+    if (!(form instanceof HTMLFormElement) || form.id !== "confirm-form") return;
+    const dialog = $("confirm-dialog");
+    if (dialog.dataset.mode !== "form" || dialog.dataset.verb !== "start") return;
     e.preventDefault();
     const start = $("start-form");
-    start.querySelector("[name=reason]").value = $("rollout-reason").value;
+    start.querySelector("[name=reason]").value = $("confirm-reason").value;
     start.dataset.confirmed = "1";
     dialog.close("ok");
     start.submit();
@@ -641,18 +752,41 @@
       row.dataset.status = r.status;
       const cells = row.querySelectorAll("td");
       cells[2].replaceChildren(el("span", { cls: "status s-" + r.status, text: r.status }));
-      cells[3].replaceChildren(el("progress", { max: 100, value: r.progress }), " ", el("span", { cls: "small", text: r.progress + "%" }));
+      cells[3].replaceChildren(el("progress", { max: 100, value: r.progress, "aria-label": "analysed" }), " ", el("span", { cls: "small", text: r.progress + "%" }));
       cells[4].textContent = `${r.commits_analyzed} / ${plural(r.commits_total, "commit")}`;
       if (ACTIVE.has(r.status)) setTimeout(() => pollRow(row), 2000);
     } catch (e) { setTimeout(() => pollRow(row), 5000); }
   }
 
+  // Phones stack each table row as "header: value" lines (CSS, max-width 640px): every
+  // cell carries its column's header as data-label, for rows drawn now and later.
+  function labelCells(root) {
+    const sel = "table.grid:not(.timeline)";
+    const tables = root.matches && root.matches(sel) ? [root] : root.querySelectorAll ? root.querySelectorAll(sel) : [];
+    for (const table of tables) {
+      const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+      if (!heads.length) continue;
+      for (const row of table.querySelectorAll("tbody tr")) {
+        [...row.children].forEach((cell, i) => {
+          if (cell.colSpan > 1) return;  // "No locks held.": a message, not a column
+          if (heads[i] && cell.dataset.label !== heads[i]) cell.dataset.label = heads[i];
+        });
+      }
+    }
+  }
+  new MutationObserver((records) => {
+    for (const r of records) for (const n of r.addedNodes) if (n.nodeType === 1) labelCells(n.closest("table") || n);
+  }).observe(document.documentElement, { childList: true, subtree: true });
+
   document.addEventListener("DOMContentLoaded", () => {
+    labelCells(document);
+    const seed = $("activity-seed");  // the feed as the page was rendered (overview)
+    if (seed) { try { state.feed = JSON.parse(seed.textContent) || []; } catch (e) { state.feed = []; } renderFeed(); }
     const dlqBox = $("dlq");
     if (dlqBox) wireGroups(dlqBox);
     if (socketPath) connect();
     tickTimes();
-    if (!socketPath || !socketPath.startsWith("/ws/ops/")) {
+    if (!socketPath) {
       for (const row of document.querySelectorAll("#repo-table tr[data-repo-id]")) if (ACTIVE.has(row.dataset.status)) pollRow(row);
     }
   });

@@ -16,6 +16,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from dashboard import plurals
+
 register = template.Library()
 
 
@@ -130,15 +132,8 @@ def took(start: Any, end: Any) -> str:
 
 @register.filter
 def count(value: Any, noun: str) -> str:
-    """``1 repository``, ``2 repositories``, ``1,204 runs``: ``noun`` is
-    ``singular,plural`` or a singular that takes an ``s``."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = 0.0
-    singular, _, plural = noun.partition(",")
-    number = f"{int(x):,}" if x == int(x) else f"{x:,.1f}"
-    return f"{number} {singular if x == 1 else (plural or singular + 's')}"
+    """``1 repository``, ``2 repositories``, ``1,204 runs`` (``dashboard.plurals``)."""
+    return plurals.count(value, noun)
 
 
 @register.filter

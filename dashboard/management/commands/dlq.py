@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.audit import record_audit
 from dashboard.deadletters import list_groups, new_bulk, run_bulk
+from dashboard.plurals import count
 
 
 class Command(BaseCommand):
@@ -31,7 +32,8 @@ class Command(BaseCommand):
                 self.stdout.write("the dead-letter queue is empty")
             for g in groups:
                 self.stdout.write(
-                    f"{g['group']}  {g['count']:>6} runs  {g['repositories']} repos  "
+                    f"{g['group']}  {count(g['count'], 'run'):>10}  "
+                    f"{count(g['repositories'], 'repository,repositories')}  "
                     f"last {g['last_seen']}  {g['cause']}"
                 )
             return
@@ -54,4 +56,4 @@ class Command(BaseCommand):
                          outcome=f"failed: {exc}")  # fmt: skip
             raise CommandError(f"{options['action']} failed: {exc}") from None
         verb = "re-queued" if options["action"] == "retry" else "discarded"
-        self.stdout.write(f"{action.done} runs {verb}")
+        self.stdout.write(f"{count(action.done, 'run')} {verb}")

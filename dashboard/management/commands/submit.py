@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.models import Repository
+from dashboard.plurals import count
 from dashboard.queues import RedisUnavailable
 from dashboard.repositories import InvalidRemote, repository_status, submit_repository
 
@@ -62,7 +63,7 @@ class Command(BaseCommand):
         verb = "submitted" if created else "already known:" if created is False else ""
         self.stdout.write(
             f"{verb} repository {repo.pk} {repo.url} [{state['status']}] "
-            f"{state['commits_analyzed']}/{state['commits_total']} commits".replace(
+            f"{state['commits_analyzed']}/{count(state['commits_total'], 'commit')}".replace(
                 "  ", " "
             ).strip()
         )

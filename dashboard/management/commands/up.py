@@ -25,6 +25,7 @@ from uvicorn.supervisors import Multiprocess
 
 from dashboard import embedded
 from dashboard.accounts import ensure_admin
+from dashboard.plurals import count
 from dashboard.reconciler import reconcile
 from dashboard.samples import record_samples
 from workers.pool import Pool
@@ -92,7 +93,9 @@ class Command(BaseCommand):
             threading.Thread(
                 target=_supervise, args=(pool, nodes, stop_reconciler), daemon=True
             ).start()
-            self.stdout.write(f"gitward is up on http://{host}:{port}/ with {workers} workers")
+            self.stdout.write(
+                f"gitward is up on http://{host}:{port}/ with {count(workers, 'worker')}"
+            )
             config = uvicorn.Config(
                 "dashboard.asgi:application",
                 host=host,

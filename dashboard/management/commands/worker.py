@@ -68,7 +68,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         pool.start()
-        self.stdout.write(f"started {len(pool.children)} workers: {pool.specs()}")
+        self.stdout.write(f"started {count(len(pool.children), 'worker')}: {pool.specs()}")
         while not stop["now"]:
             pool.check()
             time.sleep(1)

@@ -1,0 +1,134 @@
+"""The overview's Recent activity feed (dashboard/activity.py) and the sockets that keep
+every page live: events worth a line are kept newest first (state ticks are not), the
+overview is seeded with them, audit entries are events, the repository list has its own
+socket for any logged-in user, and every page names the socket that keeps it live."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.test import Client
+
+from dashboard import activity
+from dashboard.audit import record_audit
+from dashboard.live import publish_event
+from dashboard.models import JobRun
+from dashboard.repositories import submit_repository
+from tests.conftest import run_workers
+from tests.gitrepo import GitRepo
+from tests.test_live import connect, make_user, session_headers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+OPS = ("view_jobrun",)
+
+
+def test_the_feed_keeps_activity_newest_first_and_leaves_state_ticks_out() -> None:
+    publish_event("job.started", {"run": 1, "job": "j1", "kind": "analyze", "repo": 7})
+    publish_event("job.progress", {"repo": 7, "analyzed": 3, "total": 9})
+    publish_event("lock.extended", {"key": "k", "extensions": 2, "ttl_ms": 1000})
+    publish_event("worker.heartbeat", {"worker": "w", "last_seen": "x", "rss": 1})
+    publish_event("action.progress", {"action": 4, "kind": "retry", "state": "running"})
+    publish_event("action.progress", {"action": 4, "kind": "retry", "state": "done"})
+    publish_event("job.succeeded", {"run": 1, "job": "j1", "kind": "analyze", "repo": 7})
+    kinds = [(e["type"], e.get("state")) for e in activity.recent()]
+    assert kinds == [("job.succeeded", None), ("action.progress", "done"), ("job.started", None)]
+    for i in range(activity.FEED_SIZE + 20):
+        publish_event("dlq.changed", {"n": i})
+    assert len(activity.recent(limit=10_000)) == activity.FEED_SIZE  # trimmed
+    assert activity.recent(limit=1)[0]["n"] == activity.FEED_SIZE + 19  # the newest
+
+
+def test_an_event_is_kept_only_once_its_transaction_commits() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish_event("job.queued", {"run": 9, "job": "rolled-back", "kind": "sync"})
+        raise RuntimeError("rolled back")
+    assert activity.recent() == []
+
+
+def test_the_overview_is_seeded_with_the_feed_and_audit_entries_are_events() -> None:
+    op = make_user("op", staff=True, perms=OPS)
+    record_audit(user=op, action="dlq.discard", target="group g", outcome="3 runs",
+                 reason="<b>cleanup</b>")  # fmt: skip
+    [entry] = activity.recent()
+    assert entry["type"] == "audit.recorded" and entry["reason"] == "<b>cleanup</b>"
+    client = Client()
+    client.force_login(op)
+    html = client.get("/").content.decode()
+    assert 'id="activity"' in html and 'id="activity-kind"' in html
+    seed = re.search(r'<script id="activity-seed" type="application/json">(.*?)</script>', html)
+    assert seed, "the overview carries the feed as it was when rendered"
+    assert json.loads(seed.group(1))[0]["action"] == "dlq.discard"
+    assert "<b>cleanup</b>" not in html  # data, escaped (json_script), never markup
+
+
+def test_every_page_names_the_socket_that_keeps_it_live(git_repo: GitRepo) -> None:
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    op = make_user("op", staff=True, perms=OPS)
+    client = Client()
+    client.force_login(op)
+    run_id = JobRun.objects.filter(repository=repo).order_by("pk").first().pk
+    pages = {"/": "/ws/ops/", "/locks/": "/ws/ops/", "/workers/": "/ws/ops/",
+             "/dead-letters/": "/ws/ops/?dlq=groups", "/audit/": "/ws/ops/", "/runs/": "/ws/ops/",
+             f"/runs/{run_id}/": "/ws/ops/", "/repos/": "/ws/repos/",
+             f"/repos/{repo.pk}/": f"/ws/repos/{repo.pk}/",
+             "/rollouts/": "/ws/rollouts/"}  # fmt: skip
+    for path, socket in pages.items():
+        html = client.get(path).content.decode()
+        assert f'data-live-socket="{socket}"' in html, path
+        assert 'id="live-state"' in html, path  # the connection dot
+    plain = Client()
+    plain.force_login(User.objects.create_user("viewer"))
+    assert 'data-live-socket="/ws/repos/"' in plain.get("/repos/").content.decode()
+    assert "data-live-socket" not in Client().get("/login/").content.decode()
+
+
+def test_the_repository_list_socket_serves_any_logged_in_user(git_repo: GitRepo) -> None:
+    viewer = make_user("viewer")
+    headers = session_headers(viewer)
+    seen: list[dict] = []
+    connected = threading.Event()
+
+    async def watch() -> None:
+        comm, ok, _ = await connect("/ws/repos/", headers)
+        assert ok
+        assert (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
+        connected.set()
+        while not any(e["type"] == "repo.changed" and e.get("status") == "ready" for e in seen):
+            msg = await comm.receive_json_from(timeout=30)
+            if msg["type"] == "events":
+                seen.extend(msg["events"])
+        await comm.disconnect()
+        _anon, ok_anon, code = await connect("/ws/repos/", [])
+        assert not ok_anon and code == 4401
+
+    watcher = threading.Thread(target=lambda: asyncio.run(watch()))
+    watcher.start()
+    assert connected.wait(20)
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    watcher.join(60)
+    assert not watcher.is_alive()
+    kinds = {e["type"] for e in seen}
+    assert "repo.changed" in kinds and kinds <= {"repo.changed", "job.progress"}, kinds
+
+
+def test_operators_get_the_feed_in_every_snapshot() -> None:
+    op = make_user("op", staff=True, perms=OPS)
+    publish_event("lock.lost", {"key": "locks:git:repo:1:mirror", "job": "j"})
+
+    async def scenario() -> None:
+        comm, ok, _ = await connect("/ws/ops/", await sync_to_async(session_headers)(op))
+        assert ok
+        snap = await comm.receive_json_from(timeout=10)
+        assert [e["type"] for e in snap["data"]["activity"]] == ["lock.lost"]
+        await comm.disconnect()
+
+    asyncio.run(scenario())
