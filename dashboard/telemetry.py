@@ -214,8 +214,12 @@ class _Buffer:
 
     def _flush_forever(self) -> None:
         me = threading.current_thread()
-        while self.flusher is me:  # a forked child's reset detaches the inherited thread
+        while True:
             time.sleep(FLUSH_INTERVAL)
+            # A forked child's reset, or ``stop_flushing``, detaches this thread: it then
+            # ends without another flush (checked after the sleep, not before it).
+            if self.flusher is not me:
+                return
             flush()
 
     def take(self) -> dict[str, float]:
@@ -296,6 +300,14 @@ def flush() -> bool:
         return False
     _buffer.failing = False
     return True
+
+
+def stop_flushing() -> None:
+    """Detach the flusher thread: it ends at its next wake-up without flushing. For a
+    host that is closing its log streams (pytest at the end of a session) — what is
+    still buffered goes out with the exit-time flush."""
+    with _buffer.lock:
+        _buffer.flusher = None
 
 
 # A short-lived process (``manage.py submit``, a burst worker) flushes what the daemon

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from rq import SimpleWorker
 
-from dashboard import queues
+from dashboard import queues, telemetry
 from tests.gitrepo import GitRepo
 from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
 from workers.redisnode import RedisNode
@@ -112,3 +112,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # Under `--dist loadgroup` (make test) every slow test runs in one xdist
             # worker, one after another, while the other worker takes the fast ones.
             item.add_marker(pytest.mark.xdist_group("slow"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """pytest closes its capture streams after this: the metrics flusher thread, which
+    would log a flush failure against nodes already killed, is detached first (its
+    "--- Logging error ---" tracebacks ended every run)."""
+    telemetry.stop_flushing()

@@ -124,3 +124,15 @@ def test_run_events_count_only_when_the_transaction_commits() -> None:
         telemetry.record_run_event("job.queued", _Run())
     assert flush()
     assert _series(JOBS_ENQUEUED.name) == {(("queue", "sync"), ("version", "0123456789ab")): 1.0}
+
+
+def test_a_detached_flusher_ends_without_flushing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "FLUSH_INTERVAL", 0.05)
+    count(JOBS_ENQUEUED, queue="sync", version="v1")  # starts the flusher thread
+    thread = telemetry._buffer.flusher
+    assert thread is not None and thread.is_alive()
+    telemetry.stop_flushing()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    count(JOBS_ENQUEUED, queue="sync", version="v1")  # a later record starts a new one
+    assert telemetry._buffer.flusher not in (None, thread)
