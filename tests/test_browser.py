@@ -4,7 +4,7 @@ starts it. Everything is watched live, without reloading: a lock appears with a 
 a falling TTL, a progress bar reaches 100%, a dead letter appears and is retried with its
 button, another is discarded through the confirm dialog with a reason that the Audit page,
 open in another tab, then shows. The tour visits every screen (overview, repositories, a
-repository, a run, locks, workers, dead letters, rollouts, audit, runs, login) at 1280x800
+repository, a commit, a run, locks, workers, dead letters, rollouts, audit, runs, login) at 1280x800
 and 390x844: no card overflows sideways (the Workers card was cut), nothing is wider than
 the viewport, no console error (the favicon 404), no markup in the title, every button
 reachable by keyboard, every table with headers, zero serious or critical axe-core
@@ -416,8 +416,11 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
         expect(ops.locator("#activity-list")).to_contain_text("late", timeout=15000)
 
         run_href = runs.locator("#runs-table a[href^='/runs/']").first.get_attribute("href")
+        # A commit page, from the repository page's commit table (``repos`` shows "late").
+        commit_href = repos.locator("a[href*='/commits/']").first.get_attribute("href")
         screens = [("overview", "/"), ("repositories", "/repos/"),
-                   ("repository", f"/repos/{repo_id}/"), ("run", run_href), ("locks", "/locks/"),
+                   ("repository", f"/repos/{repo_id}/"), ("commit", commit_href),
+                   ("run", run_href), ("locks", "/locks/"),
                    ("workers", "/workers/"), ("dead-letters", "/dead-letters/"),
                    ("rollouts", "/rollouts/"), ("audit", "/audit/"),
                    ("runs", "/runs/")]  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,8 @@ def test_the_dlq_command_lists_retries_and_refuses_bad_arguments(
     call_command("dlq", "list")
     listed = capsys.readouterr().out
     assert " 1 run  1 repository  " in listed and " runs " not in listed and " repos " not in listed
+    seen = datetime.fromisoformat(group["last_seen"]).astimezone(UTC)
+    assert f"last {seen:%Y-%m-%d %H:%M:%S} UTC  " in listed  # no microseconds, no offset
     with pytest.raises(CommandError, match="exactly one"):
         call_command("dlq", "retry")
     monkeypatch.delenv("GITWARD_FAILPOINTS")

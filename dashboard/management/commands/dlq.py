@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -34,7 +35,7 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"{g['group']}  {count(g['count'], 'run'):>10}  "
                     f"{count(g['repositories'], 'repository,repositories')}  "
-                    f"last {g['last_seen']}  {g['cause']}"
+                    f"last {_when(g['last_seen'])}  {g['cause']}"
                 )
             return
         chosen = [bool(options["group"]), options["all"], bool(options["run"])]
@@ -57,3 +58,12 @@ class Command(BaseCommand):
             raise CommandError(f"{options['action']} failed: {exc}") from None
         verb = "re-queued" if options["action"] == "retry" else "discarded"
         self.stdout.write(f"{count(action.done, 'run')} {verb}")
+
+
+def _when(value: object) -> str:
+    """``2026-12-01 16:22:46 UTC``: the JSON's ISO time without microseconds."""
+    try:
+        at = datetime.fromisoformat(str(value)).astimezone(UTC)
+    except ValueError:
+        return str(value)
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
