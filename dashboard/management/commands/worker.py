@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from dashboard.plurals import count
 from dashboard.queues import MAINTENANCE_QUEUE, SYNC_QUEUE, RedisUnavailable, redis_urls
 from dashboard.versions import served_fingerprint
 from workers.analyzer import AnalyzerConfig, queue_name
@@ -49,17 +50,17 @@ class Command(BaseCommand):
             redis_urls()
         except RedisUnavailable as exc:
             raise CommandError(str(exc)) from None
-        count = options["workers"] if options["workers"] is not None else settings.WORKERS
-        if count < 1:
+        size = options["workers"] if options["workers"] is not None else settings.WORKERS
+        if size < 1:
             raise CommandError("--workers must be at least 1")
-        if count == 1 or options["burst"]:
+        if size == 1 or options["burst"]:
             names, configs = self._one(options)
             try:
                 run_one_worker(names, burst=options["burst"], configs=configs)
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
             return
-        pool = Pool(count, manage_py=Path(settings.BASE_DIR) / "manage.py")
+        pool = Pool(size, manage_py=Path(settings.BASE_DIR) / "manage.py")
         stop = {"now": False}
 
         def on_signal(signum: int, frame: Any) -> None:
