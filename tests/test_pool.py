@@ -13,6 +13,7 @@ worker`` pool under SIGTERM: ``test_the_worker_command_stops_its_pool_on_sigterm
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -297,3 +298,34 @@ def test_the_worker_command_stops_its_pool_on_sigterm(tmp_path: Path, settings: 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_the_workers_of_a_killed_pool_shut_down(tmp_path: Path, settings: Any) -> None:
+    """``manage.py worker --workers 2`` SIGKILLed (no clean-up of its own): its workers
+    get SIGTERM from the kernel and shut down instead of running on as orphans."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "2"],
+        env=worker_env(settings, tmp_path, PYTHONUNBUFFERED="1"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("started 3 workers"), line
+        kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                .read_text().split()]  # fmt: skip
+        assert len(kids) == 3
+        proc.kill()
+        proc.wait()
+        for pid in kids:
+            wait_for(f"child {pid} to exit", lambda pid=pid: proc_state(pid) in {"gone", "Z"})
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left

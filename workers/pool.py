@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -335,10 +336,16 @@ class Pool:
     def _spawn(self, spec: Spec) -> subprocess.Popen[bytes]:
         env = dict(os.environ if self.env is None else self.env)
         env["GITWARD_WORKER_GRACE"] = f"{self.grace:g}"
+        # A pool that dies (SIGKILL, a crash) takes its workers along: each gets SIGTERM,
+        # a warm shutdown under its own grace (it hands a job back past it), instead of
+        # running on as an orphan nobody supervises. The kernel's signal follows the
+        # thread that forked, so only a pool on the main thread ties its children.
+        tie = threading.current_thread() is threading.main_thread()
         return subprocess.Popen(
             [sys.executable, str(self.manage_py), "worker", "--workers", "1", *spec],
             env=env,
             stdin=subprocess.DEVNULL,
+            preexec_fn=partial(die_with_parent, os.getpid(), signal.SIGTERM) if tie else None,
         )
 
     def start(self) -> None:
