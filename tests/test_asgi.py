@@ -12,7 +12,12 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from dashboard.asgi import application, websocket_urls
-from dashboard.consumers import OpsConsumer, RepositoryConsumer, RolloutsConsumer
+from dashboard.consumers import (
+    OpsConsumer,
+    RepositoryConsumer,
+    RepositoryListConsumer,
+    RolloutsConsumer,
+)
 from dashboard.models import Repository
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,10 +32,11 @@ def operator_cookie() -> tuple[bytes, bytes]:
     return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
 
 
-def test_the_websocket_routes_are_the_three_consumers() -> None:
+def test_the_websocket_routes_are_the_four_consumers() -> None:
     routes = {str(p.pattern): p.callback.consumer_class for p in websocket_urls}  # type: ignore[attr-defined]
     assert routes == {
         "ws/ops/": OpsConsumer,
+        "ws/repos/": RepositoryListConsumer,
         "ws/repos/<int:repo_id>/": RepositoryConsumer,
         "ws/rollouts/": RolloutsConsumer,
     }

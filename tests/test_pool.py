@@ -35,6 +35,7 @@ from tests.sysproc import proc_state
 from tests.writers import wait_for
 from workers import pool as pool_module
 from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
+from workers.jobs import loaded_fingerprints
 from workers.pool import PauseAware, Pool, desired_workers, run_one_worker, version_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,6 +255,9 @@ def test_a_worker_refuses_the_queue_of_a_version_it_did_not_load() -> None:
         run_one_worker([queue_name(other.fingerprint())], burst=True)
     with pytest.raises(ValueError, match="refuses"):
         run_one_worker([queue_name(DEFAULT.fingerprint())], burst=True, configs=[other])
+    # Refused before loading: this process still analyses with what it had (a refused
+    # start once left ``other`` loaded, and every later in-process job was refused).
+    assert loaded_fingerprints() == [DEFAULT.fingerprint()]
 
 
 def test_a_versions_config_is_read_from_its_row_and_checked(settings: Any) -> None:

@@ -191,13 +191,14 @@ def run_one_worker(
                 finally:
                     connections.close_all()
 
-    load_versions(list(configs or [DEFAULT]))
-    own = {queue_name(fp) for fp in loaded_fingerprints()}
+    wanted = list(configs or [DEFAULT])
+    own = {queue_name(c.fingerprint()) for c in wanted}
     foreign = [n for n in queue_names if n.startswith("analysis@") and n not in own]
-    if foreign:
+    if foreign:  # refused before anything is loaded: the process keeps what it had
         raise ValueError(
             f"this worker loaded {', '.join(sorted(own))} and refuses {', '.join(foreign)}"
         )
+    load_versions(wanted)
     connections.close_all()
     conn = queues.worker_connection()  # RQ raises its read timeout; not the shared one
     name = f"{socket.gethostname()}.{os.getpid()}"
