@@ -59,11 +59,13 @@ def test_a_changed_queue_timeout_gets_a_client_with_that_timeout(settings: Any) 
     """The shared client is cached; one built under an old ``QUEUE_TIMEOUT`` must not
     serve after the setting changed (a stalled server then cost the old, longer timeout
     per call: the stalled-node test waited 8 s in a full run)."""
-    settings.QUEUE_TIMEOUT = 1.0
+    # Timeouts no other test uses: a client cached by an earlier test may have had its
+    # socket timeout raised by an RQ worker it was lent to.
+    settings.QUEUE_TIMEOUT = 0.71
     before = queues.connection()
-    settings.QUEUE_TIMEOUT = 0.3
+    settings.QUEUE_TIMEOUT = 0.37
     after = queues.connection()
     assert after is not before
-    assert after.connection_pool.connection_kwargs["socket_timeout"] == 0.3
-    assert before.connection_pool.connection_kwargs["socket_timeout"] == 1.0
+    assert after.connection_pool.connection_kwargs["socket_timeout"] == 0.37
+    assert before.connection_pool.connection_kwargs["socket_timeout"] == 0.71
     assert queues.connection() is after  # still one shared client per setting
