@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Max, Min, Q, QuerySet
+from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from dashboard import dlqcounts, queues
 from dashboard.audit import current_reason, record_audit
 from dashboard.live import publish_event
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
-from dashboard.runs import enqueue_or_leave
+from dashboard.runs import enqueue_or_leave, run_text_filter
 
 BATCH = 500
 
@@ -320,14 +320,8 @@ GROUP_PAGE = 25
 def matching_dead_runs(text: str = "") -> QuerySet[JobRun]:
     """Dead runs whose cause, error, job id or repository URL holds ``text``."""
     qs = dead_runs()
-    text = text.strip()[:200]
-    if text:
-        qs = qs.filter(
-            Q(cause__icontains=text)
-            | Q(error__icontains=text)
-            | Q(job_id__icontains=text)
-            | Q(repository__url__icontains=text)
-        )
+    if text_q := run_text_filter(text):
+        qs = qs.filter(text_q)
     return qs
 
 

@@ -488,15 +488,22 @@ def search_runs(
         qs = qs.filter(repository_id=repo)
     if before is not None:
         qs = qs.filter(pk__lt=before)
-    text = text.strip()[:200]
-    if text:
-        qs = qs.filter(
-            Q(job_id__icontains=text)
-            | Q(cause__icontains=text)
-            | Q(error__icontains=text)
-            | Q(repository__url__icontains=text)
-        )
+    if text_q := run_text_filter(text):
+        qs = qs.filter(text_q)
     rows = list(qs.order_by("-pk")[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1].pk if more and rows else None)
+
+
+def run_text_filter(text: str) -> Q | None:
+    """Runs whose job id, cause, error or repository URL holds ``text`` (None: no text)."""
+    text = text.strip()[:200]
+    if not text:
+        return None
+    return (
+        Q(job_id__icontains=text)
+        | Q(cause__icontains=text)
+        | Q(error__icontains=text)
+        | Q(repository__url__icontains=text)
+    )

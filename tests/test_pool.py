@@ -275,9 +275,14 @@ def test_a_versions_config_is_read_from_its_row_and_checked(settings: Any) -> No
 
 
 @pytest.mark.slow  # a pool of real Django worker processes
-def test_the_worker_command_stops_its_pool_on_sigterm(tmp_path: Path, settings: Any) -> None:
-    """``manage.py worker --workers 2``: the pool starts its real workers; SIGTERM to the
-    pool reaches every child (warm shutdown) and the pool exits 0."""
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_every_worker_of_the_worker_command_ends_with_its_pool(
+    tmp_path: Path, settings: Any, how: str
+) -> None:
+    """``manage.py worker --workers 2`` starts its real workers. SIGTERM to the pool
+    reaches every child (warm shutdown) and the pool exits 0; SIGKILLed (no clean-up of
+    its own), its workers get SIGTERM from the kernel and shut down instead of running on
+    as orphans."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "2"],
         env=worker_env(settings, tmp_path, PYTHONUNBUFFERED="1"),
@@ -294,37 +299,12 @@ def test_the_worker_command_stops_its_pool_on_sigterm(tmp_path: Path, settings: 
         kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
                 .read_text().split()]  # fmt: skip
         assert len(kids) == 3
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
-        for pid in kids:
-            wait_for(f"child {pid} to exit", lambda pid=pid: proc_state(pid) in {"gone", "Z"})
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0
+        else:
+            proc.kill()
             proc.wait()
-
-
-def test_the_workers_of_a_killed_pool_shut_down(tmp_path: Path, settings: Any) -> None:
-    """``manage.py worker --workers 2`` SIGKILLed (no clean-up of its own): its workers
-    get SIGTERM from the kernel and shut down instead of running on as orphans."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "2"],
-        env=worker_env(settings, tmp_path, PYTHONUNBUFFERED="1"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("started 3 workers"), line
-        kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-                .read_text().split()]  # fmt: skip
-        assert len(kids) == 3
-        proc.kill()
-        proc.wait()
         for pid in kids:
             wait_for(f"child {pid} to exit", lambda pid=pid: proc_state(pid) in {"gone", "Z"})
     finally:
