@@ -8,6 +8,7 @@ stores the reason in its selector and passes it explicitly (``deadletters.run_bu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -15,6 +16,7 @@ from urllib.parse import unquote
 
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 
 from dashboard.live import publish_event
 from dashboard.models import AuditEntry
@@ -111,6 +113,25 @@ def audit_page(
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1].pk if more and rows else None)
+
+
+_RUN_IDS = re.compile(r"^runs \[([\d, ]*)\]$")
+
+
+def run_links(entry: AuditEntry) -> list[tuple[str, str]]:
+    """The runs an entry acted on, as (label, run page URL): the runs a dead-letter
+    retry or discard named (target ``runs [3, 4]``), the job whose lock was force-
+    released (``detail["holder"]["job"]``)."""
+    links = []
+    found = _RUN_IDS.match(entry.target)
+    if found:
+        ids = [int(x) for x in found.group(1).replace(" ", "").split(",") if x]
+        links += [(f"run #{i}", reverse("run", args=[i])) for i in ids[:20]]
+    holder = (entry.detail or {}).get("holder")
+    job = holder.get("job") if isinstance(holder, dict) else None
+    if isinstance(job, str) and job:
+        links.append((f"job {job[:24]}", reverse("run-by-job", args=[job])))
+    return links
 
 
 def audit_actions() -> list[str]:

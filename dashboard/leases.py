@@ -29,6 +29,7 @@ from dashboard.workerbeats import live_worker_names
 from workers import lockkeys
 from workers.failpoints import failpoint
 from workers.locks import Lock, Redlock
+from workers.remotes import redact
 
 #: Extensions of each held lock, for the Locks table (a Redis hash: key → count).
 EXTENSIONS_HASH = "gitward:lock-extensions"
@@ -264,7 +265,11 @@ def contention(*, now: datetime | None = None) -> dict[str, Any]:
         "lost": recent.filter(error__startswith="LockLost").count(),
         "stale_writes_rejected": recent.filter(error__startswith="StaleToken").count(),
         "most_contended": [
-            {"repo": r["run__repository_id"], "url": r["run__repository__url"], "refusals": r["n"]}
+            {
+                "repo": r["run__repository_id"],
+                "url": redact(r["run__repository__url"]),
+                "refusals": r["n"],
+            }
             for r in top
         ],
     }

@@ -44,7 +44,7 @@ from dashboard import dlqcounts, leases, queues, telemetry
 from dashboard.live import dropped_events
 from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout, WorkerBeat
 from dashboard.nodes import quorum, redis_nodes
-from workers.analyzer import queue_name
+from workers.analyzer import DEFAULT, queue_name
 
 log = logging.getLogger(__name__)
 
@@ -147,19 +147,23 @@ def _aggregated() -> Iterator[Metric]:
 # ---------------------------------------------------------------------------- gauges
 
 
-def _queue_list() -> list[str]:
-    names = list(queues.queue_names())
-    for fp in AnalyzerVersion.objects.exclude(
-        state__in=[AnalyzerVersion.State.RETIRED, AnalyzerVersion.State.DRAINED]
-    ).values_list("fingerprint", flat=True):
-        name = queue_name(fp)
-        if name not in names:
-            names.append(name)
+def _queue_list() -> dict[str, str]:
+    """Every queue to report → its ``version`` label: the version label of the job
+    counters (``telemetry.version_label``, 12 hex digits) for a version's analysis queue,
+    so the gauges and counters of one version join in PromQL; "" for a queue every
+    version's workers share (sync, maintenance, rollouts)."""
+    rows = list(
+        AnalyzerVersion.objects.exclude(
+            state__in=[AnalyzerVersion.State.RETIRED, AnalyzerVersion.State.DRAINED]
+        ).values_list("fingerprint", flat=True)
+    )
+    version_of = {
+        queue_name(fp): telemetry.version_label(fp) for fp in [DEFAULT.fingerprint(), *rows]
+    }
+    names = {name: version_of.get(name, "") for name in queues.queue_names()}
+    for fp in rows:  # versions not yet staffed (queued work may already wait for them)
+        names.setdefault(queue_name(fp), telemetry.version_label(fp))
     return names
-
-
-def _version_of_queue(name: str) -> str:
-    return name.partition("@")[2]
 
 
 def _queues() -> Iterator[Metric]:
@@ -179,9 +183,9 @@ def _queues() -> Iterator[Metric]:
     )
     paused = queues.paused_queue_names()
     now = timezone.now()
-    for name in _queue_list():
+    for name, version in _queue_list().items():
         q = Queue(name, connection=conn)
-        key = [name, _version_of_queue(name)]
+        key = [name, version]
         backlog.add_metric(key, q.count)
         running.add_metric(key, StartedJobRegistry(name, connection=conn).count)
         paused_f.add_metric(key, int(name in paused))

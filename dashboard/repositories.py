@@ -232,7 +232,7 @@ def repository_status(repo: Repository) -> dict[str, Any]:
         progress = 0.0
     return {
         "id": repo.pk,
-        "url": repo.url,
+        "url": repo.shown_url,
         "name": repo.name,
         "branch": repo.branch,
         "status": repo.status,
@@ -283,7 +283,7 @@ def repository_rows(
     return [
         {
             "id": r.pk,
-            "url": r.url,
+            "url": r.shown_url,
             "name": r.name,
             "branch": r.branch,
             "status": r.status,

@@ -248,7 +248,7 @@ def run_trace(run: JobRun) -> dict[str, Any]:
         "kind": run.kind,
         "queue": run.queue,
         "state": run.state,
-        "repository": {"id": run.repository_id, "url": run.repository.url},
+        "repository": {"id": run.repository_id, "url": run.repository.shown_url},
         "chunk": run.chunk_id,
         "fingerprint": run.fingerprint,
         "version": run.version,

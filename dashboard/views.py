@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 
-from dashboard.audit import audit_actions, audit_page, record_audit
+from dashboard.audit import audit_actions, audit_page, record_audit, run_links
 from dashboard.charts import day_charts, history_bars, sparklines
 from dashboard.checklists import rollout_checklist
 from dashboard.commitdetails import repository_mirror
@@ -131,6 +131,8 @@ def audit(request: HttpRequest) -> HttpResponse:
         text=filters["q"],
         before=_int(request.GET.get("before"), None),
     )
+    for e in entries:
+        e.runs = run_links(e)  # the Target cell links them
     return render(
         request,
         "audit.html",

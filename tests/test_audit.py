@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
+from django.test import Client
 
+from dashboard import leases
 from dashboard.audit import record_audit
-from dashboard.models import AuditEntry
+from dashboard.deadletters import act_now
+from dashboard.leases import force_release_lock
+from dashboard.models import AuditEntry, JobRun, Repository
+from tests.sockets import make_user
+from workers import lockkeys
 
 pytestmark = pytest.mark.django_db
 
@@ -42,3 +48,27 @@ def test_long_fields_are_cut_to_their_columns() -> None:
     entry = record_audit(user="u" * 400, action="a", target="t" * 900, outcome="o" * 900)
     entry.refresh_from_db()
     assert (len(entry.actor), len(entry.target), len(entry.outcome)) == (150, 500, 500)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_about_runs_link_to_the_run_pages() -> None:
+    repo = Repository.objects.create(url="https://example.com/t/audited.git")
+    dead = JobRun.objects.create(
+        job_id="analyze-dead", kind="analyze", queue="analysis", repository=repo, state="dead"
+    )
+    holder = JobRun.objects.create(
+        job_id="sync-holder", kind="sync", queue="sync", repository=repo, state="running"
+    )
+    op = make_user("op", staff=True, perms=("view_jobrun",))
+    act_now(kind="discard", run_ids=[dead.pk], user=op)
+    key = lockkeys.mirror(repo.pk)
+    leases.redlock().acquire([key], ttl=30.0, holder={"worker": "w", "job": holder.job_id})
+    force_release_lock(key=key, user=op)
+    record_audit(user=op, action="repo.reanalyse", target="runs of nobody", outcome="ok")
+    c = Client()
+    c.force_login(op)
+    page = c.get("/audit/").content.decode()
+    assert f'<a class="run-link" href="/runs/{dead.pk}/">run #{dead.pk}</a>' in page
+    assert f'href="/runs/job/{holder.job_id}/"' in page
+    assert c.get(f"/runs/job/{holder.job_id}/").url == f"/runs/{holder.pk}/"
+    assert page.count('class="run-link"') == 2  # an entry naming no run links none

@@ -162,6 +162,8 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
         expect(group.locator("summary")).to_contain_text("FailpointError")
         group.locator("summary").click()
         expect(group.locator(".run ol.attempts li")).to_have_count(3, timeout=10000)
+        dead_run = group.locator(".run a[href^='/runs/']").first.get_attribute("href")
+        assert re.fullmatch(r"/runs/\d+/", dead_run or ""), dead_run  # its run page
         ops.screenshot(path=str(SHOTS / "dead-letters.png"), full_page=True)
         group.locator(".run button", has_text="retry").click()
         assert "fresh budget" in confirm_in_dialog(ops)
@@ -218,6 +220,8 @@ def test_operators_watch_everything_live_in_a_real_browser(system) -> None:
         assert audit.evaluate("window.__notReloaded") is True
         ops.goto(f"{base}/audit/")
         expect(ops.locator("#audit-table")).to_contain_text("dlq.retry")
+        retried = ops.locator("#audit-table tr", has_text="dlq.retry")
+        expect(retried.locator(f"a.run-link[href='{dead_run}']")).to_have_count(1)
         expect(ops.locator("#audit-table")).to_contain_text("lock.force_release")
         expect(
             ops.locator("#audit-table tr", has_text="dlq.discard").locator("td.reason")

@@ -183,6 +183,40 @@ def test_k8s_probes_use_readyz_the_ready_command_and_healthz() -> None:
     assert host in config["GITWARD_ALLOWED_HOSTS"].split(",")
 
 
+def test_one_image_runs_every_role_configured_by_a_configmap_and_a_secret() -> None:
+    """Compose and Kubernetes run web, workers and the migration from the same image,
+    the role picked by the command (the image's entrypoint is ``python manage.py``); every
+    gitward pod takes its configuration from the ConfigMap and the Secret."""
+    services = compose()["services"]
+    roles = {name: services[name] for name in ("web", "worker", "migrate")}
+    assert {s["image"] for s in roles.values()} == {"gitward:latest"}
+    assert [roles[n]["command"][0] for n in ("web", "worker", "migrate")] == [
+        "up", "worker", "migrate"]  # fmt: skip
+    pods = {
+        "web": find("Deployment", "gitward-web")["spec"]["template"]["spec"],
+        "worker": find("StatefulSet", "gitward-worker")["spec"]["template"]["spec"],
+        "migrate": find("Job", "gitward-migrate")["spec"]["template"]["spec"],
+    }
+    containers = {role: spec["containers"][0] for role, spec in pods.items()}
+    assert len({c["image"] for c in containers.values()}) == 1
+    assert containers["web"]["args"][:3] == ["up", "--workers", "0"]
+    assert containers["worker"]["args"][0] == "worker"
+    assert containers["migrate"]["args"][0] == "migrate"
+    for c in containers.values():
+        refs = {next(iter(r)): next(iter(r.values()))["name"] for r in c["envFrom"]}
+        assert refs == {"configMapRef": "gitward-config", "secretRef": "gitward-secrets"}
+    assert find("ConfigMap", "gitward-config") and find("Secret", "gitward-secrets")
+    # The web Service sends traffic to the web pods' named port, and only to them.
+    service = find("Service", "gitward-web")["spec"]
+    labels = find("Deployment", "gitward-web")["spec"]["template"]["metadata"]["labels"]
+    assert service["selector"].items() <= labels.items()
+    assert service["selector"]["app.kubernetes.io/component"] == "web"
+    ports = {p["name"] for p in containers["web"]["ports"]}
+    assert {p["targetPort"] for p in service["ports"]} <= ports
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["tini", "--", "python", "manage.py"]' in dockerfile
+
+
 def test_k8s_has_three_separate_lock_master_statefulsets_and_budgets() -> None:
     config = find("ConfigMap", "gitward-config")["data"]
     hosts = [re.match(r"redis://([^:/]+)", u).group(1) for u in config["REDIS_URLS"].split(",")]  # type: ignore[union-attr]

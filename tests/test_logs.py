@@ -17,7 +17,7 @@ from django.test import Client
 
 from dashboard.logs import JsonFormatter, TextFormatter, bind
 from dashboard.metrics import metrics_text
-from dashboard.models import ApiToken
+from dashboard.models import ApiToken, JobRun, Repository
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
@@ -140,6 +140,46 @@ def test_a_credential_in_a_submitted_url_appears_nowhere(
     #    metrics — while the logs did record the refusals and the jobs.
     assert captured and any("attempt 1 finished" in line for line in captured)
     assert not [line for line in captured if SECRET in line]
+    assert SECRET not in everything_stored()
+    assert SECRET not in json.dumps(tap.events)
+    assert SECRET not in metrics_text()
+
+
+def test_a_credential_already_stored_in_a_url_leaks_from_no_job(
+    captured: list[str], git_repo: GitRepo, tmp_path: Path
+) -> None:
+    """Defence in depth: rows from before URLs were checked may hold a credential. Their
+    jobs (one that fetches, one whose remote is the credential URL itself and fails)
+    put it in no log line, event, metric, run, attempt, span or other row."""
+    tap = Tap()
+    good = f"https://alice:{SECRET}@example.com/team/good.git"
+    bad = f"https://bob:{SECRET}@example.com/team/bad.git"
+    ok, _ = submit_repository(url=str(git_repo.path))
+    Repository.objects.filter(pk=ok.pk).update(url=good, fetch_url=str(git_repo.path))
+    other = GitRepo.create(tmp_path / "other")
+    other.commit("one", {"a.txt": "a\n"})
+    failing, _ = submit_repository(url=str(other.path))
+    Repository.objects.filter(pk=failing.pk).update(url=bad, fetch_url=bad)
+    run_workers()
+    tap.until(lambda events: any(e["type"] == "job.succeeded" for e in events))
+    assert Repository.objects.get(pk=ok.pk).status == Repository.Status.READY
+    failed = JobRun.objects.filter(repository=failing, kind="sync").get()
+    assert failed.state == JobRun.State.DEAD and failed.error  # a dead letter, too
+    assert captured and not [line for line in captured if SECRET in line]
+    # Nor do the pages and the API that show these repositories and runs.
+    op = make_user("op", staff=True, perms=("view_jobrun",))
+    c = Client()
+    c.force_login(op)
+    for path in ("/", "/repos/", f"/repos/{ok.pk}/", f"/repos/{failing.pk}/", "/runs/",
+                 f"/runs/{failed.pk}/", "/dead-letters/", "/locks/", "/api/dlq",
+                 f"/api/dlq/{failed.cause_key}", f"/api/repos/{ok.pk}",
+                 f"/api/runs/{failed.pk}", "/api/status"):  # fmt: skip
+        res = c.get(path)
+        assert res.status_code == 200, path
+        assert SECRET not in res.content.decode(), path
+    # Every row but the two legacy URL columns themselves.
+    for pk in (ok.pk, failing.pk):
+        Repository.objects.filter(pk=pk).update(url=f"legacy-{pk}", fetch_url="")
     assert SECRET not in everything_stored()
     assert SECRET not in json.dumps(tap.events)
     assert SECRET not in metrics_text()

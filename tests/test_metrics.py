@@ -8,10 +8,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rq import SimpleWorker
 
@@ -19,7 +22,15 @@ from dashboard import leases, queues, telemetry
 from dashboard.commits import write_chunk
 from dashboard.fencing import StaleToken, next_token
 from dashboard.metrics import metrics_text
-from dashboard.models import ApiToken, Chunk, JobRun, Repository
+from dashboard.models import (
+    AnalyzerVersion,
+    ApiToken,
+    Chunk,
+    JobRun,
+    Repository,
+    Rollout,
+    WorkerBeat,
+)
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
@@ -27,6 +38,7 @@ from tests.leasethief import steal_when_held
 from tests.processes import ROOT, worker_env
 from tests.sockets import make_user
 from workers import lockkeys
+from workers.analyzer import queue_name
 from workers.history import stream_commits
 from workers.mirror import mirror_path
 from workers.redisnode import RedisNode
@@ -97,7 +109,8 @@ def test_every_gauge_reports_what_is_there() -> None:
     )  # fmt: skip
     queues.queue(queues.SYNC_QUEUE).enqueue("workers.jobs.sync_repository", 1, 1, job_id="j")
     queues.set_paused(queues.MAINTENANCE_QUEUE, True)
-    leases.redlock().acquire([lockkeys.mirror(repo.pk)], ttl=30.0, holder={"worker": "w"})
+    lock = leases.redlock().acquire([lockkeys.mirror(repo.pk)], ttl=30.0, holder={"worker": "w"})
+    lock.extend(ttl=30.0)  # what a holder's heartbeat does
     got = scrape()
     assert got.families["gitward_jobs_started"] == "counter"
     assert got.families["gitward_job_run_seconds"] == "histogram"
@@ -116,6 +129,7 @@ def test_every_gauge_reports_what_is_there() -> None:
     # This process's own lock figures are flushed before the scrape.
     assert got.one("gitward_lock_acquired_total") == 1
     assert got.one("gitward_lock_acquire_seconds_count") == 1
+    assert got.one("gitward_lock_extensions_total") == 1
     assert got.total("gitward_lock_master_calls_total") >= 3
 
 
@@ -154,6 +168,75 @@ def test_counters_and_histograms_move_across_a_real_run(git_repo: GitRepo) -> No
     assert got.one("gitward_lock_refusals_total") == 0
     masters = {lab["master"] for n, lab, _ in got.samples if n == "gitward_lock_master_calls_total"}
     assert len(masters) == 3
+    for master in masters:  # latency: seconds spent per master, over its calls
+        assert got.one("gitward_lock_master_seconds_total", master=master) > 0
+    # The gauges of the version's queue carry the counters' labels: they join in PromQL.
+    labels = {"queue": run.queue, "version": version}
+    assert got.one("gitward_queue_backlog", **labels) == 0
+    assert got.one("gitward_queue_oldest_job_age_seconds", **labels) == 0
+    assert got.one("gitward_queue_backlog", queue="sync", version="") == 0
+
+
+def test_a_master_down_is_counted_as_its_errors_and_puts_the_quorum_at_risk(
+    redis_nodes: list[RedisNode],
+) -> None:
+    down = redis_nodes[2]  # not the first: that one is the queue server here
+    down.kill()
+    try:
+        lock = leases.redlock().acquire([lockkeys.mirror(1)], ttl=30.0, holder={"worker": "w"})
+        lock.release()
+        got = scrape()
+    finally:
+        down.restart()
+        queues.CIRCUIT.reset()
+    master = f"127.0.0.1:{down.port}"
+    assert got.one("gitward_lock_master_errors_total", master=master) >= 1
+    others = {lab["master"] for n, lab, _ in got.samples if n == "gitward_lock_master_calls_total"}
+    assert master in others and len(others) == 3
+    for m in others - {master}:
+        assert got.total("gitward_lock_master_errors_total", master=m) == 0
+    assert got.one("gitward_redis_masters_up") == 2
+    assert got.one("gitward_lock_quorum_state", state="at_risk") == 1
+    assert got.one("gitward_lock_quorum_state", state="ok") == 0
+    assert got.one("gitward_redis_master_up", master=down.url) == 0
+
+
+def test_workers_and_the_rollout_are_reported_per_version() -> None:
+    now = timezone.now()
+    old = AnalyzerVersion.objects.create(
+        fingerprint="a" * 64, code_version="1", state="current", verified_at=now
+    )
+    new = AnalyzerVersion.objects.create(
+        fingerprint="b" * 64, code_version="2", state="ramping", ramp_percent=25, verified_at=now
+    )
+    warming = AnalyzerVersion.objects.create(
+        fingerprint="c" * 64, code_version="3", state="warming"
+    )
+    Rollout.objects.create(version=new, previous=old, state="active", started_by="op")
+    repo = Repository.objects.create(url="https://example.com/t/w.git")
+    run = JobRun.objects.create(job_id="busy", kind="analyze", queue="analysis", repository=repo)
+    gone = now - timedelta(seconds=settings.WORKER_DEAD_AFTER + 60)
+    for name, fp, seen, current in [("w1", old, now, run), ("w2", old, now, None),
+                                    ("w3", new, now, None), ("w4", new, gone, None)]:  # fmt: skip
+        WorkerBeat.objects.create(name=name, host="h", pid=1, version=fp.fingerprint,
+                                  last_seen=seen, current_run=current)  # fmt: skip
+    got = scrape()
+    a, b, c = "a" * 12, "b" * 12, "c" * 12
+    assert got.one("gitward_workers", version=a, state="busy") == 1
+    assert got.one("gitward_workers", version=a, state="idle") == 1
+    assert got.one("gitward_workers", version=b, state="idle") == 1
+    assert got.one("gitward_workers", version=b, state="dead") == 1
+    assert got.one("gitward_analyzer_version_state", version=a, state="current") == 1
+    assert got.one("gitward_analyzer_version_state", version=b, state="ramping") == 1
+    assert got.one("gitward_analyzer_version_ramp_percent", version=b) == 25
+    assert got.one("gitward_analyzer_version_gate_open", version=b) == 1
+    assert got.one("gitward_analyzer_version_gate_open", version=c) == 0
+    assert got.one("gitward_rollout_active", version=b, state="active") == 1
+    # Each version's analysis queue is reported under the same version label.
+    for fp, label in ((old, a), (new, b), (warming, c)):
+        assert (
+            got.one("gitward_queue_backlog", queue=queue_name(fp.fingerprint), version=label) == 0
+        )
 
 
 def test_a_lock_refused_under_contention_is_counted(git_repo: GitRepo, settings) -> None:

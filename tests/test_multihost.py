@@ -4,8 +4,9 @@ Three independent Redis lock masters and a separate queue Redis; three hosts, ea
 ``manage.py worker`` process tree with its own workspace and its own ``git`` on PATH (a
 wrapper that logs every call and, at every fetch, reads the mirror locks off the
 masters); two web servers (``manage.py up --workers 0``, the second with
-``--web-workers 2``: two uvicorn processes on one port) on one shared database.
-Repositories go in through web #1's API while a websocket client watches web #2. One
+``--web-workers 2``: two uvicorn processes on one port) on one shared database (SQLite,
+or PostgreSQL with ``DATABASE_URL``, as CI's second pass runs it). Repositories go in
+through web #1's API while a websocket client and a headless Chromium watch web #2. One
 host is SIGKILLed (all its processes at once) while it holds work; nothing is lost.
 """
 
@@ -33,7 +34,14 @@ from django.db import connection
 
 from dashboard.models import ApiToken, Commit, JobAttempt, JobRun, Repository
 from tests.gitrepo import GitRepo, reference_commits
-from tests.sysproc import children, git_processes_under, wait_http
+from tests.sysproc import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    children,
+    git_processes_under,
+    proc_state,
+    wait_http,
+)
 from tests.test_pipeline import assert_matches_git
 from workers.redisnode import RedisNode, free_port
 
@@ -73,9 +81,10 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
-def kill_host(root: int) -> set[int]:
-    """The host dies: freeze its whole process tree (so nothing forks meanwhile), then
-    SIGKILL every process of it, by pid. Returns the pids killed."""
+def freeze_host(root: int) -> set[int]:
+    """SIGSTOP the host's whole process tree (repeated until no new process appears, so
+    nothing forks meanwhile) and wait until every one of them is stopped. Returns the
+    pids frozen."""
     frozen: set[int] = set()
     for _ in range(50):
         new = ({root} | descendants(root)) - frozen
@@ -85,6 +94,22 @@ def kill_host(root: int) -> set[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
         frozen |= new
+    wait_for(
+        lambda: all(proc_state(pid) in {"T", "t", "Z", "gone"} for pid in frozen),
+        "the host's processes to stop",
+        30,
+    )
+    return frozen
+
+
+def thaw_host(frozen: set[int]) -> None:
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def kill_host(frozen: set[int]) -> set[int]:
+    """The host dies: SIGKILL every process of its frozen tree at once, by pid."""
     for pid in frozen:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -231,6 +256,51 @@ class LiveClient(threading.Thread):
             self.error = exc
 
 
+class BrowserView(threading.Thread):
+    """The overview of web #2 in a real headless Chromium, counting the lock events its
+    activity feed shows. In a thread of its own: Playwright's sync API runs an event
+    loop, under which Django refuses the test's own database queries."""
+
+    ITEMS = "#activity-list li[data-type='lock.acquired']"
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base = base
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+        self.before = -1
+        self.lock_items = 0
+        self.not_reloaded: bool | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from playwright.sync_api import expect, sync_playwright
+
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    page = browser.new_page()
+                    page.goto(f"{self.base}/login/")
+                    page.fill("input[name=username]", "admin")
+                    page.fill("input[name=password]", PASSWORD)
+                    page.click("button[type=submit]")
+                    page.wait_for_url(f"{self.base}/")
+                    expect(page.locator("#live-state")).to_have_text("live", timeout=30000)
+                    page.evaluate("window.__notReloaded = true")
+                    self.before = page.locator(self.ITEMS).count()
+                    self.ready.set()
+                    while not self.stop.is_set():
+                        self.lock_items = page.locator(self.ITEMS).count()
+                        self.not_reloaded = page.evaluate("window.__notReloaded === true")
+                        page.wait_for_timeout(200)  # polling what the page shows
+                finally:
+                    browser.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+            self.ready.set()
+
+
 def log_in(base: str) -> str:
     """Log in through the login form of ``base``; return the Cookie header."""
     jar = CookieJar()
@@ -320,6 +390,7 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
     hosts = {name: Host(base, name, n, masters) for name, n in HOSTS.items()}
     procs: list[subprocess.Popen[Any]] = []
     live: LiveClient | None = None
+    view: BrowserView | None = None
     try:
         webs = []
         for i in (1, 2):
@@ -338,11 +409,17 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
             wait_http(f"{url}/login/", proc, timeout=120)
         (web1, _), (web2, _) = webs
 
-        # The operator watches web #2 only.
+        # The operator watches web #2 only: a websocket client that records every
+        # event, and the overview in a real headless Chromium (its activity feed).
         live = LiveClient(web2, log_in(web2))
         live.start()
         wait_for(lambda: live.snapshots or live.error, "the live view's snapshot", 30)
         assert live.error is None, live.error
+        view = BrowserView(web2)
+        view.start()
+        wait_for(view.ready.is_set, "the browser's live overview", 60)
+        assert view.error is None, view.error
+        assert view.before == 0  # no worker has run yet
 
         # The victim is a slow host: it holds its chunk locks a while, so it is surely
         # mid-job when it dies.
@@ -366,12 +443,23 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
             tree = {victim.proc.pid} | descendants(victim.proc.pid)  # type: ignore[union-attr]
             return JobRun.objects.filter(kind="analyze", state="running", pid__in=tree).exists()
 
-        wait_for(
-            lambda: Repository.objects.filter(status="ready").exists() and victim_busy(),
-            "the victim host to be mid-job",
-        )
+        # Frozen, the host can neither finish its job nor start another, so what the
+        # database says then is what it holds when it dies. (Checking first and freezing
+        # after was flaky under load: the job could end in between, and no attempt of
+        # the victim was left to crash.) If it was between jobs, thaw it and try again.
+        for _ in range(20):
+            wait_for(
+                lambda: Repository.objects.filter(status="ready").exists() and victim_busy(),
+                "the victim host to be mid-job",
+            )
+            frozen = freeze_host(victim.proc.pid)
+            if victim_busy():
+                break
+            thaw_host(frozen)
+        else:
+            raise AssertionError("the victim host was never frozen mid-job")
         assert Repository.objects.exclude(status="ready").exists(), "too late: all done"
-        killed = kill_host(victim.proc.pid)
+        killed = kill_host(frozen)
         victim.proc.wait(timeout=10)
         assert len(killed) >= 1 + HOSTS[VICTIM]  # the pool and its worker processes
 
@@ -448,10 +536,17 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
         web_pids = {p.pid for _, p in webs} | {c for _, p in webs for c in descendants(p.pid)}
         assert not lock_pids & web_pids
         assert live.error is None, live.error
+        # ...and the browser on web #2 shows locks the workers took, without a reload.
+        wait_for(lambda: view.lock_items or view.error, "the browser to show a lock", 30)
+        assert view.error is None, view.error
+        assert view.not_reloaded is True
 
         # 6. Nothing of git is left running on any host.
         wait_for(lambda: not git_processes_under(base), "git processes to end", 30)
     finally:
+        if view is not None:
+            view.stop.set()
+            view.join(timeout=30)
         if live is not None:
             live.stop.set()
             live.join(timeout=10)

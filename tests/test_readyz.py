@@ -1,15 +1,19 @@
 """``GET /readyz`` and ``/healthz`` over HTTP, from a real server process (uvicorn serving
 the ASGI app) on a database file of its own and Redis servers started here: three lock
 masters and a queue Redis, stopped and started for real; the database is taken away by
-putting a directory where its file was."""
+putting a directory where its file was, and a PostgreSQL server of the test's own is
+stopped and started again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _fresh_database(path: Path, env: dict[str, str]) -> None:
-    """A migrated SQLite file: a copy of the test database when it is SQLite (fast),
-    else ``migrate`` into a new file."""
-    if connection.vendor == "sqlite":
+def _fresh_database(path: Path | None, env: dict[str, str]) -> None:
+    """A migrated database: for a SQLite ``path``, a copy of the test database when that
+    is SQLite (fast), else ``migrate`` into it (a new file or ``env``'s PostgreSQL)."""
+    if path is not None and connection.vendor == "sqlite":
         src = sqlite3.connect(connection.settings_dict["NAME"])
         dst = sqlite3.connect(path)
         with dst:
@@ -50,36 +54,83 @@ def _fresh_database(path: Path, env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
+@contextlib.contextmanager
+def serving(tmp_path: Path, database_url: str, db: Path | None) -> Iterator[dict[str, Any]]:
+    """A uvicorn process on ``database_url`` (migrated), with three lock masters and a
+    queue Redis of its own."""
     masters = [RedisNode(tmp_path / f"lock{i}").start() for i in range(3)]
     queue = RedisNode(tmp_path / "queue").start()
-    db = tmp_path / "web.sqlite3"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "REDIS_URL"))}
     env.update(
-        DATABASE_URL=f"sqlite:///{db}",
+        DATABASE_URL=database_url,
         REDIS_URLS=",".join(n.url for n in masters),
         REDIS_URL=queue.url,
         GITWARD_VAR_DIR=str(tmp_path / "var"),
     )
-    _fresh_database(db, env)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc = None
     try:
+        _fresh_database(db, env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", proc, timeout=90)
         yield {"base": base, "masters": masters, "queue": queue, "db": db}
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
         for node in [*masters, queue]:
             node.kill()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    db = tmp_path / "web.sqlite3"
+    with serving(tmp_path, f"sqlite:///{db}", db) as srv:
+        yield srv
+
+
+class PostgresServer:
+    """A PostgreSQL server of this test's own (``initdb`` into a temporary directory, on
+    a free port), so it can really be stopped and started again; run as the ``postgres``
+    user when the tests run as root (the server refuses root)."""
+
+    def __init__(self) -> None:
+        if not shutil.which("initdb") or not shutil.which("pg_ctl"):
+            pytest.skip("PostgreSQL's initdb and pg_ctl are not installed")
+        self.dir = Path(tempfile.mkdtemp(prefix="gitward-pg-"))
+        self.port = free_port()
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self.dir, "postgres")
+        self._pg(["initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres"])
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _pg(self, cmd: list[str]) -> None:
+        done = subprocess.run(
+            [*self.as_user, *cmd], capture_output=True, text=True, timeout=300
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._pg(["pg_ctl", "-D", str(self.dir / "data"), "-o", opts, "-l",
+                  str(self.dir / "log"), "-w", "-t", "120", "start"])  # fmt: skip
+
+    def stop(self) -> None:
+        self._pg(["pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "-w", "stop"])
+
+    def remove(self) -> None:
+        with contextlib.suppress(AssertionError):
+            self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def get(url: str) -> tuple[int, dict[str, Any]]:
@@ -143,6 +194,29 @@ def test_it_turns_unready_without_the_database_and_ready_when_it_returns(server)
         db.rmdir()
         aside.rename(db)
     assert wait_for(url, 200)["ready"] is True
+
+
+@pytest.mark.slow  # a PostgreSQL server, a real uvicorn server and four redis-servers
+def test_it_turns_unready_when_the_postgresql_server_stops_and_ready_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    pg = PostgresServer()
+    try:
+        pg.start()
+        with serving(tmp_path, pg.url, None) as srv:
+            url = srv["base"] + "/readyz"
+            assert wait_for(url, 200)["ready"] is True
+            pg.stop()  # the database server process is gone
+            body = wait_for(url, 503)
+            assert body["failed"] == ["database", "migrations"]
+            assert body["checks"]["database"]["detail"].startswith("database unreachable")
+            assert body["checks"]["lock_quorum"]["ok"] and body["checks"]["queue"]["ok"]
+            with urllib.request.urlopen(srv["base"] + "/healthz", timeout=10) as res:
+                assert res.status == 200  # alive, not ready
+            pg.start()
+            assert wait_for(url, 200, timeout=60)["ready"] is True
+    finally:
+        pg.remove()
 
 
 @pytest.mark.slow  # a real uvicorn server and four redis-servers per test

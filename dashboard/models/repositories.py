@@ -8,6 +8,7 @@ from django.db import models
 from django.utils import timezone
 
 from workers import lockkeys
+from workers.remotes import redact
 
 
 class Repository(models.Model):
@@ -49,6 +50,12 @@ class Repository(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def shown_url(self) -> str:
+        """``url`` as pages, the API and events show it: userinfo redacted. Submissions
+        refuse URL credentials, but a row from before that check may hold one."""
+        return redact(self.url)
 
     @property
     def name(self) -> str:
