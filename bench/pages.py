@@ -4,13 +4,15 @@
 One repository: a real git repository of 12 commits, mirrored where the web process
 reads it (``workspace/mirrors/1.git``), plus 999,988 synthetic commits with one file row
 each, inserted directly (SQLite ``executemany``, PostgreSQL ``COPY``) in batches under the
-served fingerprint, so the tables hold 1,000,000 commits and 1,000,000 file rows. The
-summary is computed once (a worker does that when a repository finishes), then every
-page is requested through Django's test client (the whole middleware stack and template
-rendering, no network) ``--rounds`` times after one warm-up; the median and max are
-printed, and the anchor — ``/healthz`` through the same client, i.e. a request's fixed
-cost — is measured in the same run. 3 local Redis masters (the repository page reads its
-live locks). Prints JSON; nothing is asserted.
+served fingerprint, each batch adding what it inserted to the kept count of stored
+commits (``commitcounts.add_stored``, as ``write_chunk`` does), so the tables hold
+1,000,000 commits and 1,000,000 file rows. The summary is computed once (a worker does
+that when a repository finishes), then every page is requested through Django's test
+client (the whole middleware stack and template rendering, no network) ``--rounds``
+times after one warm-up; the median and max are printed, and the anchor — ``/healthz``
+through the same client, i.e. a request's fixed cost — is measured in the same run. 3
+local Redis masters (the repository page reads its live locks). Prints JSON; nothing is
+asserted.
 
     .venv/bin/python bench/pages.py [--commits 1000000] [--rounds 20]
         [--database-url postgres://postgres@127.0.0.1:5432/gw_pages_bench]
@@ -58,6 +60,7 @@ def seed(repo_id: int, fp: str, n: int, real: list[dict[str, Any]]) -> None:
     """``real`` commits (from git) plus synthetic ones up to ``n``, newest last."""
     from django.db import connection, transaction
 
+    from dashboard.commitcounts import add_stored
     from dashboard.commits import COMMIT_COLUMNS, FILE_COLUMNS
     from dashboard.models import Commit, FileChange
 
@@ -91,6 +94,7 @@ def seed(repo_id: int, fp: str, n: int, real: list[dict[str, Any]]) -> None:
                 with raw.copy(f"COPY {qn(Commit._meta.db_table)} ({commit_cols}) FROM STDIN") as cp:
                     for row in rows:
                         cp.write_row(row)
+                inserted = raw.rowcount
                 raw.execute(
                     f"SELECT id, sha FROM {qn(Commit._meta.db_table)} "
                     "WHERE repository_id = %s AND fingerprint = %s AND sha = ANY(%s)",
@@ -102,11 +106,13 @@ def seed(repo_id: int, fp: str, n: int, real: list[dict[str, Any]]) -> None:
                     f"INSERT INTO {qn(Commit._meta.db_table)} ({commit_cols}) VALUES ({marks})",
                     rows,
                 )
+                inserted = raw.rowcount
                 raw.execute(
                     f"SELECT id, sha FROM {qn(Commit._meta.db_table)} WHERE id > ?",
                     [lo],
                 )
             ids = dict((sha, cid) for cid, sha in raw.fetchall())
+            add_stored(repo_id, fp, inserted)  # as write_chunk does, in the same transaction
             files: list[tuple[Any, ...]] = []
             for i in range(lo, min(n, lo + BATCH)):
                 sha = rows[i - lo][2]
