@@ -241,10 +241,11 @@ def main() -> None:
         t0 = time.perf_counter()
         seed(repo.pk, fp, args.commits, real)
         out["seed_s"] = round(time.perf_counter() - t0, 1)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         with CaptureQueriesContext(connection) as summary_queries:
             repository_summary(repo, fp)
         out["summary_cold_s"] = round(time.perf_counter() - t0, 1)
+        out["summary_cold_cpu_s"] = round(_cpu_s() - c0, 2)
         # where the cold summary's time goes: its slowest statements (seconds, SQL head)
         out["summary_queries"] = sorted(
             ([float(q["time"]), q["sql"][:90]] for q in summary_queries.captured_queries),
