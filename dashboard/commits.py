@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone as djtz
 
+from dashboard.commitcounts import add_stored
 from dashboard.fencing import check_token
 from dashboard.models import Chunk, Commit, FileChange, Repository
 from workers.failpoints import failpoint
@@ -121,11 +122,12 @@ class _Rows:
             )
 
 
-def _insert_sqlite(fresh: list[int], rows: _Rows, repo_id: int, fp: str) -> None:
+def _insert_sqlite(fresh: list[int], rows: _Rows, repo_id: int, fp: str) -> int:
     """SQLite: two ``executemany`` INSERTs in the caller's (IMMEDIATE) transaction; WAL
     and ``synchronous=NORMAL`` are set per connection in settings, so the commit does
     not wait for an fsync. A file row finds its commit's id with a subquery on the unique
-    (repository, fingerprint, sha) index: no ids are read back into Python."""
+    (repository, fingerprint, sha) index: no ids are read back into Python. Returns the
+    number of commit rows inserted (sqlite3 sums ``executemany``'s changes)."""
     commit_sql = (
         f"INSERT INTO {_table(Commit)} ({_columns(Commit, COMMIT_COLUMNS)}) "  # noqa: S608
         f"VALUES ({', '.join(['?'] * len(COMMIT_COLUMNS))})"
@@ -142,14 +144,17 @@ def _insert_sqlite(fresh: list[int], rows: _Rows, repo_id: int, fp: str) -> None
     with connection.cursor() as cursor:
         raw = cursor.cursor
         raw.executemany(commit_sql, [rows.commits[i] for i in fresh])
+        inserted = int(raw.rowcount)
         if file_rows:
             raw.executemany(file_sql, file_rows)
+    return inserted
 
 
-def _copy_postgresql(fresh: list[int], rows: _Rows) -> None:
+def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
     """PostgreSQL: ``COPY … FROM STDIN`` through psycopg's ``cursor.copy()``, in the
     caller's transaction. The commit ids are drawn from the table's own identity sequence
-    first, so commits and their files are both copied with nothing read back."""
+    first, so commits and their files are both copied with nothing read back. Returns
+    the number of commit rows COPY reported copied."""
     with connection.cursor() as cursor:
         raw = cursor.cursor
         # The commit of this transaction does not wait for its WAL flush (SQLite's
@@ -168,11 +173,13 @@ def _copy_postgresql(fresh: list[int], rows: _Rows) -> None:
         with raw.copy(commit_copy) as copy:
             for cid, i in zip(ids, fresh, strict=True):
                 copy.write_row((cid, *rows.commits[i]))
+        inserted = int(raw.rowcount)
         file_copy = f"COPY {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) FROM STDIN"
         with raw.copy(file_copy) as copy:
             for cid, i in zip(ids, fresh, strict=True):
                 for row in rows.files[i]:
                     copy.write_row((cid, *row))
+    return inserted
 
 
 def _stored(repo_id: int, fp: str, shas: list[str]) -> set[str]:
@@ -208,6 +215,8 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
        last line of defence; this check keeps the common case free of errors.
     4. Insert the commits and their file rows with the database's fastest bulk path
        (SQLite ``executemany``, PostgreSQL ``COPY``); mark the chunk done.
+    5. Add the number of commit rows the database reported inserted to the stored
+       count (``commitcounts.add_stored``), last, in the same transaction.
     """
     planned = chunk.sha_list()
     got = [r.sha for r in records]
@@ -227,16 +236,22 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
         check_token(chunk.lock_key(), token)
         existing = _stored(repo_id, fp, planned)
         fresh = [i for i, sha in enumerate(rows.shas) if sha not in existing]
+        inserted = 0
         if fresh:
             if connection.vendor == "postgresql":
-                _copy_postgresql(fresh, rows)
+                inserted = _copy_postgresql(fresh, rows)
             else:
-                _insert_sqlite(fresh, rows, repo_id, fp)
+                inserted = _insert_sqlite(fresh, rows, repo_id, fp)
         failpoint("analyze.writing", chunk.repository.name)
         Chunk.objects.filter(pk=chunk.pk).update(
             state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()
         )
-    return len(fresh)
+        # Last statement before the commit: on PostgreSQL it row-locks the count, so
+        # concurrent chunk writes of this repository wait for each other only for the
+        # commit itself. Exact because it is what this transaction inserted, and it
+        # rolls back with the rows (see dashboard.commitcounts).
+        add_stored(repo_id, fp, inserted)
+    return inserted
 
 
 # ---------------------------------------------------------------------------- reads

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from dashboard import queues
 from dashboard.canary import planned_fingerprints, repository_key
+from dashboard.commitcounts import stored_commits
 from dashboard.fencing import check_token
 from dashboard.live import publish_event
 from dashboard.models import Chunk, Commit, JobRun, Repository
@@ -209,7 +210,7 @@ def finish_chunk(chunk: Chunk) -> bool:
     open chunk, mark the repository ready, compute its aggregates once (so no page load
     pays for them) and publish the change. True if the repository completed."""
     repo = chunk.repository
-    analyzed = Commit.objects.filter(repository=repo, fingerprint=chunk.fingerprint).count()
+    analyzed = stored_commits(repo.pk, chunk.fingerprint)
     publish_event(
         "job.progress",
         {"repo": repo.pk, "analyzed": analyzed, "total": repo.commits_total},
@@ -238,9 +239,7 @@ def needs_catch_up(repo: Repository, fingerprint: str) -> bool:
         return False  # its sync plans for the served fingerprint anyway
     if repo.fingerprint != fingerprint:
         return True
-    return Commit.objects.filter(repository=repo, fingerprint=fingerprint).count() < (
-        repo.commits_total
-    )
+    return stored_commits(repo.pk, fingerprint) < repo.commits_total
 
 
 def catch_up(*, fingerprint: str, after: int = 0, batch: int = CATCH_UP_BATCH) -> int | None:

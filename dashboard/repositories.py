@@ -8,13 +8,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
 from dashboard import queues
+from dashboard.commitcounts import stored_commits, stored_commits_subquery
 from dashboard.live import publish_event
-from dashboard.models import Chunk, Commit, JobRun, Repository
+from dashboard.models import Chunk, JobRun, Repository
 from dashboard.runs import enqueue_after_commit, ensure_run
 from dashboard.versions import served_fingerprint
 from workers.remotes import InvalidRemote, Remote, RemotePolicy, normalise_branch, parse_remote
@@ -207,9 +207,9 @@ def resolve_repository(ref: str) -> Repository:
 
 
 def commits_analyzed(repo: Repository, fingerprint: str | None = None) -> int:
-    return Commit.objects.filter(
-        repository=repo, fingerprint=fingerprint or current_fingerprint()
-    ).count()
+    """Commits stored under ``fingerprint`` (default: the served one): the kept count,
+    one row read, never a ``COUNT(*)`` over the history (``dashboard.commitcounts``)."""
+    return stored_commits(repo.pk, fingerprint or current_fingerprint())
 
 
 def repository_status(repo: Repository) -> dict[str, Any]:
@@ -265,19 +265,10 @@ def repository_rows(
     repos: QuerySet[Repository], *, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """The list shape (``repository_status`` without chunk counts) of these
-    repositories in ONE query: the analysed-commit count is a correlated subquery on
-    the (repository, fingerprint) index, not a query per row."""
+    repositories in ONE query: the analysed-commit count is a subquery reading the
+    kept count's row (``commitcounts``), not a query per row nor a count of commits."""
     fp = current_fingerprint()
-    analyzed = (
-        Commit.objects.filter(repository=OuterRef("pk"), fingerprint=fp)
-        .order_by()
-        .values("repository")
-        .annotate(n=Count("id"))
-        .values("n")
-    )
-    annotated = repos.annotate(
-        n_analyzed=Coalesce(Subquery(analyzed, output_field=IntegerField()), 0)
-    )
+    annotated = repos.annotate(n_analyzed=stored_commits_subquery(fp))
     if limit is not None:
         annotated = annotated[:limit]
     return [

@@ -163,10 +163,12 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
     }
 
 
-def repository_live(repo_id: int) -> dict[str, Any]:
-    """Progress, the chunks being analysed and by whom, and why the rest waits."""
+def repository_live(repo_id: int, *, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Progress, the chunks being analysed and by whom, and why the rest waits.
+    ``state``: the repository's ``repository_status`` if the caller read it already."""
     repo = Repository.objects.get(pk=repo_id)
-    state = repository_status(repo)
+    if state is None:
+        state = repository_status(repo)
     holders = leases.lock_rows(repo_id=repo_id)
     return {**state, "holders": holders, "waiting": why_waiting(repo)}
 

@@ -10,6 +10,7 @@ from django.db.models import CharField, Count, F, Func, Max, Min, Sum
 from django.db.models.functions import TruncWeek
 from django.utils import timezone
 
+from dashboard.commitcounts import stored_commits
 from dashboard.models import Commit, FileChange, Repository, Summary
 
 TOP = 10
@@ -113,14 +114,18 @@ def compute_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
 REFRESH_WHILE_ACTIVE = timedelta(seconds=15)
 
 
-def repository_summary(repo: Repository, fingerprint: str) -> dict[str, Any]:
+def repository_summary(
+    repo: Repository, fingerprint: str, *, stored: int | None = None
+) -> dict[str, Any]:
     """Cached aggregates; recomputed when the number of stored commits changed (the
-    worker that finishes a repository computes them, so readers find them warm).
+    worker that finishes a repository computes them, so readers find them warm). That
+    number is the kept count (``commitcounts``), or ``stored`` if the caller read it
+    already for this request.
 
     Race: two readers recompute at once; both write the same data, the unique
     (repository, fingerprint) constraint keeps one row, the loser updates it.
     """
-    count = Commit.objects.filter(repository=repo, fingerprint=fingerprint).count()
+    count = stored_commits(repo.pk, fingerprint) if stored is None else stored
     cached = Summary.objects.filter(repository=repo, fingerprint=fingerprint).first()
     if cached is not None and cached.commits == count:
         return dict(cached.data)

@@ -260,7 +260,11 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
     record_view(repo.pk)  # the rollout warm set starts from the most-viewed repositories
     fp = current_fingerprint()
     state = repository_status(repo)
-    summary = repository_summary(repo, fp)
+    # The stored-commit count is read once per request: the summary's freshness check
+    # and the live panel reuse ``state`` (unless a promote changed the fingerprint
+    # between the two reads).
+    same_fp = state["fingerprint"] == fp
+    summary = repository_summary(repo, fp, stored=state["commits_analyzed"] if same_fp else None)
     try:
         commits, nxt = commit_page(repo, fingerprint=fp, limit=50, cursor=request.GET.get("cursor"))
     except BadCursor:
@@ -270,7 +274,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         "repository.html",
         {
             "live_socket": f"/ws/repos/{repo.pk}/",
-            "live": repository_live(repo.pk),
+            "live": repository_live(repo.pk, state=state if same_fp else None),
             "repo": repo,
             "state": state,
             "summary": summary,

@@ -9,6 +9,7 @@ from rq import SimpleWorker
 from dashboard import queues, versions, workerbeats
 from dashboard.management.commands.worker import worker_queues
 from dashboard.models import AnalyzerVersion, Commit, JobAttempt, JobRun, Repository
+from tests.storedcommits import assert_counts_exact
 from workers.jobs import load_versions
 from workers.pool import PauseAware, version_config
 
@@ -52,7 +53,8 @@ def run_version_workers(*, served_only: bool = False) -> int:
 
 def assert_complete_under(fingerprint: str) -> None:
     """Every repository ready, with every commit of its last sync stored under
-    ``fingerprint``."""
+    ``fingerprint``, and the kept counts of stored commits exact."""
+    assert_counts_exact()
     for repo in Repository.objects.all():
         stored = Commit.objects.filter(repository=repo, fingerprint=fingerprint).count()
         assert (repo.status, repo.fingerprint, stored) == (

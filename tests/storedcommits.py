@@ -50,3 +50,24 @@ def assert_matches_reference(repo: Repository, ref: dict[str, dict[str, Any]]) -
         assert have.pop("committed_at") == datetime.fromisoformat(want["committed_at"])
         expected = {k: v for k, v in want.items() if k not in {"authored_at", "committed_at"}}
         assert have == expected, sha
+
+
+def assert_counts_exact() -> None:
+    """The kept count of stored commits (``dashboard.commitcounts``) equals ``COUNT(*)``
+    for every (repository, fingerprint) that has commits or a count row."""
+    from django.db.models import Count
+
+    from dashboard.models import CommitCount
+
+    counted = {
+        (r, fp): n
+        for r, fp, n in Commit.objects.order_by()
+        .values_list("repository_id", "fingerprint")
+        .annotate(n=Count("id"))
+    }
+    kept = {
+        (r, fp): n
+        for r, fp, n in CommitCount.objects.values_list("repository_id", "fingerprint", "commits")
+        if n
+    }
+    assert kept == counted

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from dashboard import plans, queues
+from dashboard.commitcounts import add_stored
 from dashboard.fencing import StaleToken, next_token
 from dashboard.models import Chunk, Commit, JobRun, Repository, Summary
 from tests.livetap import Tap
@@ -37,7 +38,9 @@ def plan(repo: Repository, shas: list[str] = SHAS, token: int | None = None) -> 
 
 
 def store(repo: Repository, sha: str) -> None:
+    """One stored commit, counted as ``write_chunk`` counts what it inserts."""
     now = datetime(2024, 1, 1, tzinfo=UTC)
+    add_stored(repo.pk, FP, 1)
     Commit.objects.create(
         repository=repo,
         fingerprint=FP,

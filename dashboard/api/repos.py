@@ -46,7 +46,9 @@ def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
         return error("repository not found", 404)
     body = repository_status(repo)
     if request.GET.get("summary") in {"1", "true"}:
-        body["summary"] = repository_summary(repo, current_fingerprint())
+        fp = current_fingerprint()
+        stored = body["commits_analyzed"] if body["fingerprint"] == fp else None
+        body["summary"] = repository_summary(repo, fp, stored=stored)
     return JsonResponse(body)
 
 

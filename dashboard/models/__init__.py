@@ -19,6 +19,7 @@ from dashboard.models.jobs import (
 from dashboard.models.repositories import (
     Chunk,
     Commit,
+    CommitCount,
     FileChange,
     Repository,
     RepositoryView,
@@ -33,6 +34,7 @@ __all__ = [
     "BulkAction",
     "Chunk",
     "Commit",
+    "CommitCount",
     "FenceToken",
     "FileChange",
     "JobAttempt",

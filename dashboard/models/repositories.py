@@ -181,6 +181,25 @@ class Commit(models.Model):
         return self.parents.split()
 
 
+class CommitCount(models.Model):
+    """How many commits are stored for one (repository, fingerprint): ``COUNT(*)`` of
+    those ``Commit`` rows, kept on a row so no page scans a million index entries to
+    show it (``dashboard.commitcounts``). Only ``write_chunk`` stores commits, and it
+    adds what it inserted in the same transaction; nothing deletes commits but the
+    repository's own deletion, which cascades here too."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    commits = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint"], name="commitcount_repo_fp_unique"
+            )
+        ]
+
+
 class FileChange(models.Model):
     """One file of one commit's first-parent diff (DESIGN §3)."""
 
