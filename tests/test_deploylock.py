@@ -254,3 +254,21 @@ def test_the_cli_drives_a_rollout_and_rolls_it_back(env, tmp_path: Path) -> None
     assert "rolled_back" in md
     missing = manage(env, "checklist", "999")
     assert missing.returncode != 0 and "no rollout #999" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ((), "arguments are required: action"),
+        (("start",), "one of the arguments --config --set is required"),
+        (("start", "--config", "c.json", "--set", "detect_renames=true"), "not allowed with"),
+        (("promote", "seven"), "invalid int value: 'seven'"),
+        (("explode",), "invalid choice: 'explode'"),
+        (("start", "--set", "detect_renames=true", "--steps", "10,x"), "--steps must be"),
+    ],
+)
+def test_bad_cli_input_is_one_line_and_a_non_zero_exit(env, args, fragment: str) -> None:
+    out = manage(env, *args)
+    assert out.returncode != 0 and fragment in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr and Rollout.objects.count() == 0

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dashboard import leases, rollouts
 from dashboard.checklists import describe_rollout, rollout_checklist
@@ -51,11 +51,27 @@ def parse_steps(raw: str | None) -> list[int] | None:
         raise CommandError(f"--steps must be comma-separated percentages, not {raw!r}") from None
 
 
+class OneLineParser(CommandParser):
+    """Usage errors (a missing ``--config``/``--set``, an id that is not a number, an
+    unknown action) as one line on stderr and exit 2, like every other refusal of this
+    command — not argparse's usage block. ``--help`` still prints the usage."""
+
+    def error(self, message: str) -> Any:
+        if self.called_from_command_line:
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise CommandError(f"Error: {message}")
+
+
 class Command(BaseCommand):
     help = "Roll out, inspect and roll back analyzer versions (DESIGN §7)."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = OneLineParser  # its own errors (no or an unknown action) too
+        return parser
+
     def add_arguments(self, parser: Any) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
+        sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
         start = sub.add_parser("start", help="start a rollout of a new analyzer config")
         start.add_argument("--queue", default=rollouts.QUEUE)
         src = start.add_mutually_exclusive_group(required=True)
