@@ -130,3 +130,17 @@ def test_actions_are_permission_checked_and_act_on_the_rollout(client: Client, c
     # Nothing left to act on: a JSON 409, never a 500.
     late = call(client, "POST", f"/api/rollouts/{ro.pk}/takeover", ops)
     assert late.status_code == 409 and "aborted" in late.json()["error"]
+
+
+def test_without_a_valid_bearer_token_it_is_a_json_401_and_unknown_ids_a_json_404(
+    client: Client, ci: str
+) -> None:
+    start = {"config": {"detect_renames": True}}
+    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer not-a-token"}):
+        res = client.post("/api/rollouts", data=json.dumps(start),
+                          content_type="application/json", **headers)  # fmt: skip
+        assert res.status_code == 401 and set(res.json()) == {"error"}, res.content
+        assert client.get("/api/rollouts", **headers).status_code == 401
+    assert Rollout.objects.count() == 0
+    missing = call(client, "GET", "/api/rollouts/999", ci)
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
