@@ -272,3 +272,36 @@ def test_bad_cli_input_is_one_line_and_a_non_zero_exit(env, args, fragment: str)
     assert out.returncode != 0 and fragment in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "Traceback" not in out.stderr and Rollout.objects.count() == 0
+
+
+def test_start_wait_blocks_until_the_end_and_a_rollback_exits_non_zero(env) -> None:
+    """``rollout start --wait`` returns only when the rollout ends; ended otherwise than
+    completed (here: rolled back by its holder) it says so in one line and exits 1."""
+    ensure_baseline(actor="setup")
+    waiter = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "rollout", "start", "--set",
+         "detect_renames=true", "--driver", "none", "--wait", "--actor", "ci"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: Rollout.objects.exists(), 60, "the rollout row")
+        ro = Rollout.objects.get()
+        d = RolloutDriver(ro.pk, ttl=5.0)
+        d.acquire(actor="ops")
+        DRIVERS.append(d)
+        token = int(d.token or 0)
+        rollouts.begin_warming(rollout=ro.pk, token=token, actor="ops")
+        rollouts.rollback(rollout=ro.pk, token=token, actor="ops", reason="not today")
+        assert waiter.poll() is None  # rolling back is not the end: still waiting
+        rollouts.check_drain(rollout=ro.pk, token=token, actor="ops")
+        assert rollouts.check_drain(rollout=ro.pk, token=token, actor="ops")
+        d.release()
+        out, err = waiter.communicate(timeout=60)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
+    assert waiter.returncode == 1, (out, err)
+    assert out.splitlines()[0] == f"rollout {ro.pk} pending"
+    assert f"rollout {ro.pk} rolled_back" in out
+    assert len(err.strip().splitlines()) == 1 and "rolled_back" in err
