@@ -305,3 +305,29 @@ def test_start_wait_blocks_until_the_end_and_a_rollback_exits_non_zero(env) -> N
     assert out.splitlines()[0] == f"rollout {ro.pk} pending"
     assert f"rollout {ro.pk} rolled_back" in out
     assert len(err.strip().splitlines()) == 1 and "rolled_back" in err
+
+
+def test_a_drained_version_is_retired_from_the_cli_and_never_rolled_out_again(env) -> None:
+    base = ensure_baseline(actor="setup")
+    v = rollouts.register_version(config=RENAMES, actor="setup")
+    AnalyzerVersion.objects.filter(pk=v.pk).update(state=S.DRAINED, verified_at=base.created_at)
+    for args, fragment in [
+        (("retire", "zz"), "4 to 64 hexadecimal digits"),
+        (("retire", "abcdef12abcdef12"), "no version abcdef12abcdef12"),
+        (("retire", base.fingerprint[:12]), "current → retired is not allowed"),
+    ]:
+        out = manage(env, *args)
+        assert out.returncode != 0 and fragment in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert AnalyzerVersion.objects.get(pk=base.pk).state == S.CURRENT
+    done = manage(env, "retire", v.fingerprint[:12], "--reason", "superseded for good")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"analysis@{v.fingerprint[:12]} retired"
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == S.RETIRED
+    event = RolloutEvent.objects.get(version=v, to_state=S.RETIRED)
+    assert (event.from_state, event.reason) == (S.DRAINED, "superseded for good")
+    assert AuditEntry.objects.filter(
+        action="rollout.transition", outcome__contains="retired"
+    ).exists()
+    again = manage(env, "start", "--set", "detect_renames=true", "--driver", "none")
+    assert again.returncode != 0 and "cannot be rolled out from state retired" in again.stderr

@@ -1,4 +1,4 @@
-"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist``.
+"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire``.
 
 Thin adapters over ``dashboard.rollouts`` / ``dashboard.deploylock``; every refusal is
 one line on stderr and a non-zero exit.
@@ -26,6 +26,7 @@ from dashboard.deploylock import (
 )
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import describe_lock, ensure_baseline
+from dashboard.versions import retire_version
 from dashboard.warming import warm_rollout
 from workers import lockkeys
 
@@ -118,6 +119,10 @@ class Command(BaseCommand):
                 p.add_argument("--timeout", type=float, default=30.0)
             if name == "drive":
                 p.add_argument("--takeover", action="store_true")
+        retire = sub.add_parser("retire", help="retire a drained or warm-failed version for good")
+        retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
+        retire.add_argument("--queue", default=rollouts.QUEUE)
+        retire.add_argument("--reason", default="")
         for p in sub.choices.values():
             p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
 
@@ -206,6 +211,12 @@ class Command(BaseCommand):
                     f"{pk}`)"
                 )
             time.sleep(0.2)
+
+    def do_retire(self, o: dict[str, Any]) -> None:
+        v = retire_version(
+            fingerprint=o["fingerprint"], queue=o["queue"], actor=o["actor"], reason=o["reason"]
+        )
+        self.stdout.write(f"{v.queue}@{v.fp12} retired")
 
     def do_status(self, o: dict[str, Any]) -> None:
 
