@@ -10,8 +10,10 @@ analysed under the baseline (the anchor's clock), then ``detect_renames=true`` i
 out the way an operator does it — warm (the driver's warmer, the new version's own worker),
 verify, ramp to 100 %, promote, the catch-up analysed under the new fingerprint — and the
 repositories' API (``GET /api/repos/<id>?summary=1`` through Django's request handler)
-serves the new numbers. Then the clock starts, ``rollback_rollout`` (the one button: take
-the deploy lock, route back, cancel the new version's queued work) is called, and the
+serves the new numbers. Then the clock starts, the Rollouts page's rollback button is
+clicked (its POST through Django's request handler: permission check, audit row, then
+``rollback_rollout`` — take the deploy lock, route back, cancel the new version's queued
+work, release), and the
 clock stops once every repository's API answer carries the baseline fingerprint and its
 baseline totals. Repeated ``--rounds`` times (the version is re-activated from drained;
 its results are already stored, so later rounds warm instantly). Workers are in-process
@@ -97,7 +99,7 @@ def run(tmp: Path, args: Any) -> None:
     from rq import SimpleWorker
 
     from dashboard import queues, rollouts, versions, workerbeats
-    from dashboard.deploylock import RolloutDriver, rollback_rollout
+    from dashboard.deploylock import RolloutDriver
     from dashboard.management.commands.worker import worker_queues
     from dashboard.models import AnalyzerVersion, Repository
     from dashboard.repositories import submit_repository
@@ -179,8 +181,16 @@ def run(tmp: Path, args: Any) -> None:
         served()  # one pass of reads alone (what the figure below includes)
         reads.append(time.perf_counter() - r0)
         t0 = time.perf_counter()
-        rollback_rollout(rollout=ro.pk, actor="bench", reason="bench", ttl=10.0)
+        # The click: the Rollouts page's rollback button after its confirm step, the
+        # same POST the browser sends (permission check, audit row, the one-button
+        # rollback, the redirect back to the page).
+        clicked = client.post(
+            f"/rollouts/{ro.pk}/rollback/", {"reason": "bench", "next": "/rollouts/"}
+        )
         t1 = time.perf_counter()
+        assert clicked.status_code == 302, clicked.status_code
+        ro.refresh_from_db()
+        assert ro.state in {"rolling_back", "rolled_back"}, ro.state
         n = 1
         while served() != before:
             n += 1
@@ -196,10 +206,10 @@ def run(tmp: Path, args: Any) -> None:
     total_ms = statistics.median(totals) * 1000
     print(f"repositories: {args.repos} x {args.commits} commits; rounds: {args.rounds}")
     print(f"anchor (recompute every repository under the previous version): {anchor:.2f} s")
-    print(f"rollback call (lock, route back, cancel queued, release): median {call_ms:.0f} ms")
+    print(f"rollback click (POST: lock, route back, cancel, release): median {call_ms:.0f} ms")
     rounds = ", ".join(f"{t * 1000:.0f}" for t in totals)
     print(
-        "rollback call -> every repository's API serving the previous numbers: "
+        "rollback click -> every repository's API serving the previous numbers: "
         f"median {total_ms:.0f} ms (rounds: {rounds})"
     )
     read_ms = statistics.median(reads) * 1000

@@ -224,12 +224,7 @@ def repository_status(repo: Repository) -> dict[str, Any]:
         .annotate(n=Count("id"))
     ):
         chunks[state] = n
-    if repo.status == Repository.Status.READY:
-        progress = 100.0
-    elif total:
-        progress = round(min(100.0, 100.0 * analyzed / total), 1)
-    else:
-        progress = 0.0
+    progress = _progress(repo, fp, analyzed)
     return {
         "id": repo.pk,
         "url": repo.shown_url,
@@ -253,11 +248,14 @@ def repository_status(repo: Repository) -> dict[str, Any]:
 LIST_PAGE = 50
 
 
-def _progress(status: str, analyzed: int, total: int) -> float:
-    if status == Repository.Status.READY:
+def _progress(repo: Repository, fingerprint: str, analyzed: int) -> float:
+    """Percent of the repository's commits stored under the served ``fingerprint``.
+    "ready" means 100 % only for the version it was analysed under: after a promote a
+    repository is ready under the previous version until the catch-up re-analyses it."""
+    if repo.status == Repository.Status.READY and repo.fingerprint == fingerprint:
         return 100.0
-    if total:
-        return round(min(100.0, 100.0 * analyzed / total), 1)
+    if repo.commits_total:
+        return round(min(100.0, 100.0 * analyzed / repo.commits_total), 1)
     return 0.0
 
 
@@ -281,7 +279,7 @@ def repository_rows(
             "head": r.head or None,
             "commits_total": r.commits_total,
             "commits_analyzed": r.n_analyzed,
-            "progress": _progress(r.status, r.n_analyzed, r.commits_total),
+            "progress": _progress(r, fp, r.n_analyzed),
             "error": r.error or None,
             "repo": r,
         }

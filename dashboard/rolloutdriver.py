@@ -308,7 +308,10 @@ class RolloutDriver:
                     rollout=ro, percent=int(request["params"]["percent"]), token=token, actor=actor
                 )
             elif action in {"rollback", "abort"}:
-                abort_in_place(ro, token=token, actor=actor, reason=action)
+                # The operator's reason (the confirm step's text) goes on the timeline and
+                # the checklist's rollback steps, not only on the audit row of the click.
+                why = str((request.get("params") or {}).get("reason") or "").strip()
+                abort_in_place(ro, token=token, actor=actor, reason=why or str(action))
         except (RolloutError, KeyError, ValueError, TypeError) as exc:
             with transaction.atomic():
                 rollouts.record_event(

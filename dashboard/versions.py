@@ -27,6 +27,7 @@ versions through these transitions.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 from collections.abc import Mapping
 from datetime import datetime
@@ -375,6 +376,30 @@ def _apply(
 
 
 # ---------------------------------------------------------------------------- the deploy lock
+
+
+def retire_version(
+    *, fingerprint: str, actor: Any, queue: str = QUEUE, reason: str = ""
+) -> AnalyzerVersion:
+    """drained | warm_failed → retired (DESIGN §7): the version is done for good — never
+    staffed, routed or rolled out again (its stored results stay, unserved).
+
+    ``fingerprint`` may be a prefix naming exactly one version of ``queue``. Drain
+    bookkeeping, so no deploy-lock token (``TOKENLESS``): a retired version has no gate
+    to close and no work to route; ``do_transition`` still refuses any other source
+    state (a current, ramping or draining version cannot be retired).
+    """
+    prefix = (fingerprint or "").strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{4,64}", prefix):
+        raise RolloutError(f"a fingerprint is 4 to 64 hexadecimal digits, not {fingerprint!r}")
+    found = list(AnalyzerVersion.objects.filter(queue=queue, fingerprint__startswith=prefix)[:2])
+    if not found:
+        raise RolloutError(f"no version {prefix} on {queue!r}")
+    if len(found) > 1:
+        raise RolloutError(f"{prefix} names more than one version of {queue!r}: give more digits")
+    return do_transition(
+        version=found[0], to=S.RETIRED, actor=actor, token=None, reason=reason or "retired"
+    )
 
 
 def describe_lock(info: dict[str, Any] | None) -> str:

@@ -1,7 +1,8 @@
-"""What the browser test of the Rollouts page needs that the backend does not do yet
-(issue 11: workers per version, the warmer, the ``rollouts`` worker in ``up``), played
-through the domain functions against a running ``manage.py up`` (same environment, so
-the same database and embedded Redis nodes):
+"""What the browser tests of the Rollouts page need on top of a running ``manage.py up``
+(which staffs each version, warms with the real warmer and serves the ``rollouts``
+queue): a paced warm set (so the page can be seen mid-warming), a worker beat of the new
+fingerprint and a dead letter of the ramping version, played through the domain
+functions in the same environment (the same database and embedded Redis nodes):
 
 ``python -m tests.rolloutplay ROLLOUT_ID GO_FILE``
 

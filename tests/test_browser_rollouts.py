@@ -2,7 +2,10 @@
 admin starts a rollout of a new configuration (detect_renames) from the page's form and
 its confirm dialog, watches it warm, pass the gate and show its result diff live (no
 reload), promotes it step by step to current, sees the "roll back to V" button beside the
-dead letters of the ramping version, and rolls it back with one button via the modal.
+dead letters of the ramping version, and rolls it back with one button via the modal;
+the repository page shows the new numbers once it is current and the previous ones the
+moment the rollback commits. A second run rolls a ramping version back from the dead
+letters' "roll back to V" button itself.
 
 ``up`` serves the ``rollouts`` driver queue and warms with the real warmer;
 ``tests/rolloutplay.py`` adds what a test needs on top (a driver only if no worker serves
@@ -51,6 +54,13 @@ def system(tmp_path: Path):
         proc.communicate()
 
 
+def stat_cards(page, url: str) -> list[str]:
+    """The repository page's totals (commits, authors, merges, lines added, deleted),
+    loaded afresh."""
+    page.goto(url)
+    return page.locator("#results .cards .stat .n").all_inner_texts()
+
+
 def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -73,6 +83,9 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         page.click("form.submit button[type=submit]")
         page.wait_for_url(re.compile(r".*/repos/\d+/$"))
         expect(page.locator("#repo-status")).to_have_text("ready", timeout=90000)
+        repo_url = page.url
+        before = stat_cards(page, repo_url)
+        assert before[0] == "5" and before[3] == "+125", before  # git log --numstat, no -M
 
         # Start from the Rollouts page (nav between Dead letters and Audit).
         page.goto(f"{base}/")
@@ -184,6 +197,12 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
             "current", timeout=30000
         )
         expect(section.locator('[data-field="rollout-state"]')).to_have_text("completed")
+        # Current: the repository page serves the new version's numbers (the warm set was
+        # the whole history): the renames are one file each, no lines added or deleted.
+        promoted = stat_cards(page, repo_url)
+        assert promoted[0] == "5" and promoted[3] == "+44", promoted  # git log -M
+        page.goto(f"{base}/rollouts/")
+        section = page.locator(f"#rollout-{rollout_id}")
 
         # One button: roll back, via the modal naming exactly what happens.
         section.locator("button[data-verb=rollback]").click()
@@ -199,12 +218,109 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         expect(section.locator('[data-field="rollout-state"]')).to_have_text(
             re.compile("rolling_back|rolled_back")
         )
+        # The repository page shows the previous results at once: one load, no waiting
+        # (they were never deleted; nothing is recomputed).
+        assert stat_cards(page, repo_url) == before
         row = page.locator(f"#versions-table tr:has(code:text-is('{old}'))")
         page.goto(f"{base}/rollouts/")
         expect(row.locator(".pill")).to_have_text("current")
         page.screenshot(path=str(SHOTS / "rollouts-rolled-back.png"), full_page=True)
         page.goto(f"{base}/audit/?action=rollout.page.rollback")
         expect(page.locator("#audit-table")).to_contain_text("routed back")
+        browser.close()
+    out = players[0].communicate(timeout=60)[0]
+    assert players[0].returncode == 0, out
+
+
+def test_an_admin_rolls_a_ramping_version_back_from_its_dead_letters(system) -> None:
+    """The "roll back to V" button beside a dead-letter group of the ramping version,
+    clicked and confirmed: routing goes back, the version drains, the repository page
+    keeps the previous version's numbers."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, tmp, env, players = system
+    origin = history_with_renames(tmp / "renames")
+    go = tmp / "go-warm-the-rest"
+    go.touch()  # no pause mid-warming in this run
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = ctx.new_page()
+        page.goto(f"{base}/login/")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", "admin-pass-123")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/")
+        page.goto(f"{base}/repos/")
+        page.fill("input[name=url]", str(origin.path))
+        page.click("form.submit button[type=submit]")
+        page.wait_for_url(re.compile(r".*/repos/\d+/$"))
+        expect(page.locator("#repo-status")).to_have_text("ready", timeout=90000)
+        repo_url = page.url
+        before = stat_cards(page, repo_url)
+        assert before[3] == "+125", before
+
+        page.goto(f"{base}/rollouts/")
+        page.fill("#id_steps", "50,100")
+        page.check("#id_detect_renames")
+        page.click("#start-button")
+        expect(page.locator("#confirm-what")).to_contain_text("detect_renames=true")
+        page.click("#confirm-ok")
+        page.wait_for_url(re.compile(r".*/rollouts/\d+/$"))
+        rollout_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+        players.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.rolloutplay", str(rollout_id), str(go)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+        section = page.locator(f"#rollout-{rollout_id}")
+        state = section.locator('[data-field="version-state"]')
+        expect(state).to_have_text("verified", timeout=90000)
+        button = section.locator("button[data-verb=promote]")
+        expect(button).to_have_text("Promote to 50%", timeout=30000)
+        button.click()
+        page.click("#confirm-ok")
+        expect(page.locator(".flash.success")).to_contain_text("promote requested")
+        section = page.locator(f"#rollout-{rollout_id}")
+        expect(section.locator('[data-field="version-state"]')).to_have_text(
+            "ramping 50%", timeout=90000
+        )
+        old = page.locator(f"#rollout-{rollout_id} h2 .muted").inner_text().removeprefix("from ")
+
+        # The dead letters of the ramping version: the button right there, confirmed.
+        page.goto(f"{base}/dead-letters/")
+        offer = page.locator("#dlq-body details.group .offer button")
+        expect(offer).to_have_text(f"roll back to {old}", timeout=60000)
+        offer.click()
+        assert page.locator("dialog:modal").count() == 1
+        expect(page.locator("#confirm-what")).to_contain_text(f"to {old}: stop routing")
+        page.fill("#confirm-reason", "dead letters of the canary")
+        page.click("#confirm-ok")
+        page.wait_for_url(f"{base}/dead-letters/")  # back where the button was
+        # The rollout's driver is alive mid-ramp: the button asks it (it holds the lock).
+        expect(page.locator(".flash.success")).to_contain_text("rollback requested")
+        page.screenshot(path=str(SHOTS / "rollout-dlq-rolled-back.png"), full_page=True)
+
+        page.goto(f"{base}/rollouts/{rollout_id}/")
+        section = page.locator(f"#rollout-{rollout_id}")
+        expect(section.locator('[data-field="rollout-state"]')).to_have_text(
+            re.compile("rolling_back|rolled_back"), timeout=60000
+        )
+        expect(section.locator('[data-field="version-state"]')).to_have_text(
+            re.compile("draining|drained")
+        )
+        expect(section.locator(".timeline")).to_contain_text("dead letters of the canary")
+        assert stat_cards(page, repo_url) == before
+        page.goto(f"{base}/rollouts/")
+        row = page.locator(f"#versions-table tr:has(code:text-is('{old}'))")
+        expect(row.locator(".pill")).to_have_text("current")
+        page.goto(f"{base}/audit/?action=rollout.page.rollback")
+        expect(page.locator("#audit-table")).to_contain_text("dead letters of the canary")
         browser.close()
     out = players[0].communicate(timeout=60)[0]
     assert players[0].returncode == 0, out

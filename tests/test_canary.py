@@ -75,3 +75,78 @@ def test_queue_for_routes_by_ramp_keeps_retries_and_never_reaches_an_unverified_
 def test_a_queue_without_a_current_version_routes_nowhere() -> None:
     with pytest.raises(NoRoutableVersion, match="no current"):
         queue_for("analysis", "k")
+
+
+def _attempts(fingerprint: str, outcomes: list[str], *, seconds: float = 1.0) -> None:
+    """Finished analysis attempts of ``fingerprint``, each ``seconds`` long."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from dashboard.models import JobAttempt, JobRun, Repository
+
+    repo = Repository.objects.first() or Repository.objects.create(url="https://example.org/h")
+    start = JobRun.objects.count()
+    for i, outcome in enumerate(outcomes, start):
+        run = JobRun.objects.create(
+            job_id=f"health-{fingerprint[:6]}-{i}", kind="analyze", repository=repo,
+            queue=rollouts.physical_queue("analysis", fingerprint), fingerprint=fingerprint,
+            state="succeeded" if outcome == "succeeded" else "failed",
+        )  # fmt: skip
+        a = JobAttempt.objects.create(run=run, number=1, outcome=outcome)
+        JobAttempt.objects.filter(pk=a.pk).update(
+            finished_at=a.started_at + timedelta(seconds=seconds)
+        )
+        if outcome == "dead":
+            JobAttempt.objects.filter(pk=a.pk).update(outcome="failed")
+            JobRun.objects.filter(pk=run.pk).update(state="dead", finished_at=timezone.now())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_health_check_compares_failures_dead_letters_and_run_time_with_current() -> None:
+    """Issue 11.6: failure rate, dead letters and latency against the current version,
+    with a minimum sample; each criterion alone fails the canary."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    from dashboard.canary import canary_health
+    from dashboard.models import JobAttempt, JobRun
+
+    base = ensure_baseline(actor="setup")
+    new = rollouts.register_version(config={"detect_renames": True}, actor="setup")
+    ro = SimpleNamespace(version=new, queue="analysis")
+    since = timezone.now() - timedelta(minutes=1)
+
+    def health() -> dict:
+        return canary_health(rollout=ro, since=since, min_samples=4)
+
+    def reset() -> None:
+        JobAttempt.objects.all().delete()
+        JobRun.objects.all().delete()
+
+    _attempts(base.fingerprint, ["succeeded"] * 9 + ["failed"], seconds=2)  # 10 % failing
+    _attempts(new.fingerprint, ["succeeded"] * 3, seconds=2)
+    h = health()
+    assert h["verdict"] == "inconclusive" and h["summary"] == "3/4 samples"
+    _attempts(new.fingerprint, ["succeeded"], seconds=2)
+    assert health()["verdict"] == "pass"  # 0 % failing, as fast: healthy
+    # Failure rate: 2 of 8 (25 %) vs the current's 10 %.
+    _attempts(new.fingerprint, ["succeeded", "succeeded", "failed", "crashed"], seconds=2)
+    h = health()
+    assert h["verdict"] == "fail" and h["summary"] == "failure rate 25.0% vs 10.0%"
+    # Dead letters: one more than the current version's (none), at a normal failure rate.
+    reset()
+    _attempts(base.fingerprint, ["succeeded"] * 8 + ["failed"] * 2, seconds=2)
+    _attempts(new.fingerprint, ["succeeded"] * 9 + ["dead"], seconds=2)
+    h = health()
+    assert h["verdict"] == "fail" and h["summary"] == "1 dead letter(s) vs 0"
+    # Latency: the canary's mean run time past 1.5 × the current's (+1 s).
+    reset()
+    _attempts(base.fingerprint, ["succeeded"] * 5, seconds=2)
+    _attempts(new.fingerprint, ["succeeded"] * 5, seconds=3.9)
+    assert health()["verdict"] == "pass"  # 3.9 s ≤ 1.5 × 2 s + 1 s
+    _attempts(new.fingerprint, ["succeeded"] * 5, seconds=10.1)
+    h = health()
+    assert h["verdict"] == "fail" and h["summary"].startswith("mean run 7.0s vs 2.0s")

@@ -254,3 +254,80 @@ def test_the_cli_drives_a_rollout_and_rolls_it_back(env, tmp_path: Path) -> None
     assert "rolled_back" in md
     missing = manage(env, "checklist", "999")
     assert missing.returncode != 0 and "no rollout #999" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ((), "arguments are required: action"),
+        (("start",), "one of the arguments --config --set is required"),
+        (("start", "--config", "c.json", "--set", "detect_renames=true"), "not allowed with"),
+        (("promote", "seven"), "invalid int value: 'seven'"),
+        (("explode",), "invalid choice: 'explode'"),
+        (("start", "--set", "detect_renames=true", "--steps", "10,x"), "--steps must be"),
+    ],
+)
+def test_bad_cli_input_is_one_line_and_a_non_zero_exit(env, args, fragment: str) -> None:
+    out = manage(env, *args)
+    assert out.returncode != 0 and fragment in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr and Rollout.objects.count() == 0
+
+
+def test_start_wait_blocks_until_the_end_and_a_rollback_exits_non_zero(env) -> None:
+    """``rollout start --wait`` returns only when the rollout ends; ended otherwise than
+    completed (here: rolled back by its holder) it says so in one line and exits 1."""
+    ensure_baseline(actor="setup")
+    waiter = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "rollout", "start", "--set",
+         "detect_renames=true", "--driver", "none", "--wait", "--actor", "ci"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: Rollout.objects.exists(), 60, "the rollout row")
+        ro = Rollout.objects.get()
+        d = RolloutDriver(ro.pk, ttl=5.0)
+        d.acquire(actor="ops")
+        DRIVERS.append(d)
+        token = int(d.token or 0)
+        rollouts.begin_warming(rollout=ro.pk, token=token, actor="ops")
+        rollouts.rollback(rollout=ro.pk, token=token, actor="ops", reason="not today")
+        assert waiter.poll() is None  # rolling back is not the end: still waiting
+        rollouts.check_drain(rollout=ro.pk, token=token, actor="ops")
+        assert rollouts.check_drain(rollout=ro.pk, token=token, actor="ops")
+        d.release()
+        out, err = waiter.communicate(timeout=60)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
+    assert waiter.returncode == 1, (out, err)
+    assert out.splitlines()[0] == f"rollout {ro.pk} pending"
+    assert f"rollout {ro.pk} rolled_back" in out
+    assert len(err.strip().splitlines()) == 1 and "rolled_back" in err
+
+
+def test_a_drained_version_is_retired_from_the_cli_and_never_rolled_out_again(env) -> None:
+    base = ensure_baseline(actor="setup")
+    v = rollouts.register_version(config=RENAMES, actor="setup")
+    AnalyzerVersion.objects.filter(pk=v.pk).update(state=S.DRAINED, verified_at=base.created_at)
+    for args, fragment in [
+        (("retire", "zz"), "4 to 64 hexadecimal digits"),
+        (("retire", "abcdef12abcdef12"), "no version abcdef12abcdef12"),
+        (("retire", base.fingerprint[:12]), "current → retired is not allowed"),
+    ]:
+        out = manage(env, *args)
+        assert out.returncode != 0 and fragment in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert AnalyzerVersion.objects.get(pk=base.pk).state == S.CURRENT
+    done = manage(env, "retire", v.fingerprint[:12], "--reason", "superseded for good")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"analysis@{v.fingerprint[:12]} retired"
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == S.RETIRED
+    event = RolloutEvent.objects.get(version=v, to_state=S.RETIRED)
+    assert (event.from_state, event.reason) == (S.DRAINED, "superseded for good")
+    assert AuditEntry.objects.filter(
+        action="rollout.transition", outcome__contains="retired"
+    ).exists()
+    again = manage(env, "start", "--set", "detect_renames=true", "--driver", "none")
+    assert again.returncode != 0 and "cannot be rolled out from state retired" in again.stderr

@@ -130,3 +130,52 @@ def test_actions_are_permission_checked_and_act_on_the_rollout(client: Client, c
     # Nothing left to act on: a JSON 409, never a 500.
     late = call(client, "POST", f"/api/rollouts/{ro.pk}/takeover", ops)
     assert late.status_code == 409 and "aborted" in late.json()["error"]
+
+
+def test_without_a_valid_bearer_token_it_is_a_json_401_and_unknown_ids_a_json_404(
+    client: Client, ci: str
+) -> None:
+    start = {"config": {"detect_renames": True}}
+    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer not-a-token"}):
+        res = client.post("/api/rollouts", data=json.dumps(start),
+                          content_type="application/json", **headers)  # fmt: skip
+        assert res.status_code == 401 and set(res.json()) == {"error"}, res.content
+        assert client.get("/api/rollouts", **headers).status_code == 401
+    assert Rollout.objects.count() == 0
+    missing = call(client, "GET", "/api/rollouts/999", ci)
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+
+
+def test_a_promoted_rollout_is_rolled_back_over_the_api(client: Client, ci: str) -> None:
+    """The CI path end to end: start over the API, the driver promotes it to current,
+    ``POST /api/rollouts/<id>/rollback`` routes back at once (the lock was released at
+    promote: the call takes it itself) and the timeline says so."""
+    from dashboard.deploylock import RolloutDriver
+    from dashboard.versions import served_fingerprint
+    from tests.rollout_support import PASSING
+
+    base = ensure_baseline(actor="setup")
+    res = call(client, "POST", "/api/rollouts", ci, {"config": {"detect_renames": True},
+                                                     "steps": [100]})  # fmt: skip
+    pk = res.json()["id"]
+    d = RolloutDriver(pk, ttl=5.0)
+    d.acquire(actor="ci")
+    token = int(d.token or 0)
+    rollouts.begin_warming(rollout=pk, token=token, actor="ci")
+    rollouts.record_verdict(rollout=pk, verdict=PASSING, token=token, actor="ci")
+    rollouts.set_ramp(rollout=pk, percent=100, token=token, actor="ci")
+    rollouts.promote(rollout=pk, token=token, actor="ci")
+    d.release()
+    new = AnalyzerVersion.objects.get(pk=Rollout.objects.get(pk=pk).version_id)
+    assert served_fingerprint() == new.fingerprint
+    ops = a_user("ops", "rollback_rollout")
+    back = call(client, "POST", f"/api/rollouts/{pk}/rollback", ops, {"reason": "regression"})
+    assert back.status_code == 200, back.content
+    body = back.json()
+    assert body["state"] in {"rolling_back", "rolled_back"}
+    assert served_fingerprint() == base.fingerprint  # at once
+    assert AnalyzerVersion.objects.get(pk=new.pk).state in {"draining", "drained"}
+    detail = call(client, "GET", f"/api/rollouts/{pk}", ci).json()
+    assert ("takeover", "ops") in [(e["action"], e["actor"]) for e in detail["timeline"]]
+    moves = [(e["from"], e["to"]) for e in detail["timeline"] if e["action"] == "transition"]
+    assert ("draining", "current") in moves and ("current", "draining") in moves

@@ -348,6 +348,14 @@ def test_operator_requests_reach_the_driver_once() -> None:
     assert mover.actor == "erin" and mover.token == driver.token
     with pytest.raises(RolloutError, match="unknown action"):
         rollouts.request_action(rollout=ro, action="explode", actor="erin")
+    # A requested rollback carries the operator's reason onto the timeline.
+    rollouts.request_action(
+        rollout=ro, action="rollback", actor="frank", params={"reason": "dead letters"}
+    )
+    assert driver.tick()
+    back = RolloutEvent.objects.filter(rollout=ro, to_state=S.DRAINING).get()
+    assert (back.actor, back.reason) == ("frank", "dead letters")
+    assert Rollout.objects.get(pk=ro.pk).state == Rollout.State.ROLLING_BACK
     driver.release()
 
 

@@ -164,3 +164,37 @@ def test_views_are_counted_per_day_without_losing_any() -> None:
     for _ in range(5):
         record_view(repo.pk)
     assert RepositoryView.objects.get(repository=repo).views == 5
+
+
+def test_warming_runs_once_under_its_own_lock(tmp_path: Path) -> None:
+    """Issue 11.4: the warmer plans under ``locks:queue:{q}:warm:{fp}`` — a second warmer
+    while it holds the lock plans nothing, and one after it enqueues nothing new."""
+    from dashboard import leases, queues
+    from dashboard.warming import warm_rollout
+    from workers import lockkeys
+
+    base = ensure_baseline(actor="t")
+    repo, _ = analysed(tmp_path, "warm")
+    ro = rollouts.start_rollout(
+        config={"detect_renames": True}, actor="t", enqueue_driver=False,
+        warm_set=select_warm_set(fingerprint=base.fingerprint, repositories=1),
+    )  # fmt: skip
+    fp = ro.version.fingerprint
+    physical = queues.queue(rollouts.physical_queue("analysis", fp))
+    held = leases.redlock().acquire(lockkeys.warm("analysis", fp), ttl=30, holder={"t": 1})
+    try:
+        assert warm_rollout(ro) == {"skipped": "another warmer holds the warming lock"}
+        assert physical.count == 0 and not JobRun.objects.filter(fingerprint=fp).exists()
+    finally:
+        held.release()
+    first = warm_rollout(ro)
+    assert first["runs"] >= 1 and first["expected"] == 5
+    queued = sorted(physical.job_ids)
+    runs = JobRun.objects.filter(fingerprint=fp).count()
+    again = warm_rollout(ro)  # a takeover's warmer, after the first one
+    assert (
+        sorted(physical.job_ids) == queued and JobRun.objects.filter(fingerprint=fp).count() == runs
+    )
+    assert again["expected"] == 5
+    assert leases.redlock().inspect(lockkeys.warm("analysis", fp)) is None  # released
+    assert repo.pk == ro.warm_set["items"][0][0]

@@ -228,8 +228,9 @@ def config_for(
 
     A worker analyses a chunk with exactly the version the chunk was planned for, or not
     at all: storing one version's numbers under another's fingerprint is the bug this
-    guards against.  Today a worker loads only :data:`DEFAULT` (the pool's versions
-    arrive with the rollout, DESIGN §7).  Raises :class:`VersionNotLoaded`.
+    guards against.  A worker loads the versions the pool started it for (``manage.py
+    worker --analyzer FP``: the version's config read from its row, DESIGN §7); the
+    default loads :data:`DEFAULT` only.  Raises :class:`VersionNotLoaded`.
     """
     configs = list(loaded)
     for config in configs:

@@ -1,4 +1,4 @@
-"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist``.
+"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire``.
 
 Thin adapters over ``dashboard.rollouts`` / ``dashboard.deploylock``; every refusal is
 one line on stderr and a non-zero exit.
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dashboard import leases, rollouts
 from dashboard.checklists import describe_rollout, rollout_checklist
@@ -26,6 +26,7 @@ from dashboard.deploylock import (
 )
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import describe_lock, ensure_baseline
+from dashboard.versions import retire_version
 from dashboard.warming import warm_rollout
 from workers import lockkeys
 
@@ -51,11 +52,27 @@ def parse_steps(raw: str | None) -> list[int] | None:
         raise CommandError(f"--steps must be comma-separated percentages, not {raw!r}") from None
 
 
+class OneLineParser(CommandParser):
+    """Usage errors (a missing ``--config``/``--set``, an id that is not a number, an
+    unknown action) as one line on stderr and exit 2, like every other refusal of this
+    command — not argparse's usage block. ``--help`` still prints the usage."""
+
+    def error(self, message: str) -> Any:
+        if self.called_from_command_line:
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise CommandError(f"Error: {message}")
+
+
 class Command(BaseCommand):
     help = "Roll out, inspect and roll back analyzer versions (DESIGN §7)."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = OneLineParser  # its own errors (no or an unknown action) too
+        return parser
+
     def add_arguments(self, parser: Any) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
+        sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
         start = sub.add_parser("start", help="start a rollout of a new analyzer config")
         start.add_argument("--queue", default=rollouts.QUEUE)
         src = start.add_mutually_exclusive_group(required=True)
@@ -102,6 +119,10 @@ class Command(BaseCommand):
                 p.add_argument("--timeout", type=float, default=30.0)
             if name == "drive":
                 p.add_argument("--takeover", action="store_true")
+        retire = sub.add_parser("retire", help="retire a drained or warm-failed version for good")
+        retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
+        retire.add_argument("--queue", default=rollouts.QUEUE)
+        retire.add_argument("--reason", default="")
         for p in sub.choices.values():
             p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
 
@@ -190,6 +211,12 @@ class Command(BaseCommand):
                     f"{pk}`)"
                 )
             time.sleep(0.2)
+
+    def do_retire(self, o: dict[str, Any]) -> None:
+        v = retire_version(
+            fingerprint=o["fingerprint"], queue=o["queue"], actor=o["actor"], reason=o["reason"]
+        )
+        self.stdout.write(f"{v.queue}@{v.fp12} retired")
 
     def do_status(self, o: dict[str, Any]) -> None:
 
