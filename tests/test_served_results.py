@@ -21,6 +21,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from dashboard import rollouts
+from dashboard.commitcounts import add_stored
 from dashboard.models import AnalyzerVersion, Commit, FileChange, Repository, Summary
 from dashboard.repositories import current_fingerprint, repository_rows, repository_status
 from dashboard.rollouts import ensure_baseline
@@ -58,6 +59,8 @@ def store(repo: Repository, fingerprint: str, role: str) -> None:
             commit=c, repository=repo, fingerprint=fingerprint, path=path, added=ins,
             deleted=0, language=language,
         )  # fmt: skip
+    # As write_chunk does in its transaction: the kept count of stored commits.
+    add_stored(repo.pk, fingerprint, len(rows))
 
 
 def make_current(version: AnalyzerVersion, previous: AnalyzerVersion) -> None:
@@ -143,6 +146,7 @@ def test_progress_is_of_the_served_versions_results() -> None:
         authored_at=T0, committer_name="n", committer_email="n@x", committed_at=T0,
         subject="s",
     )  # fmt: skip
+    add_stored(repo.pk, new.fingerprint, 1)
     assert repository_status(repo)["progress"] == pytest.approx(33.3)
     (row,) = repository_rows(Repository.objects.filter(pk=repo.pk))
     assert row["progress"] == pytest.approx(33.3)
