@@ -35,7 +35,7 @@ from dashboard.live import dropped_events, published_count
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.nodes import quorum, redis_nodes
 from dashboard.repositories import current_fingerprint, repository_status
-from dashboard.samples import queue_stats, series
+from dashboard.samples import queues_stats, series
 from dashboard.workerbeats import worker_rows
 
 
@@ -148,7 +148,7 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
         "quorum": q,
         "queue_server": server,
         "live_events_dropped": dropped_events(),
-        "queues": [queue_stats(n) for n in queues.queue_names()],
+        "queues": queues_stats(queues.queue_names()),
         "series": series(),
         "locks": locks,
         "contention": leases.contention(),
