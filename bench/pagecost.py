@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,23 @@ class RoundTrips:
         import redis.connection
 
         self.n = 0
+        self.callers: dict[str, int] | None = None  # when set: round trips per caller
         cls = redis.connection.AbstractConnection
         original = cls.send_packed_command
         counter = self
 
         def counted(self: Any, command: Any, check_health: bool = True) -> Any:
             counter.n += 1
+            if counter.callers is not None:
+                where = next(
+                    (
+                        f"{f.filename.rsplit('/', 2)[-2]}/{f.name}"
+                        for f in reversed(traceback.extract_stack()[:-1])
+                        if "/dashboard/" in f.filename or "/workers/" in f.filename
+                    ),
+                    "?",
+                )
+                counter.callers[where] = counter.callers.get(where, 0) + 1
             return original(self, command, check_health)
 
         cls.send_packed_command = counted  # type: ignore[method-assign]
@@ -148,6 +160,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--database-url", default="")
     parser.add_argument("--profile", default="", help="page names (a,b): cProfile one request")
+    parser.add_argument("--trips", default="", help="a page name: its round trips by caller")
     parser.add_argument("--profile-mode", default="warm", choices=["cold", "warm"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-pagecost-"))
@@ -188,6 +201,11 @@ def main() -> None:
                 for name, path in PAGES.items()
             }
         settings.SNAPSHOT_TTL = 0.0 if args.profile_mode == "cold" else ttl
+        if args.trips:
+            trips.callers = {}
+            client.get(PAGES[args.trips].format(repo=repo_id))
+            out[f"round trips of one {args.profile_mode} {args.trips}"] = trips.callers
+            trips.callers = None
         for name in filter(None, args.profile.split(",")):
             profile = cProfile.Profile()
             profile.runcall(client.get, PAGES[name].format(repo=repo_id))
