@@ -231,10 +231,14 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
     }
 
 
-def repository_live(repo_id: int) -> dict[str, Any]:
-    """Progress, the chunks being analysed and by whom, and why the rest waits."""
-    repo = Repository.objects.get(pk=repo_id)
-    state = repository_status(repo)
+def repository_live(
+    repo_id: int, *, repo: Repository | None = None, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Progress, the chunks being analysed and by whom, and why the rest waits. The
+    repository page passes the row and ``repository_status`` it has just read, which
+    are then not read again (the status counts the stored commits)."""
+    repo = repo if repo is not None else Repository.objects.get(pk=repo_id)
+    state = state if state is not None else repository_status(repo)
     holders = leases.lock_rows(repo_id=repo_id)
     return {**state, "holders": holders, "waiting": why_waiting(repo)}
 

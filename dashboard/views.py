@@ -268,7 +268,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         "repository.html",
         {
             "live_socket": f"/ws/repos/{repo.pk}/",
-            "live": repository_live(repo.pk),
+            "live": repository_live(repo.pk, repo=repo, state=state),
             "repo": repo,
             "state": state,
             "summary": summary,
