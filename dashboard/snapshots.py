@@ -32,7 +32,8 @@ import pickle
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db import connection
@@ -48,6 +49,8 @@ from dashboard.queues import QueueUnavailable
 from dashboard.repositories import current_fingerprint, repository_status
 from dashboard.samples import queues_stats, series
 from dashboard.workerbeats import worker_rows
+
+T = TypeVar("T")
 
 
 def user_can(user: Any) -> dict[str, bool]:
@@ -177,6 +180,33 @@ def _store_host_copy(dlq_groups: bool, started: float, data: dict[str, Any], ttl
             pickle.dumps((started, data), protocol=pickle.HIGHEST_PROTOCOL),
             px=max(1, int(ttl * 2000)),
         )
+
+
+#: ``{name: (built (monotonic), events published here by then, value)}``
+_PARTS: dict[Hashable, tuple[float, int, Any]] = {}
+
+
+def shared_part(name: Hashable, build: Callable[[], T]) -> T:
+    """A part of a page that is the same for every viewer (the overview's day charts,
+    the unfiltered dead-letter groups, …), reused by this process for
+    ``GITWARD_SNAPSHOT_TTL`` like the snapshot, and dropped when this process publishes
+    an event (an operator's action served here shows at once). 0 builds it every time.
+    Read the value, never change it. ``name`` must come from a small set (the cache is
+    never pruned): the callers use it only for unfiltered, low page numbers.
+
+    Race: two threads that miss at once both build and the last one's value stays;
+    both values are as fresh as the rules ask, so nothing stale is served."""
+    ttl = float(settings.SNAPSHOT_TTL)
+    if ttl <= 0:
+        return build()
+    now = time.monotonic()
+    published = published_count()
+    hit = _PARTS.get(name)
+    if hit is not None and now - hit[0] <= ttl and hit[1] == published:
+        return cast(T, hit[2])
+    value = build()
+    _PARTS[name] = (now, published, value)
+    return value
 
 
 def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:

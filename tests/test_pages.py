@@ -405,3 +405,16 @@ def test_the_repository_page_counts_its_stored_commits_once_for_its_status(
         if "COUNT(*)" in q["sql"] and '"dashboard_commit"' in q["sql"].split("FROM", 1)[-1][:40]
     ]  # fmt: skip
     assert len(counts) == 2, counts
+
+
+def test_audit_targets_link_to_the_page_they_are_on(operator: Client) -> None:
+    for action, target in [("dlq.retry", "group a"), ("lock.force_release", "locks:x"),
+                           ("queue.pause", "sync"), ("repo.submit", "https://e.com/a b.git"),
+                           ("rollout.start", "v2")]:  # fmt: skip
+        AuditEntry.objects.create(actor="ops", action=action, target=target, outcome="ok")
+    page = operator.get("/audit/").content.decode()
+    assert '<a href="/dead-letters/">group a</a>' in page
+    assert '<a href="/locks/">locks:x</a>' in page
+    assert '<a href="/workers/">sync</a>' in page
+    assert '<a href="/repos/?q=https%3A%2F%2Fe.com%2Fa+b.git">https://e.com/a b.git</a>' in page
+    assert '<td class="path">v2</td>' in page  # no page of its own: plain text

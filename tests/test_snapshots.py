@@ -164,3 +164,22 @@ def test_an_event_published_here_is_never_undone_by_an_older_stored_copy(setting
     _forget_this_process_copy()  # only the stored copy (older than the event) is left
     after = ops_snapshot(dlq_groups=False)
     assert after["dlq"]["dead"] == before["dlq"]["dead"] + 1 and after["at"] > before["at"]
+
+
+def test_a_shared_page_part_is_reused_for_the_ttl_and_dropped_by_an_event_here(settings) -> None:
+    built: list[int] = []
+
+    def build() -> int:
+        built.append(1)
+        return len(built)
+
+    settings.SNAPSHOT_TTL = 0.0  # off: built every time
+    assert [snapshots.shared_part("t.off", build) for _ in range(2)] == [1, 2]
+    settings.SNAPSHOT_TTL = 3600.0
+    assert snapshots.shared_part("t.on", build) == 3
+    assert snapshots.shared_part("t.on", build) == 3  # reused, same for every viewer
+    assert snapshots.shared_part("t.other", build) == 4  # one entry per name
+    publish_event("dlq.changed", {})  # an operator's action served by this process
+    assert snapshots.shared_part("t.on", build) == 5
+    settings.SNAPSHOT_TTL = 1e-9  # everything older than that has expired
+    assert snapshots.shared_part("t.on", build) == 6
