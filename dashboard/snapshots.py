@@ -124,7 +124,9 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
         published = published_count()
         if published != _SEEN["count"]:
             # This process published an event since we last looked, at some moment
-            # before now: only a copy started after now is sure to include it.
+            # before now: only a copy started after now is sure to include it. Race:
+            # the two variants' builders may both get here (different locks); each
+            # writes a moment after the event, so either value is safe.
             _SEEN.update(count=published, at=time.time())
         need = max(need, _SEEN["at"])
         hit = _SHARED.get(dlq_groups)
