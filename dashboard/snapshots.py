@@ -16,13 +16,24 @@ copy built after it joined its groups and after the last event it received
 (``not_before``): a copy older than an event the socket already showed would undo it,
 and one older than the join could miss an event sent in between. A page may be up to
 the TTL stale; its socket's first snapshot, built after the join, corrects it.
+
+The web processes of one host share their copies through the queue server
+(``SHARED_KEY``): a process that needs a new copy first reads the host's latest one
+(one ``GET``) and builds only if that is too old for it by the same rules, then stores
+what it built. So a host builds about once per TTL, not once per TTL per process. Times
+stored there are wall-clock (``time.time``), comparable between the processes of one
+host, which is why the key is per host: another host's clock may differ.
 """
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db import connection
@@ -34,9 +45,12 @@ from dashboard.deadletters import dead_runs, list_groups
 from dashboard.live import dropped_events, published_count
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.nodes import quorum, redis_nodes
+from dashboard.queues import QueueUnavailable
 from dashboard.repositories import current_fingerprint, repository_status
-from dashboard.samples import queue_stats, series
+from dashboard.samples import queues_stats, series
 from dashboard.workerbeats import worker_rows
+
+T = TypeVar("T")
 
 
 def user_can(user: Any) -> dict[str, bool]:
@@ -49,13 +63,21 @@ def user_can(user: Any) -> dict[str, bool]:
     }
 
 
-#: ``{dlq_groups: (build started (monotonic), events published here by then, snapshot)}``
+#: ``{dlq_groups: (build started (wall clock), events published here by then, snapshot)}``
 _SHARED: dict[bool, tuple[float, int, dict[str, Any]]] = {}
 #: Single flight: one thread builds while the others wait for its copy rather than
 #: building the same one (Django runs sync views in one thread per process under ASGI,
 #: but the consumers' and the reconciler's threads ask too).
 #: One per variant, so a slow dead-letter grouping does not hold up the other pages.
 _SHARED_LOCKS = {True: threading.Lock(), False: threading.Lock()}
+#: The host's latest copy of each variant on the queue server: a pickle of
+#: ``(build started (wall clock), snapshot)``. Pickle, like RQ's own jobs on the same
+#: server (which is trusted with code to run), so the pages get the same types a local
+#: build gives them.
+SHARED_KEY = "gitward:snapshot:{host}:{variant}"
+#: ``published_count()`` as last seen, and the wall-clock time it was first seen so: an
+#: event this process published is older than that moment.
+_SEEN = {"count": 0, "at": 0.0}
 
 
 def ops_snapshot(
@@ -63,14 +85,20 @@ def ops_snapshot(
 ) -> dict[str, Any]:
     """Everything the operations pages show (the shared part at most
     ``GITWARD_SNAPSHOT_TTL`` old, and built after ``not_before`` (``time.monotonic``);
-    see the module docstring) with this user's ``can``. The shared part is one dict
-    for every caller: read it, never change it."""
+    see the module docstring) with this user's ``can`` and this process's count of
+    dropped live events. The shared part is one dict for every caller: read it, never
+    change it."""
     shared = shared_snapshot(dlq_groups=dlq_groups, not_before=not_before)
-    return {**shared, "can": user_can(user) if user is not None else {}}
+    return {
+        **shared,
+        "live_events_dropped": dropped_events(),
+        "can": user_can(user) if user is not None else {},
+    }
 
 
 def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, Any]:
-    """The user-independent part of the operations snapshot, cached per process."""
+    """The user-independent part of the operations snapshot, cached per process and
+    shared between the processes of a host (see the module docstring)."""
     ttl = float(settings.SNAPSHOT_TTL)
     if ttl <= 0:
         return build_shared_snapshot(dlq_groups=dlq_groups)
@@ -78,8 +106,9 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
     # a copy whose build started at most ``ttl`` before the request came is good for
     # it, so everyone who queued behind a slow build shares that build rather than
     # each building anew once the copy has aged (on a busy host a build can outlast
-    # the TTL).
-    arrived = time.monotonic()
+    # the TTL). In wall-clock time, so that other processes' copies compare.
+    arrived = time.time()
+    need = max(arrived - ttl, arrived - (time.monotonic() - not_before) if not_before else 0.0)
     lock = _SHARED_LOCKS[dlq_groups]
     if not lock.acquire(blocking=False):
         # Another thread builds. Django gives each in-flight request a thread and a
@@ -92,22 +121,94 @@ def shared_snapshot(*, dlq_groups: bool, not_before: float = 0.0) -> dict[str, A
             connection.close()
         lock.acquire()
     try:
-        hit = _SHARED.get(dlq_groups)
         published = published_count()
+        if published != _SEEN["count"]:
+            # This process published an event since we last looked, at some moment
+            # before now: only a copy started after now is sure to include it. Race:
+            # the two variants' builders may both get here (different locks); each
+            # writes a moment after the event, so either value is safe.
+            _SEEN.update(count=published, at=time.time())
+        need = max(need, _SEEN["at"])
+        hit = _SHARED.get(dlq_groups)
         if hit is not None:
             started, count, data = hit
-            if max(not_before, arrived - ttl) <= started and count == published:
+            if need <= started and count == published:
                 return data
+        stored = _read_host_copy(dlq_groups)
+        if stored is not None and need <= stored[0]:
+            _SHARED[dlq_groups] = (stored[0], published, stored[1])
+            return stored[1]
         # The start time, not the end: whatever happened after this moment may be
         # missing from the copy, so only callers that need nothing newer may reuse it.
-        started = time.monotonic()
+        started = time.time()
         data = build_shared_snapshot(dlq_groups=dlq_groups)
         # Race: an event published while we built bumps the count past ``published``,
         # so the next caller rebuilds rather than trusting a copy that may predate it.
         _SHARED[dlq_groups] = (started, published, data)
+        _store_host_copy(dlq_groups, started, data, ttl)
         return data
     finally:
         lock.release()
+
+
+def _host_key(dlq_groups: bool) -> str:
+    return SHARED_KEY.format(
+        host=socket.gethostname(), variant="groups" if dlq_groups else "totals"
+    )
+
+
+def _read_host_copy(dlq_groups: bool) -> tuple[float, dict[str, Any]] | None:
+    """The host's latest copy, or None (none yet, expired, or the queue server down:
+    then this process builds its own, as before sharing)."""
+    try:
+        raw = queues.connection().get(_host_key(dlq_groups))
+    except QueueUnavailable:
+        return None
+    if not raw:
+        return None
+    started, data = pickle.loads(raw)  # type: ignore[arg-type]  # noqa: S301 (ours)
+    return float(started), data
+
+
+def _store_host_copy(dlq_groups: bool, started: float, data: dict[str, Any], ttl: float) -> None:
+    """Share a fresh build with the host's other processes. Race: two processes that
+    build at once both store, the slower last, so the stored copy may be older than the
+    newest build; a reader checks the start time against what it needs either way, so
+    that costs a build, never a stale page. Kept twice the TTL: no reader wants older."""
+    # Queue server down: this process keeps its copy; the others build their own.
+    with contextlib.suppress(QueueUnavailable):
+        queues.connection().set(
+            _host_key(dlq_groups),
+            pickle.dumps((started, data), protocol=pickle.HIGHEST_PROTOCOL),
+            px=max(1, int(ttl * 2000)),
+        )
+
+
+#: ``{name: (built (monotonic), events published here by then, value)}``
+_PARTS: dict[Hashable, tuple[float, int, Any]] = {}
+
+
+def shared_part(name: Hashable, build: Callable[[], T]) -> T:
+    """A part of a page that is the same for every viewer (the overview's day charts,
+    the unfiltered dead-letter groups, …), reused by this process for
+    ``GITWARD_SNAPSHOT_TTL`` like the snapshot, and dropped when this process publishes
+    an event (an operator's action served here shows at once). 0 builds it every time.
+    Read the value, never change it. ``name`` must come from a small set (the cache is
+    never pruned): the callers use it only for unfiltered, low page numbers.
+
+    Race: two threads that miss at once both build and the last one's value stays;
+    both values are as fresh as the rules ask, so nothing stale is served."""
+    ttl = float(settings.SNAPSHOT_TTL)
+    if ttl <= 0:
+        return build()
+    now = time.monotonic()
+    published = published_count()
+    hit = _PARTS.get(name)
+    if hit is not None and now - hit[0] <= ttl and hit[1] == published:
+        return cast(T, hit[2])
+    value = build()
+    _PARTS[name] = (now, published, value)
+    return value
 
 
 def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
@@ -147,8 +248,7 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
         "redis_nodes": nodes,
         "quorum": q,
         "queue_server": server,
-        "live_events_dropped": dropped_events(),
-        "queues": [queue_stats(n) for n in queues.queue_names()],
+        "queues": queues_stats(queues.queue_names()),
         "series": series(),
         "locks": locks,
         "contention": leases.contention(),
@@ -163,12 +263,14 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
     }
 
 
-def repository_live(repo_id: int, *, state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Progress, the chunks being analysed and by whom, and why the rest waits.
-    ``state``: the repository's ``repository_status`` if the caller read it already."""
-    repo = Repository.objects.get(pk=repo_id)
-    if state is None:
-        state = repository_status(repo)
+def repository_live(
+    repo_id: int, *, repo: Repository | None = None, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Progress, the chunks being analysed and by whom, and why the rest waits. The
+    repository page passes the row and ``repository_status`` it has just read, which
+    are then not read again (the status counts the stored commits)."""
+    repo = repo if repo is not None else Repository.objects.get(pk=repo_id)
+    state = state if state is not None else repository_status(repo)
     holders = leases.lock_rows(repo_id=repo_id)
     return {**state, "holders": holders, "waiting": why_waiting(repo)}
 

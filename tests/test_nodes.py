@@ -37,3 +37,20 @@ def test_quorum_states() -> None:
 def test_urls_are_shown_without_their_password() -> None:
     assert safe_url("redis://:s3cret@db.internal:6379/0") == "redis://***@db.internal:6379/0"
     assert safe_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_a_ping_is_one_round_trip_on_a_kept_connection_and_a_restarted_master_is_back(
+    redis_nodes: list[RedisNode], settings
+) -> None:
+    settings.REDIS_URLS = [redis_nodes[1].url]
+    health.redis_nodes()
+    clients_before = redis_nodes[1].client().info("stats")["total_connections_received"]
+    for _ in range(3):
+        assert health.redis_nodes()[0]["up"] is True
+    # Three more pings, no new connection (a fresh client each time connected anew).
+    stats = redis_nodes[1].client().info("stats")
+    assert stats["total_connections_received"] == clients_before + 1  # this info client
+    redis_nodes[1].kill()
+    assert health.redis_nodes()[0]["up"] is False
+    redis_nodes[1].restart()
+    assert health.redis_nodes()[0]["up"] is True  # the kept client reconnects

@@ -342,3 +342,79 @@ def test_the_reason_typed_in_the_dialog_is_in_the_audit_log(operator: Client) ->
     assert res.status_code == 202
     run_bulk(res.json()["id"])
     assert AuditEntry.objects.get(action="dlq.retry").detail["reason"] == "fixed upstream"
+
+
+# ---------------------------------------------------------------------------- load
+
+
+EIGHT_SCREENS = ["/", "/repos/", "/repos/{repo}/", "/locks/", "/workers/", "/dead-letters/",
+                 "/audit/", "/api/status"]  # fmt: skip
+
+
+def _grow(repo: Repository, n: int) -> None:
+    """More of everything the load test's screens list: repositories, dead letters in
+    several groups, audit entries, runs and attempts of the repository, a held lock."""
+    for i in range(n):
+        other = Repository.objects.create(url=f"https://example.com/grow/{repo.pk}-{n}-{i}.git")
+        dead(other, 2, cause=f"c{n}x{i}", job=f"grow{n}")
+        AuditEntry.objects.create(actor="ops", action=f"queue.pause{i % 3}", target=f"q{i}",
+                                  outcome="paused")  # fmt: skip
+        run = JobRun.objects.create(job_id=f"r{n}-{i}", kind=JobRun.Kind.SYNC, queue="sync",
+                                    repository=repo, state=JobRun.State.SUCCEEDED)  # fmt: skip
+        JobAttempt.objects.create(run=run, number=1, outcome="succeeded",
+                                  finished_at=timezone.now())  # fmt: skip
+    key = lockkeys.mirror(other.pk)  # a lock of its own per round
+    leases.redlock().acquire([key], ttl=30.0, holder={"job": "j"})
+
+
+def test_the_load_tests_screens_make_as_many_queries_with_more_data(
+    operator: Client,
+) -> None:
+    """Every page a browser of the load test opens costs the same number of queries
+    whatever the data size (nothing per row, group, entry or lock)."""
+    repo = Repository.objects.create(url="https://example.com/grow/main.git")
+    _grow(repo, 1)
+
+    def counts() -> list[int]:
+        out = []
+        for path in EIGHT_SCREENS:
+            url = path.format(repo=repo.pk)
+            assert operator.get(url).status_code == 200  # warm the session and caches
+            with CaptureQueriesContext(connection) as ctx:
+                assert operator.get(url).status_code == 200
+            out.append(len(ctx.captured_queries))
+        return out
+
+    small = counts()
+    _grow(repo, 12)
+    assert counts() == small
+
+
+def test_the_repository_page_counts_its_stored_commits_once_for_its_status(
+    operator: Client,
+) -> None:
+    """The page's status and its live part share one ``repository_status`` (each
+    counted the stored commits, a scan that grows with the history); the summary's
+    freshness check is the other count."""
+    repo = Repository.objects.create(url="https://example.com/grow/count.git")
+    operator.get(f"/repos/{repo.pk}/")
+    with CaptureQueriesContext(connection) as ctx:
+        assert operator.get(f"/repos/{repo.pk}/").status_code == 200
+    counts = [
+        q["sql"] for q in ctx.captured_queries
+        if "COUNT(*)" in q["sql"] and '"dashboard_commit"' in q["sql"].split("FROM", 1)[-1][:40]
+    ]  # fmt: skip
+    assert len(counts) == 2, counts
+
+
+def test_audit_targets_link_to_the_page_they_are_on(operator: Client) -> None:
+    for action, target in [("dlq.retry", "group a"), ("lock.force_release", "locks:x"),
+                           ("queue.pause", "sync"), ("repo.submit", "https://e.com/a b.git"),
+                           ("rollout.start", "v2")]:  # fmt: skip
+        AuditEntry.objects.create(actor="ops", action=action, target=target, outcome="ok")
+    page = operator.get("/audit/").content.decode()
+    assert '<a href="/dead-letters/">group a</a>' in page
+    assert '<a href="/locks/">locks:x</a>' in page
+    assert '<a href="/workers/">sync</a>' in page
+    assert '<a href="/repos/?q=https%3A%2F%2Fe.com%2Fa+b.git">https://e.com/a b.git</a>' in page
+    assert '<td class="path">v2</td>' in page  # no page of its own: plain text

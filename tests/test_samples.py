@@ -3,7 +3,9 @@ the backlog samples behind the one-hour charts."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -58,3 +60,64 @@ def test_the_series_has_one_point_per_minute_of_the_last_hour() -> None:
     minute = series["minutes"].index(now.replace(second=0).isoformat())
     assert series["throughput"][minute] == 2 and series["backlog"][minute] == 7
     assert sum(series["throughput"]) == 2
+
+
+class _RoundTrips:
+    """Counts Redis round trips of this process (a pipeline of any length is one)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import redis.connection
+
+        self.n = 0
+        cls = redis.connection.AbstractConnection
+        original = cls.send_packed_command
+
+        def counted(conn: Any, command: Any, check_health: bool = True) -> Any:
+            self.n += 1
+            return original(conn, command, check_health)
+
+        monkeypatch.setattr(cls, "send_packed_command", counted)
+
+
+def test_every_queue_costs_the_same_two_round_trips_and_one_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    names = [f"q{i}" for i in range(8)]
+    for name in names:
+        for j in range(3):
+            queues.queue(name).enqueue("workers.jobs.sync_repository", j, 1, job_id=f"{name}-{j}")
+        attempts(name, ["succeeded", "failed"])
+    trips = _RoundTrips(monkeypatch)
+    costs = []
+    for count in (1, 8):
+        queues.connection().ping()  # the client's connection is open before counting
+        before = trips.n
+        with CaptureQueriesContext(connection) as ctx:
+            stats = samples.queues_stats(names[:count])
+        costs.append((trips.n - before, len(ctx.captured_queries)))
+        assert [s["backlog"] for s in stats] == [3] * count
+        assert all(s["oldest_age_s"] is not None for s in stats)
+        assert [s["failure_rate"] for s in stats] == [0.5] * count
+    # One pipeline for the lists, counts and paused set, one for the first jobs' ages;
+    # the fingerprint query is cached per process after the first call.
+    assert costs[1] == costs[0] and costs[1][0] == 2, costs
+    # Empty queues need no second round trip.
+    before = trips.n
+    assert samples.queues_stats(["empty"])[0]["oldest_age_s"] is None
+    assert trips.n - before == 1
+
+
+def test_running_counts_live_leases_and_leaves_the_registry_to_the_workers() -> None:
+    from rq.registry import StartedJobRegistry
+
+    conn = queues.connection()
+    key = StartedJobRegistry("sync", connection=conn).key
+    now = time.time()
+    conn.zadd(key, {"alive:1": now + 60, "abandoned:1": now - 60})
+    stats = samples.queue_stats("sync")
+    assert stats["running"] == 1
+    # RQ's ``count`` would have moved the abandoned entry out on every snapshot.
+    assert conn.zcard(key) == 2

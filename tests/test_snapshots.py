@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
-from dashboard import leases, queues
+from dashboard import leases, live, queues, snapshots
 from dashboard.live import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository
 from dashboard.repositories import current_fingerprint, submit_repository
@@ -124,3 +124,62 @@ def test_an_event_published_by_this_process_drops_the_copy(settings) -> None:
     assert ops_snapshot(dlq_groups=False)["dlq"]["dead"] == before["dlq"]["dead"]
     publish_event("dlq.changed", {})  # outside a transaction: sent at once
     assert ops_snapshot(dlq_groups=False)["dlq"]["dead"] == before["dlq"]["dead"] + 1
+
+
+def _forget_this_process_copy() -> None:
+    """What another web process of this host looks like to ``shared_snapshot``: the
+    same queue server and database, no copy of its own (the module's only state)."""
+    snapshots._SHARED.clear()
+
+
+def test_another_process_of_the_host_reads_the_stored_copy_instead_of_building(
+    settings, django_assert_num_queries
+) -> None:
+    settings.SNAPSHOT_TTL = 3600.0
+    repo = Repository.objects.create(url="https://example.com/t/e.git")
+    first = ops_snapshot(dlq_groups=False, not_before=time.monotonic())
+    assert queues.connection().pttl(snapshots._host_key(False)) > 0  # stored, expiring
+    _dead_letter(repo, 4)  # changed elsewhere, no event here
+    _forget_this_process_copy()
+    with django_assert_num_queries(0):  # no build: one GET of the stored copy
+        second = ops_snapshot(dlq_groups=False)
+    assert second["at"] == first["at"] and second["dlq"] == first["dlq"]
+    # The per-process parts are this process's, not the builder's.
+    assert second["live_events_dropped"] == live.dropped_events()
+    # One that needs a copy newer than the stored one (a socket that just joined)
+    # builds, and stores its build for the others.
+    _forget_this_process_copy()
+    newer = ops_snapshot(dlq_groups=False, not_before=time.monotonic())
+    assert newer["dlq"]["dead"] == first["dlq"]["dead"] + 1
+    _forget_this_process_copy()
+    assert ops_snapshot(dlq_groups=False)["at"] == newer["at"]
+
+
+def test_an_event_published_here_is_never_undone_by_an_older_stored_copy(settings) -> None:
+    settings.SNAPSHOT_TTL = 3600.0
+    repo = Repository.objects.create(url="https://example.com/t/f.git")
+    before = ops_snapshot(dlq_groups=False, not_before=time.monotonic())
+    _dead_letter(repo, 5)
+    publish_event("dlq.changed", {})
+    _forget_this_process_copy()  # only the stored copy (older than the event) is left
+    after = ops_snapshot(dlq_groups=False)
+    assert after["dlq"]["dead"] == before["dlq"]["dead"] + 1 and after["at"] > before["at"]
+
+
+def test_a_shared_page_part_is_reused_for_the_ttl_and_dropped_by_an_event_here(settings) -> None:
+    built: list[int] = []
+
+    def build() -> int:
+        built.append(1)
+        return len(built)
+
+    settings.SNAPSHOT_TTL = 0.0  # off: built every time
+    assert [snapshots.shared_part("t.off", build) for _ in range(2)] == [1, 2]
+    settings.SNAPSHOT_TTL = 3600.0
+    assert snapshots.shared_part("t.on", build) == 3
+    assert snapshots.shared_part("t.on", build) == 3  # reused, same for every viewer
+    assert snapshots.shared_part("t.other", build) == 4  # one entry per name
+    publish_event("dlq.changed", {})  # an operator's action served by this process
+    assert snapshots.shared_part("t.on", build) == 5
+    settings.SNAPSHOT_TTL = 1e-9  # everything older than that has expired
+    assert snapshots.shared_part("t.on", build) == 6

@@ -103,6 +103,14 @@ class Command(BaseCommand):
                 lifespan="off",
                 log_level="warning",
                 ws_max_size=1 << 20,
+                # Idle keep-alive connections are closed after this. Uvicorn's 5 s
+                # default races clients that reuse a connection after a pause of about
+                # that long: the request is already on its way when the server's close
+                # arrives, and the client sees "Remote end closed connection without
+                # response" or "Connection reset by peer" (the load test's browsers
+                # pause 2 s, more on a starved host). Longer than the usual load
+                # balancer idle timeout (60 s), so the balancer closes first.
+                timeout_keep_alive=75,
             )
             # Uvicorn traps SIGINT/SIGTERM while serving and re-raises them once it has
             # stopped; our own handlers make that re-raise a no-op so the clean-up below

@@ -1,0 +1,222 @@
+"""What each of the load test's eight screens costs the web process, per request: CPU
+(``time.process_time``), wall time, database queries and Redis round trips (issue 15,
+"Load test": 200 users every 2 s = 100 requests/s on 2 cores, so every page must cost a
+few ms of CPU).
+
+Django's test client in this process (middleware, view, template; no network), 3 local
+Redis masters, SQLite (or ``--database-url``). Seeded with ``--repos`` repositories
+(``--real`` of them real git repositories analysed by an in-process RQ worker, the rest
+rows), ``--dead`` dead letters over 20 causes, and a backlog of queued syncs. Every page
+is requested ``--rounds`` times after one warm-up, twice: *cold* (``GITWARD_SNAPSHOT_TTL=0``:
+every request builds the operations snapshot, what one request per second per host pays)
+and *warm* (the default TTL: the shared snapshot is reused, what the other requests pay).
+A Redis round trip is one ``send_packed_command`` (a pipeline of any length is one).
+Prints JSON (medians); nothing is asserted. ``--profile PAGE,PAGE`` prints one request's
+cProfile each to stderr (``--profile-mode cold|warm``).
+
+    .venv/bin/python bench/pagecost.py [--repos 400] [--real 3] [--dead 2000] [--rounds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.live import redis_nodes  # noqa: E402
+
+PAGES = {
+    "overview": "/",
+    "repositories": "/repos/",
+    "repository": "/repos/{repo}/",
+    "locks": "/locks/",
+    "workers": "/workers/",
+    "dead-letters": "/dead-letters/",
+    "audit": "/audit/",
+    "api-status": "/api/status",
+}
+
+
+class RoundTrips:
+    """Counts Redis round trips made by this process (every client, every node)."""
+
+    def __init__(self) -> None:
+        import redis.connection
+
+        self.n = 0
+        self.callers: dict[str, int] | None = None  # when set: round trips per caller
+        cls = redis.connection.AbstractConnection
+        original = cls.send_packed_command
+        counter = self
+
+        def counted(self: Any, command: Any, check_health: bool = True) -> Any:
+            counter.n += 1
+            if counter.callers is not None:
+                where = next(
+                    (
+                        f"{f.filename.rsplit('/', 2)[-2]}/{f.name}"
+                        for f in reversed(traceback.extract_stack()[:-1])
+                        if "/dashboard/" in f.filename or "/workers/" in f.filename
+                    ),
+                    "?",
+                )
+                counter.callers[where] = counter.callers.get(where, 0) + 1
+            return original(self, command, check_health)
+
+        cls.send_packed_command = counted  # type: ignore[method-assign]
+
+
+def measure(client: Any, path: str, rounds: int, trips: RoundTrips) -> dict[str, float]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    res = client.get(path)  # warm-up
+    assert res.status_code == 200, (path, res.status_code)
+    cpu, wall, queries, redis = [], [], [], []
+    for _ in range(rounds):
+        with CaptureQueriesContext(connection) as ctx:
+            before = trips.n
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = client.get(path)
+            cpu.append((time.process_time() - c0) * 1000)
+            wall.append((time.perf_counter() - t0) * 1000)
+            redis.append(trips.n - before)
+        queries.append(len(ctx.captured_queries))
+        assert res.status_code == 200, (path, res.status_code)
+    return {
+        "cpu_ms": round(statistics.median(cpu), 2),
+        "wall_ms": round(statistics.median(wall), 2),
+        "queries": statistics.median(queries),
+        "redis_round_trips": statistics.median(redis),
+    }
+
+
+def seed(tmp: Path, repos: int, real: int, dead: int) -> int:
+    """Returns the id of an analysed repository."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from dashboard.audit import record_audit
+    from dashboard.models import JobRun, Repository
+    from dashboard.repositories import submit_repository
+    from tests.conftest import run_workers
+    from tests.gitrepo import GitRepo
+
+    settings.LOCAL_ROOTS = [tmp.resolve()]
+    settings.RESOLVE_HOSTS = False
+    first = 0
+    for i in range(real):
+        origin = GitRepo.create(tmp / f"origin{i}")
+        for j in range(30):
+            origin.commit(f"change {j}", {f"src/m{j % 4}.py": f"line {j}\n" * (j + 1)})
+        repo, _ = submit_repository(url=str(origin.path))
+        first = first or repo.pk
+    run_workers()
+    Repository.objects.bulk_create(
+        Repository(url=f"https://example.com/team/r{i}.git", status="ready")
+        for i in range(repos - real)
+    )
+    some = list(Repository.objects.values_list("pk", flat=True)[:50])
+    now = timezone.now()
+    JobRun.objects.bulk_create(
+        JobRun(
+            job_id=f"dead-{i}",
+            kind="sync",
+            queue="sync",
+            repository_id=some[i % len(some)],
+            state="dead",
+            cause_key=f"cause-{i % 20}",
+            error=f"GitCommandError: cause {i % 20}",
+            finished_at=now,
+        )
+        for i in range(dead)
+    )
+    for i in range(200):
+        record_audit(user="bench", action="queue.pause", target=f"sync {i}", outcome="ok")
+    # A backlog: queued syncs of the row-only repositories (never run here).
+    for repo in Repository.objects.filter(url__startswith="https://")[:100]:
+        submit_repository(url=repo.url + "x")
+    return first
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repos", type=int, default=400)
+    parser.add_argument("--real", type=int, default=3)
+    parser.add_argument("--dead", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--database-url", default="")
+    parser.add_argument("--profile", default="", help="page names (a,b): cProfile one request")
+    parser.add_argument("--trips", default="", help="a page name: its round trips by caller")
+    parser.add_argument("--profile-mode", default="warm", choices=["cold", "warm"])
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-pagecost-"))
+    out: dict[str, Any] = {"load_average_start": os.getloadavg()}
+    with redis_nodes(tmp) as nodes:
+        for key in list(os.environ):
+            if key.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL")):
+                del os.environ[key]
+        (tmp / "var").mkdir(parents=True, exist_ok=True)
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="dashboard.settings",
+            GITWARD_VAR_DIR=str(tmp / "var"),
+            DATABASE_URL=args.database_url or f"sqlite:///{tmp / 'var' / 'db.sqlite3'}",
+            REDIS_URLS=",".join(n.url for n in nodes),
+            GITWARD_LOG_LEVEL="WARNING",
+            GITWARD_RATE_LIMITS="false",
+        )
+        import django
+
+        django.setup()
+        from django.conf import settings
+        from django.contrib.auth.models import User
+        from django.core.management import call_command
+        from django.test import Client
+
+        call_command("migrate", verbosity=0)
+        trips = RoundTrips()
+        repo_id = seed(tmp, args.repos, args.real, args.dead)
+        settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+        client = Client()
+        client.force_login(User.objects.create_superuser("bench", password="bench-pass-123"))
+        ttl = settings.SNAPSHOT_TTL
+        out["anchor /healthz"] = measure(client, "/healthz", args.rounds, trips)
+        for mode, value in (("cold", 0.0), ("warm", ttl)):
+            settings.SNAPSHOT_TTL = value
+            out[mode] = {
+                name: measure(client, path.format(repo=repo_id), args.rounds, trips)
+                for name, path in PAGES.items()
+            }
+        settings.SNAPSHOT_TTL = 0.0 if args.profile_mode == "cold" else ttl
+        if args.trips:
+            trips.callers = {}
+            client.get(PAGES[args.trips].format(repo=repo_id))
+            out[f"round trips of one {args.profile_mode} {args.trips}"] = trips.callers
+            trips.callers = None
+        for name in filter(None, args.profile.split(",")):
+            profile = cProfile.Profile()
+            profile.runcall(client.get, PAGES[name].format(repo=repo_id))
+            print(f"--- {name} ({args.profile_mode})", file=sys.stderr)
+            stats = pstats.Stats(profile, stream=sys.stderr)
+            stats.sort_stats("cumulative").print_stats(45)
+        out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    out["load_average_end"] = os.getloadavg()
+    print(json.dumps(out, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
