@@ -35,6 +35,8 @@ from dashboard.rollouts import ensure_baseline
 from dashboard.settings import channel_layer_host
 from tests.conftest import _own_node, run_workers
 from tests.gitrepo import GitRepo
+from tests.rollout_support import DRIVERS, verify
+from tests.rollout_support import start as start_driven_rollout
 from workers import lockkeys
 from workers.redisnode import RedisNode
 
@@ -317,10 +319,21 @@ def test_every_route_and_socket_answers_without_a_server_error_with_the_queue_no
         reconcile()
     repo = Repository.objects.get(pk=created.json()["id"])
     assert repo.status == Repository.Status.READY, repo.error
-    ensure_baseline(actor="setup")
-    rollout = rollouts.start_rollout(
-        config={"detect_renames": True}, actor="ops", enqueue_driver=False
-    )
+    # A rollout whose driver (this process) holds the deploy lock: its page offers the
+    # rollback, whose plan counts the version's queued jobs on the queue server.
+    rollout, driver = start_driven_rollout()
+    DRIVERS.remove(driver)
+    try:
+        rollout = verify(rollout, driver)  # warmed and passed: a rollback is on offer
+        _every_route_with(queue_node, operator, client, origin, repo, rollout)
+    finally:
+        driver.release()
+
+
+def _every_route_with(
+    queue_node: RedisNode, operator: Any, client: Client, origin: GitRepo, repo: Repository,
+    rollout: Rollout,
+) -> None:  # fmt: skip
     run = JobRun.objects.filter(repository=repo).first()
     assert run is not None
     key = _held_lock(repo.pk)
@@ -340,7 +353,8 @@ def test_every_route_and_socket_answers_without_a_server_error_with_the_queue_no
         "group": "none",
         "action_id": str(retry.json()["id"]),
     }
-    routes = _every_route(ids)
+    # Logging out last: every other request is the operator's.
+    routes = sorted(_every_route(ids), key=lambda path: path == "/logout/")
     assert len(routes) == len(get_resolver().url_patterns) > 40
     served: list[tuple[str, str, int]] = []
     for path in routes:
@@ -363,6 +377,9 @@ def test_every_route_and_socket_answers_without_a_server_error_with_the_queue_no
     ]
     assert errors == [], errors
     gets = {p: c for m, p, c in served if m == "GET"}
+    client = _client(operator)  # (logged in again)
+    # The rollback plan on the rollout page, without the queue's counts.
+    assert "move its queued jobs back to" in client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert all(gets[p] == 200 for p in (*PAGES, f"/repos/{repo.pk}/", f"/runs/{run.pk}/"))
     assert gets[f"/repos/{repo.pk}/commits/{ids['sha']}/"] == 200
     # The readiness probe says "not ready" on purpose (a load balancer routes around a
