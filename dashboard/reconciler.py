@@ -13,7 +13,7 @@ from rq.registry import ScheduledJobRegistry
 from dashboard import queues
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import complete_repository, publish_repo_changed
-from dashboard.rollouts import reconcile_drains
+from dashboard.rollouts import reconcile_drains, reconcile_pending_drivers
 from dashboard.runs import cancel_runs, closed_fingerprints, crash_attempt, enqueue_run
 from dashboard.workerbeats import live_worker_names, orphaned_runs
 
@@ -37,9 +37,12 @@ def reconcile() -> dict[str, int]:
     4. Queued runs of closed analyzer versions are cancelled (a retry scheduled just
        before a rollback), and every draining version gets a drain check
        (``rollouts.reconcile_drains``: drained after two empty checks).
+    5. Pending rollouts owed a driver whose driver job is missing get it enqueued
+       (``rollouts.reconcile_pending_drivers``): one started while the queue server
+       was unreachable is driven once it returns.
 
     With the queue server unreachable, steps 1 and 3 (database only) still run and
-    step 2 waits for the next round (``queue_unreachable: 1`` in the result): a run
+    steps 2, 4 and 5 wait for the next round (``queue_unreachable: 1`` in the result): a run
     submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
     missing and enqueues once the server is back.
 
@@ -58,13 +61,14 @@ def reconcile() -> dict[str, int]:
             for fp in closed_fingerprints()
         )
         drained = reconcile_drains()
+        drivers = reconcile_pending_drivers()
         queue_down = 0
     except queues.QueueUnavailable as exc:
         # The database keeps every queued run; the next round (once the queue server
         # answers) finds their RQ jobs missing and enqueues them; cancels and drain
         # checks (which read and edit the queues) wait for it too.
         log.warning("reconciler: %s; queued runs wait for it", exc)
-        promoted = requeued = cancelled = drained = 0
+        promoted = requeued = cancelled = drained = drivers = 0
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
@@ -78,6 +82,7 @@ def reconcile() -> dict[str, int]:
         "promoted": promoted,
         "cancelled": cancelled,
         "drained": drained,
+        "drivers": drivers,
         "queue_unreachable": queue_down,
     }
     if any(result.values()):

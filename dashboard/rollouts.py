@@ -14,6 +14,7 @@ steps and the drain checks are re-exported here so callers need one import.
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rq.exceptions import DuplicateJobError
+from rq.job import Job
 
 from dashboard import leases, queues
 from dashboard.drains import (
@@ -85,6 +87,8 @@ __all__ = [
 DEFAULT_STEPS = (10, 50, 100)
 #: The Redis queue rollout drivers run on (``dashboard.deploylock.drive_rollout``).
 DRIVER_QUEUE = "rollouts"
+
+log = logging.getLogger(__name__)
 S = AnalyzerVersion.State
 
 
@@ -173,7 +177,9 @@ def start_rollout(
     4. After commit, enqueue the driver (``dashboard.deploylock.drive_rollout``) on the
        ``rollouts`` queue; it takes ``locks:queue:{queue}:deploy`` and moves the rollout
        to ``active``. ``enqueue_driver=False`` leaves that to the caller (tests, or
-       ``manage.py rollout drive``).
+       ``manage.py rollout drive``). With the queue server unreachable the rollout
+       stays pending and the reconciler enqueues its driver once the server answers
+       (:func:`reconcile_pending_drivers`).
     """
     chosen = validate_steps(steps)
     knobs = validate_options(options)
@@ -211,15 +217,55 @@ def start_rollout(
                 actor,
                 "started",
                 None,
-                {"steps": chosen, "auto": auto, "config": version.config},
+                # "driver": a driver job is owed to this rollout (the reconciler enqueues
+                # it if the queue server did not take it: reconcile_pending_drivers).
+                {"steps": chosen, "auto": auto, "config": version.config, "driver": enqueue_driver},
             )
             publish_rollout_event(version, ro, Rollout.State.PENDING)
             if enqueue_driver:
-                transaction.on_commit(lambda: enqueue_driver_job(ro.pk))
+                transaction.on_commit(lambda: enqueue_driver_or_leave(ro.pk))
     except IntegrityError:
         busy = busy_message(queue)
         raise RolloutBusy(busy or f"{queue!r} is already being rolled out") from None
     return ro
+
+
+def driver_job_id(rollout_id: int, *, takeover: bool = False) -> str:
+    return f"rollout-{rollout_id}-{'takeover' if takeover else 'start'}"
+
+
+def enqueue_driver_or_leave(rollout_id: int) -> bool:
+    """``enqueue_driver_job``, except that an unreachable queue server leaves the rollout
+    pending for :func:`reconcile_pending_drivers` (an on-commit callback must not fail
+    the request that committed the rollout)."""
+    try:
+        return enqueue_driver_job(rollout_id)
+    except queues.QueueUnavailable as exc:
+        log.warning("rollout %s: driver left for the reconciler: %s", rollout_id, exc)
+        return False
+
+
+def reconcile_pending_drivers() -> int:
+    """Enqueue the driver of every pending rollout that is owed one (started with
+    ``enqueue_driver``) and whose driver job is not in Redis: the queue server was
+    unreachable when it started, or lost the job (restarted empty, flushed). Returns
+    how many were enqueued; raises ``QueueUnavailable`` while the server is down.
+
+    Races: two reconcilers enqueue through RQ's ``unique`` enqueue (one job). A driver
+    job that ran, ended and expired while its rollout is still pending is enqueued
+    again, which is safe: a driver takes the rollout's deploy lock first, and a second
+    delivery finds the rollout no longer pending and stops (``deploylock``).
+    """
+    conn = queues.connection()
+    owed = Rollout.objects.filter(
+        state=Rollout.State.PENDING, events__action="rollout", events__detail__driver=True
+    ).values_list("pk", flat=True)
+    enqueued = 0
+    for pk in sorted(set(owed)):
+        if not conn.exists(Job.key_for(driver_job_id(pk))) and enqueue_driver_job(pk):
+            log.info("rollout %s: driver enqueued by the reconciler", pk)
+            enqueued += 1
+    return enqueued
 
 
 def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = "system") -> bool:
@@ -231,14 +277,13 @@ def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = 
     a dead one).
     """
 
-    mode = "takeover" if takeover else "start"
     try:
         queues.queue(DRIVER_QUEUE).enqueue(
             "dashboard.deploylock.drive_rollout",
             rollout_id,
             takeover,
             actor,
-            job_id=f"rollout-{rollout_id}-{mode}",
+            job_id=driver_job_id(rollout_id, takeover=takeover),
             job_timeout=-1,
             unique=True,
             result_ttl=3600,

@@ -57,6 +57,23 @@ def _clean_redis(redis_nodes: list[RedisNode]) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _shared_queue_client_keeps_its_timeouts(redis_nodes: list[RedisNode]) -> Iterator[None]:
+    """No test may lend the shared queue client (``queues.connection()``) to an RQ worker:
+    RQ raises the socket timeout of the connection it is given above its blocking dequeue
+    time (415 s), and every later request of the run would then wait that long on a
+    stalled queue node. In-process workers take ``queues.worker_connection()``, as
+    production workers do."""
+    client = queues.connection()
+    expected = client.connection_pool.connection_kwargs.get("socket_timeout")
+    yield
+    got = client.connection_pool.connection_kwargs.get("socket_timeout")
+    assert got == expected, (
+        f"the shared queue client's socket timeout went from {expected} to {got}: "
+        "give in-process RQ workers queues.worker_connection()"
+    )
+
+
+@pytest.fixture(autouse=True)
 def _isolated_paths(tmp_path: Path, settings: object) -> None:
     settings.WORKSPACE = tmp_path / "workspace"  # type: ignore[attr-defined]
     settings.LOCAL_ROOTS = [tmp_path.resolve()]  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ class _Worker(PauseAware, SimpleWorker):
 def _burst(names: list[str], fingerprint: str) -> int:
     load_versions([version_config(fingerprint)])
     try:
-        worker = _Worker([queues.queue(n) for n in names], connection=queues.connection())
+        worker = _Worker([queues.queue(n) for n in names], connection=queues.worker_connection())
         # What run_one_worker does first: report the version it loaded.
         workerbeats.beat(name=f"test-worker-{fingerprint[:8]}", queues_=names, version=fingerprint)
         worker.apply_pauses()

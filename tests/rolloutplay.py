@@ -93,7 +93,8 @@ def play(ro_id: int, go: Path) -> None:
 
 def main(ro_id: int, go: Path) -> int:
     served = any(
-        rollouts.DRIVER_QUEUE in w.queue_names() for w in Worker.all(connection=queues.connection())
+        rollouts.DRIVER_QUEUE in w.queue_names()
+        for w in Worker.all(connection=queues.worker_connection())
     )
     player = threading.Thread(target=play, args=(ro_id, go), daemon=True)
     player.start()

@@ -161,7 +161,7 @@ def test_a_sync_job_that_finds_the_mirror_busy_on_its_host_is_deferred_not_faile
     holder = spawn(processes, [sys.executable, "-c", HOLDER, str(workspace), str(repo.pk)])
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
 
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
         burst=True, logging_level="WARNING"
     )
 

@@ -36,7 +36,7 @@ def synced_chunk(git_repo: GitRepo) -> Chunk:
     from rq import SimpleWorker
 
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
         burst=True, logging_level="WARNING"
     )
     repo.refresh_from_db()

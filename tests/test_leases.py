@@ -37,7 +37,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def synced_chunk(git_repo: GitRepo) -> Chunk:
     """Submit and run only the sync: one chunk planned, its mirror fetched."""
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
         burst=True, logging_level="WARNING"
     )
     return Chunk.objects.get(repository=repo)

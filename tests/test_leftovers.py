@@ -33,6 +33,7 @@ from tests.writers import (
     stalled_worker,
     wait_for,
 )
+from workers import hostlock
 from workers.gitproc import GitError, Runner
 from workers.leftovers import STALE_AFTER, remove_stale_files, remove_stale_temporaries
 from workers.locks import LockLost, Redlock
@@ -140,7 +141,7 @@ def test_the_young_pack_of_an_orphaned_index_pack_is_kept_until_old(
 
 
 def test_a_live_writer_keeps_its_lock_file_and_planted_leftovers_wait_for_its_host_lock(
-    synced: tuple[Path, GitRepo], processes: Procs
+    synced: tuple[Path, GitRepo], processes: Procs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workspace, origin = synced
     path = mirror_path(workspace, REPO_ID)
@@ -157,6 +158,11 @@ def test_a_live_writer_keeps_its_lock_file_and_planted_leftovers_wait_for_its_ho
             workspace=workspace, repo_id=REPO_ID, runner=Runner(), wait=0.3, clock=lambda: later
         )
     assert f"pid {writer.pid}" in str(busy.value)
+    assert lock_files(path) == {"refs/gitward/head.lock", "HEAD.lock"} and orphan.exists()
+    # Called on its own (not through sanitize_mirror), the removal takes the host lock too.
+    monkeypatch.setattr(hostlock, "HOST_LOCK_WAIT", 0.3)
+    with pytest.raises(MirrorBusy):
+        remove_stale_files(workspace, REPO_ID, clock=lambda: later)
     assert lock_files(path) == {"refs/gitward/head.lock", "HEAD.lock"} and orphan.exists()
 
     # The writer finishes as if nothing had happened: its lock is still its own.

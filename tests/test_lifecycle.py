@@ -239,7 +239,9 @@ def test_the_reconciler_recovers_every_run_after_redis_is_flushed(
     assert reconcile()["requeued"] == 0  # idempotent: nothing is enqueued twice
     from rq import SimpleWorker
 
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(burst=True)
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
+        burst=True
+    )
     redis_nodes[0].restart(empty=True)  # the queue node restarts empty mid-run
     assert reconcile()["requeued"] == 3  # the planned analyze runs come back
     run_workers()

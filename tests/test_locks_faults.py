@@ -46,11 +46,16 @@ def set_calls(node: RedisNode) -> int:
 # Issue 9, item 1: nothing but the extension on the heartbeat thread ---------------------------
 
 
+def heartbeat_threads(key: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"redlock-heartbeat:{key}"]
+
+
 def test_an_observer_stuck_on_a_stalled_master_stops_neither_extensions_nor_loss_detection(
     masters: list[RedisNode], counter: SqliteCounter
 ) -> None:
     rl = make(masters, token_source=counter)
     in_callback = threading.Event()
+    observer_done = threading.Event()
     calls: list[int] = []
     aborted: list[Lock] = []
 
@@ -58,10 +63,15 @@ def test_an_observer_stuck_on_a_stalled_master_stops_neither_extensions_nor_loss
         # What workers/jobs.py does: a Redis write to master 0 with a long socket timeout.
         calls.append(lock.extensions)
         in_callback.set()
-        masters[0].client(socket_timeout=30).hset("gitward:extensions", lock.key, lock.extensions)
+        try:
+            masters[0].client(socket_timeout=30).hset("gitward:extensions", lock.key, 1)
+        finally:
+            observer_done.set()
 
     def on_lost(lock: Lock) -> None:
         aborted.append(lock)
+        # What the job's hook does after the abort: tell the live view, on master 0 too.
+        masters[0].client(socket_timeout=30).hset("gitward:lost", lock.key, 1)
 
     try:
         with (
@@ -80,9 +90,11 @@ def test_an_observer_stuck_on_a_stalled_master_stops_neither_extensions_nor_loss
                 node.client().delete("locks:cb")
             assert eventually(lambda: bool(aborted), timeout=3.0)
             assert aborted == [lock] and lock.lost.is_set()
-            exiting = time.monotonic()
-        # Leaving hold() did not wait for the observer (stuck for 30 s on master 0).
-        assert time.monotonic() - exiting < 5.0
+        # Leaving hold() did not wait for the observer (still stuck on master 0).
+        assert not observer_done.is_set()
+        # And the heartbeat thread itself has ended: neither hook runs on it (an on_lost
+        # stuck on the stalled master would keep it alive for 30 s).
+        assert eventually(lambda: not heartbeat_threads("locks:cb"), timeout=3.0)
     finally:
         masters[0].resume()
         rl.close()

@@ -12,6 +12,8 @@ writing transaction of a real SQLite file). Invariants:
 * a holder still valid and with no data-losing fault (restart empty, clock jump, forced
   release) since it acquired is the newest token holder: its writes are accepted, so no
   discarded attempt ever fenced it out; and there is at most one such holder;
+* such a holder's value is on a majority of the masters (no one else's release or
+  extension touched it);
 * no running master keeps a key of a failed attempt (so, certainly, none once its TTL has
   passed): a stalled master runs the release queued behind the SET when it resumes.
 """
@@ -204,6 +206,28 @@ class RedlockModel(RuleBasedStateMachine):
         for lock in valid.values():
             if lock.valid_for() > 0:  # (it may have run out while we looked)
                 assert lock.token == current, (lock, current)
+
+    @invariant()
+    def a_valid_holder_still_holds_a_quorum(self) -> None:
+        """A holder still valid, with no data-losing fault since it acquired, has its own
+        value on a majority of the masters: nobody else deleted or overwrote it (a
+        release or extension that matched another holder's value would). Stalled and
+        dead masters cannot be read and count as holding it."""
+        quorum = len(self.nodes) // 2 + 1
+        for c, lock in list(self.locks.items()):
+            if lock.valid_for() <= 0 or self.epoch_of[c] != self.epoch:
+                continue
+            present = unknown = 0
+            for m, node in enumerate(self.nodes):
+                if m in self.paused or not node.alive():
+                    unknown += 1
+                    continue
+                raw = node.client(socket_timeout=2).get(KEY)
+                present += isinstance(raw, bytes) and decode(raw)[0] == lock.nonce
+            # Read before judging: Redis keeps a key at least as long as the client-side
+            # validity, so a lease still valid now was on every master read above.
+            if lock.valid_for() > 0:
+                assert present + unknown >= quorum, (lock, present, unknown)
 
     @invariant()
     def no_key_of_a_failed_attempt_is_left(self) -> None:

@@ -88,7 +88,7 @@ def scrape() -> Scrape:
 def synced_chunk(git_repo: GitRepo) -> Chunk:
     """Submit and run only the sync job: one chunk planned and queued, nothing analysed."""
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
         burst=True, logging_level="WARNING"
     )
     return Chunk.objects.get(repository=repo)

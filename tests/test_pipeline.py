@@ -242,7 +242,7 @@ def test_hostile_but_valid_histories_match_git_exactly(tmp_path: Path, settings)
 def _sync_only(git_repo: GitRepo) -> Repository:
     """Submit and run only the sync job: the mirror fetched, chunks planned and queued."""
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.connection()).work(
+    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
         burst=True, logging_level="WARNING"
     )
     repo.refresh_from_db()

@@ -8,6 +8,7 @@ master 1. The node is SIGKILLed (down) or SIGSTOPped (stalled, sockets kept open
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,19 +17,26 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
+from django.urls import URLResolver, get_resolver
+from rq.job import Job
 
-from dashboard import queues
+from dashboard import queues, rollouts
+from dashboard.asgi import websocket_urls
 from dashboard.consumers import OpsConsumer, RepositoryConsumer
 from dashboard.leases import redlock
-from dashboard.models import Commit, JobRun, Repository
+from dashboard.models import Commit, JobRun, Repository, Rollout
 from dashboard.reconciler import reconcile
+from dashboard.rollouts import ensure_baseline
 from dashboard.settings import channel_layer_host
 from tests.conftest import _own_node, run_workers
 from tests.gitrepo import GitRepo
+from tests.rollout_support import DRIVERS, verify
+from tests.rollout_support import start as start_driven_rollout
 from workers import lockkeys
 from workers.redisnode import RedisNode
 
@@ -263,3 +271,152 @@ def test_a_stalled_queue_node_delays_requests_by_a_bounded_time(
         assert time.monotonic() < deadline, "queue server not seen again after SIGCONT"
         time.sleep(0.1)
     assert reconcile()["requeued"] == 1  # the stalled submission, now enqueued
+
+
+def _fill(route: str, ids: dict[str, str]) -> str:
+    """``route`` (a URL pattern as Django prints it) with every ``<conv:name>`` replaced
+    by ``ids[name]``; an argument without an id is a test bug (a new route: add it)."""
+    return "/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda m: ids[m.group(1)], route)
+
+
+def _every_route(ids: dict[str, str]) -> list[str]:
+    """A path for every URL pattern of the dashboard (the admin: its index), so a page
+    added later is covered without being listed here."""
+    paths = []
+    for pattern in get_resolver().url_patterns:
+        route = str(pattern.pattern)
+        paths.append("/admin/" if isinstance(pattern, URLResolver) else _fill(route, ids))
+    return paths
+
+
+def _socket_first_message(user: Any, path: str) -> dict[str, Any]:
+    """Connect to ``path`` through the real websocket router and return the first message."""
+
+    async def go() -> dict[str, Any]:
+        comm = WebsocketCommunicator(URLRouter(websocket_urls), path)
+        comm.scope["user"] = user
+        connected, _ = await comm.connect(timeout=10)
+        assert connected, path
+        message = await comm.receive_json_from(timeout=10)
+        await comm.disconnect()
+        return message  # type: ignore[no-any-return]
+
+    return async_to_sync(go)()
+
+
+def test_every_route_and_socket_answers_without_a_server_error_with_the_queue_node_killed(
+    queue_node: RedisNode, operator: Any, tmp_path: Path
+) -> None:
+    """Every URL pattern (GET, and POST with an empty JSON body) and every websocket route,
+    with real objects behind each argument: an analysed repository and its commit, a run,
+    a rollout. No answer is a 5xx but the documented 503 of a mutation that needs the
+    queue; every HTML page shows the banner."""
+    origin = _repo(tmp_path, "routes")
+    client = _client(operator)
+    created = client.post("/api/repos", {"url": str(origin.path)}, content_type="application/json")
+    assert created.status_code == 202
+    while run_workers():
+        reconcile()
+    repo = Repository.objects.get(pk=created.json()["id"])
+    assert repo.status == Repository.Status.READY, repo.error
+    # A rollout whose driver (this process) holds the deploy lock: its page offers the
+    # rollback, whose plan counts the version's queued jobs on the queue server.
+    rollout, driver = start_driven_rollout()
+    DRIVERS.remove(driver)
+    try:
+        rollout = verify(rollout, driver)  # warmed and passed: a rollback is on offer
+        _every_route_with(queue_node, operator, client, origin, repo, rollout)
+    finally:
+        driver.release()
+
+
+def _every_route_with(
+    queue_node: RedisNode, operator: Any, client: Client, origin: GitRepo, repo: Repository,
+    rollout: Rollout,
+) -> None:  # fmt: skip
+    run = JobRun.objects.filter(repository=repo).first()
+    assert run is not None
+    key = _held_lock(repo.pk)
+
+    queue_node.kill()
+
+    retry = client.post("/api/dlq/retry", {"all": True}, content_type="application/json")
+    assert retry.status_code == 202
+    ids = {
+        "repo_id": str(repo.pk),
+        "sha": origin.shas()[0],
+        "run_id": str(run.pk),
+        "job_id": run.job_id,
+        "rollout_id": str(rollout.pk),
+        "verb": "pause",
+        "action": "pause",
+        "group": "none",
+        "action_id": str(retry.json()["id"]),
+    }
+    # Logging out last: every other request is the operator's.
+    routes = sorted(_every_route(ids), key=lambda path: path == "/logout/")
+    assert len(routes) == len(get_resolver().url_patterns) > 40
+    served: list[tuple[str, str, int]] = []
+    for path in routes:
+        response = client.get(path)
+        served.append(("GET", path, response.status_code))
+        html = response.get("Content-Type", "").startswith("text/html")
+        if response.status_code == 200 and html and not path.startswith("/admin/"):
+            assert DOWN in response.content.decode(), f"no banner on {path}"
+    for path in routes:
+        response = client.post(path, {}, content_type="application/json")  # a bad body too
+        code = response.status_code
+        served.append(("POST", path, code))
+        if code == 503 and path != "/readyz":  # only a refusal that says why
+            assert DOWN in response.content.decode(), path
+    # A GET always degrades (the readiness probe aside); a POST may refuse with 503.
+    errors = [
+        (m, p, c)
+        for m, p, c in served
+        if c >= 500 and not (c == 503 and (m == "POST" or p == "/readyz"))
+    ]
+    assert errors == [], errors
+    gets = {p: c for m, p, c in served if m == "GET"}
+    client = _client(operator)  # (logged in again)
+    # The rollback plan on the rollout page, without the queue's counts.
+    assert "move its queued jobs back to" in client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert all(gets[p] == 200 for p in (*PAGES, f"/repos/{repo.pk}/", f"/runs/{run.pk}/"))
+    assert gets[f"/repos/{repo.pk}/commits/{ids['sha']}/"] == 200
+    # The readiness probe says "not ready" on purpose (a load balancer routes around a
+    # replica without its queue server), naming the failed check.
+    assert gets["/readyz"] == 503 and client.get("/readyz").json()["failed"] == ["queue"]
+
+    paths = [_fill(str(p.pattern), ids) for p in websocket_urls]
+    for path in paths:
+        message = _socket_first_message(operator, path)
+        assert message["type"] == "snapshot", (path, message)
+    ops = _socket_first_message(operator, "/ws/ops/")
+    assert ops["data"]["queue_server"]["error"] == DOWN
+    assert key in [row["key"] for row in ops["data"]["locks"]]
+
+
+def test_a_rollout_started_while_down_gets_its_driver_when_the_queue_server_returns(
+    queue_node: RedisNode, operator: Any
+) -> None:
+    """Starting a rollout is a submission too: accepted (202, pending) with the queue
+    node killed, its driver job enqueued by the reconciler once the node is back."""
+    ensure_baseline(actor="setup")
+    client = _client(operator)
+    queue_node.kill()
+    started = client.post(
+        "/api/rollouts", {"config": {"detect_renames": True}}, content_type="application/json"
+    )
+    assert started.status_code == 202, started.content
+    ro = Rollout.objects.get(pk=started.json()["id"])
+    assert ro.state == Rollout.State.PENDING
+    assert reconcile()["queue_unreachable"] == 1
+
+    queue_node.restart()
+    queues.CIRCUIT.reset()
+    job_id = rollouts.driver_job_id(ro.pk)
+    assert not Job.exists(job_id, connection=queues.connection())  # the start lost it
+    assert reconcile()["drivers"] == 1
+    job = Job.fetch(job_id, connection=queues.connection())
+    assert job.func_name == "dashboard.deploylock.drive_rollout" and job.args[0] == ro.pk
+    assert job.origin == rollouts.DRIVER_QUEUE and job.get_status() == "queued"
+    assert reconcile()["drivers"] == 0  # once

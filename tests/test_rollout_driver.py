@@ -76,10 +76,10 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
     helper.start()
     # The RQ worker (main thread: it installs signal handlers) runs the driver job to
     # its end: burst mode returns once the rollout is over and the queue is empty.
-    w = SimpleWorker([q], connection=queues.connection())
+    w = SimpleWorker([q], connection=queues.worker_connection())
     w.work(burst=True, logging_level="WARNING")
     helper.join(30)
-    job = Job.fetch(f"rollout-{ro.pk}-start", connection=queues.connection())
+    job = Job.fetch(f"rollout-{ro.pk}-start", connection=queues.worker_connection())
     assert job.get_status() == "finished" and job.return_value() == "completed"
     # The driver took the lock and chose the warm set by itself.
     assert seen["state"] == "active" and seen["token"] is not None

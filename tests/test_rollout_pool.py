@@ -43,7 +43,7 @@ def replan(pool: Pool) -> list[Any]:
 def rq_heartbeat(pid: int) -> Any:
     name = f"{socket.gethostname()}.{pid}"
     w = Worker.find_by_key(
-        Worker.redis_worker_namespace_prefix + name, connection=queues.connection()
+        Worker.redis_worker_namespace_prefix + name, connection=queues.worker_connection()
     )
     return w.last_heartbeat if w is not None else None
 

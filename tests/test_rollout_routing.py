@@ -128,7 +128,9 @@ def test_a_misrouted_job_is_handed_back_and_a_wrong_worker_dead_letters_it(
     # …and if one ran anyway, the job is dead-lettered at once, never retried 3 times.
     load_versions([DEFAULT])
     try:
-        _Worker([own], connection=queues.connection()).work(burst=True, logging_level="WARNING")
+        _Worker([own], connection=queues.worker_connection()).work(
+            burst=True, logging_level="WARNING"
+        )
     finally:
         load_versions([])
     run.refresh_from_db()
