@@ -276,8 +276,12 @@ def sync_mirror(
     max_object_bytes: int | None = DEFAULT_MAX_OBJECT_BYTES,
     check: Check | None = None,
     wait: float | None = None,
+    sanitized: bool = False,
 ) -> str:
     """Bring the mirror up to date and return the analysed head sha.
+
+    ``sanitized``: the caller ran :func:`sanitize_mirror` under the host lock it still
+    holds, so a mirror at the path is known to open (one ``rev-parse`` fewer).
 
     ``pinned`` (``{"host:port": [addresses]}``, see :func:`pins_for`) makes curl connect
     only to those addresses.  ``max_repo_bytes`` bounds every file git writes while
@@ -345,7 +349,7 @@ def sync_mirror(
     path = mirror_path(workspace, repo_id)
     with hold_mirror(workspace, repo_id, check=check, wait=wait):
         check()
-        if path.exists() and is_valid(path, runner):
+        if path.exists() and (sanitized or is_valid(path, runner)):
             # Analyses may be reading this mirror right now: a fetch is safe for them
             # (module docstring: new objects become visible complete, the ref moves by
             # an atomic rename).
@@ -407,6 +411,9 @@ def update_mirror(
             timeout=timeout,
             pinned=pinned,
             check=check,
+            # sanitize_mirror removed the mirror unless it opens, under this same hold
+            # of the host lock, so no other writer on this host got in between
+            sanitized=True,
         )
 
 
