@@ -49,9 +49,10 @@ def plan_repository(
     what ``since`` reaches: each of those commits is stored, or in a chunk that is open
     or failed. So when, inside this transaction, ``since`` is still the recorded head,
     the served version is still the one it was planned for (and no other is ramping) and
-    no chunk of it is failed, the full plan would find exactly ``shas`` pending, and the
-    total is the old one plus ``len(shas)``. Otherwise nothing is written and None is
-    returned: the caller lists the whole history and plans again without ``since``.
+    no failed chunk holds a commit not stored and not in an open chunk, the full plan
+    would find exactly ``shas`` pending, and the total is the old one plus
+    ``len(shas)``. Otherwise nothing is written and None is returned: the caller lists
+    the whole history and plans again without ``since``.
 
     ``fingerprint`` plans for that version only; by default the fingerprints are the
     routing's (``canary.planned_fingerprints``): the served (current) one, plus the
@@ -87,9 +88,7 @@ def plan_repository(
             if not (
                 since == repo.head
                 and fps == [repo.fingerprint]
-                and not Chunk.objects.filter(
-                    repository_id=repo_id, fingerprint=fps[0], state=Chunk.State.FAILED
-                ).exists()
+                and not _uncovered_failures(repo_id, fps[0])
             ):
                 return None
             total += repo.commits_total
@@ -114,6 +113,34 @@ def incremental_base(repo: Repository) -> str | None:
     return repo.head or None
 
 
+def _in_flight(repo_id: int, fingerprint: str) -> set[str]:
+    """The shas of the fingerprint's open (queued or running) chunks."""
+    shas: set[str] = set()
+    for text in Chunk.objects.filter(
+        repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
+    ).values_list("shas", flat=True):
+        shas.update(text.split())
+    return shas
+
+
+def _uncovered_failures(repo_id: int, fingerprint: str) -> bool:
+    """Whether a failed chunk holds a commit that is neither stored nor in an open chunk:
+    a full plan would plan it again, an incremental one would not. (A failed chunk whose
+    commits a later plan re-planned and stored, under other chunk keys, does not count:
+    otherwise it would force a full plan on every later sync.)"""
+    failed = [
+        sha
+        for text in Chunk.objects.filter(
+            repository_id=repo_id, fingerprint=fingerprint, state=Chunk.State.FAILED
+        ).values_list("shas", flat=True)
+        for sha in text.split()
+    ]
+    if not failed:
+        return False
+    covered = _stored(repo_id, fingerprint, failed) | _in_flight(repo_id, fingerprint)
+    return any(sha not in covered for sha in failed)
+
+
 def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
     """The shas of ``shas`` stored under ``fingerprint`` (possibly a superset: others)."""
     rows = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
@@ -128,11 +155,7 @@ def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
 def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
     """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``."""
     stored = _stored(repo_id, fingerprint, shas)
-    in_flight: set[str] = set()
-    for text in Chunk.objects.filter(
-        repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
-    ).values_list("shas", flat=True):
-        in_flight.update(text.split())
+    in_flight = _in_flight(repo_id, fingerprint)
     pending = [s for s in shas if s not in stored and s not in in_flight]
     planned = plan_chunks(pending, target=settings.CHUNK_SIZE)
     position = (

@@ -309,3 +309,8 @@ def test_a_force_push_or_a_failed_chunk_makes_the_resync_plan_the_whole_history(
     assert set(Commit.objects.filter(repository=repo).values_list("sha", flat=True)) >= set(
         git_repo.shas()
     )
+    # the failed chunk stays failed, but its commits are stored: incremental again
+    git_repo.commit("pushed again", {"late.txt": "a\nb\n"})
+    assert resynced(git_repo, repo) == "planned 1 chunks over 1 new commits"
+    failed.refresh_from_db()
+    assert failed.state == Chunk.State.FAILED
