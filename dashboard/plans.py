@@ -39,9 +39,21 @@ def plan_repository(
     lock_key: str,
     token: int | None,
     fingerprint: str | None = None,
-) -> list[int]:
+    since: str | None = None,
+) -> list[int] | None:
     """Record the new head and plan chunks for commits not yet analysed; return the ids
     of the analyze runs enqueued after commit.
+
+    ``since`` (an incremental sync, issue 14.4): ``shas`` are only the commits reachable
+    from ``head`` and not from ``since``, an ancestor of ``head`` that the repository's
+    previous plan was made from (``incremental_base``). Such a plan is complete for
+    what ``since`` reaches: each of those commits is stored, or in a chunk that is open
+    or failed. So when, inside this transaction, ``since`` is still the recorded head,
+    the served version is still the one it was planned for (and no other is ramping) and
+    no failed chunk holds a commit not stored and not in an open chunk, the full plan
+    would find exactly ``shas`` pending, and the total is the old one plus
+    ``len(shas)``. Otherwise nothing is written and None is returned: the caller lists
+    the whole history and plans again without ``since``.
 
     ``fingerprint`` plans for that version only; by default the fingerprints are the
     routing's (``canary.planned_fingerprints``): the served (current) one, plus the
@@ -69,26 +81,82 @@ def plan_repository(
         check_token(lock_key, token)
         repo = Repository.objects.select_for_update().get(pk=repo_id)
         fps = [fingerprint] if fingerprint else planned_fingerprints(key=repository_key(repo_id))
+        total = len(shas)
+        if since is not None:
+            # Race: a chunk of the previous plan failing after this check stays failed
+            # until the next submission, exactly as after a full plan that found it
+            # running (it was in flight then, so not re-planned either).
+            if not (
+                since == repo.head
+                and fps == [repo.fingerprint]
+                and not _uncovered_failures(repo_id, fps[0])
+            ):
+                return None
+            total += repo.commits_total
         run_ids, open_served = _plan_chunks(repo_id, fps[0], shas)
         for extra in fps[1:]:
             run_ids += _plan_chunks(repo_id, extra, shas)[0]
-        _record_plan(repo, fps[0], head, len(shas), open_served)
+        _record_plan(repo, fps[0], head, total, open_served)
         enqueue_after_commit(run_ids)
         return run_ids
 
 
-def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
-    """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``."""
-    stored = set(
-        Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint).values_list(
-            "sha", flat=True
-        )
-    )
-    in_flight: set[str] = set()
+#: Up to this many shas, the stored ones among them are looked up by sha (in batches);
+#: beyond, every stored sha of the repository is read once (cheaper for a whole history).
+LOOKUP_BY_SHA = 2000
+_SHA_BATCH = 500  # below SQLite's bound on query parameters
+
+
+def incremental_base(repo: Repository) -> str | None:
+    """The head to list new commits from (``plan_repository(since=…)``): the head the
+    repository was last planned from, if any. A hint read before the fetch; the plan's
+    own transaction decides whether it still holds."""
+    return repo.head or None
+
+
+def _in_flight(repo_id: int, fingerprint: str) -> set[str]:
+    """The shas of the fingerprint's open (queued or running) chunks."""
+    shas: set[str] = set()
     for text in Chunk.objects.filter(
         repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
     ).values_list("shas", flat=True):
-        in_flight.update(text.split())
+        shas.update(text.split())
+    return shas
+
+
+def _uncovered_failures(repo_id: int, fingerprint: str) -> bool:
+    """Whether a failed chunk holds a commit that is neither stored nor in an open chunk:
+    a full plan would plan it again, an incremental one would not. (A failed chunk whose
+    commits a later plan re-planned and stored, under other chunk keys, does not count:
+    otherwise it would force a full plan on every later sync.)"""
+    failed = [
+        sha
+        for text in Chunk.objects.filter(
+            repository_id=repo_id, fingerprint=fingerprint, state=Chunk.State.FAILED
+        ).values_list("shas", flat=True)
+        for sha in text.split()
+    ]
+    if not failed:
+        return False
+    covered = _stored(repo_id, fingerprint, failed) | _in_flight(repo_id, fingerprint)
+    return any(sha not in covered for sha in failed)
+
+
+def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
+    """The shas of ``shas`` stored under ``fingerprint`` (possibly a superset: others)."""
+    rows = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+    if len(shas) > LOOKUP_BY_SHA:
+        return set(rows.values_list("sha", flat=True))
+    found: set[str] = set()
+    for i in range(0, len(shas), _SHA_BATCH):
+        found.update(rows.filter(sha__in=shas[i : i + _SHA_BATCH]).values_list("sha", flat=True))
+    return found
+
+
+def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
+    """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``."""
+    stored = _stored(repo_id, fingerprint, shas)
+    in_flight = _in_flight(repo_id, fingerprint)
     pending = [s for s in shas if s not in stored and s not in in_flight]
     planned = plan_chunks(pending, target=settings.CHUNK_SIZE)
     position = (

@@ -1005,3 +1005,112 @@ def test_a_huge_compressible_blob_is_refused_by_the_object_limit(tmp_path: Path)
     assert not mirror_path(tmp_path / "ws", 1).exists()
     # The same repository passes with the default bounds (256 MiB per object).
     assert sync(tmp_path, str(origin)) == git(origin, "rev-parse", "main")
+
+
+class RecordingRunner(Runner):
+    """A runner that records every git command it starts (its subcommand and options)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.commands: list[list[str]] = []
+
+    def __call__(self, args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        self.commands.append(list(args))
+        return super().__call__(args, **kw)
+
+    def scanned_everything(self) -> bool:
+        return any("--batch-all-objects" in cmd for cmd in self.commands)
+
+
+def _commit_file(origin: Path, name: str, content: bytes, when: int) -> str:
+    """One more commit on ``origin``'s main branch adding ``name``; returns its sha."""
+    parent = git(origin, "rev-parse", "refs/heads/main")
+    git(
+        origin,
+        "fast-import",
+        "--quiet",
+        input=(
+            f"commit refs/heads/main\ncommitter A <a@x> {when} +0000\ndata 2\nm\n"
+            f"from {parent}\nM 644 inline {name}\ndata {len(content)}\n"
+        ).encode()
+        + content
+        + b"\n",
+    )
+    return git(origin, "rev-parse", "refs/heads/main")
+
+
+def test_an_incremental_sync_scans_only_new_objects_and_still_refuses_a_huge_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 14.4: after the first sync, the per-object check of a fetch looks only at
+    objects reachable from the new head and not from the last checked one (no
+    ``--batch-all-objects`` scan of the whole mirror), and still refuses a pushed object
+    over the limit (G20), keeping no mirror."""
+    origin = fast_import(
+        tmp_path / "origin.git",
+        b"commit refs/heads/main\ncommitter A <a@x> 1700000000 +0000\ndata 2\nm\n"
+        b"M 644 inline a\ndata 2\nx\n",
+    )
+    limit = 1024 * 1024
+    first = RecordingRunner()
+    sync(tmp_path, str(origin), runner=first, max_object_bytes=limit)
+    assert first.scanned_everything()  # a fresh mirror: nothing was checked before
+    small = _commit_file(origin, "b", b"y\n", 1700000001)
+    second = RecordingRunner()
+    assert sync(tmp_path, str(origin), runner=second, max_object_bytes=limit) == small
+    assert not second.scanned_everything()
+    assert any("rev-list" in cmd and "--objects" in cmd for cmd in second.commands)
+    _commit_file(origin, "zeros.bin", bytes(2 * limit), 1700000002)
+    third = RecordingRunner()
+    with pytest.raises(RepositoryTooLarge, match=r"contains a blob of 2\.0 MiB .* 1\.0 MiB"):
+        sync(tmp_path, str(origin), runner=third, max_object_bytes=limit)
+    assert not third.scanned_everything(), [c[2:4] for c in third.commands]
+    assert not mirror_path(tmp_path / "ws", 1).exists()
+
+
+def test_objects_a_dead_sync_fetched_unchecked_are_checked_by_the_next_sync(
+    tmp_path: Path,
+) -> None:
+    """A sync that dies between its fetch and its size check leaves the huge object in
+    the mirror, reachable from the moved head ref; the next fetch then transfers nothing
+    for it. The next check still starts from the last *checked* head, so it is refused."""
+    origin = fast_import(
+        tmp_path / "origin.git",
+        b"commit refs/heads/main\ncommitter A <a@x> 1700000000 +0000\ndata 2\nm\n"
+        b"M 644 inline a\ndata 2\nx\n",
+    )
+    limit = 1024 * 1024
+    sync(tmp_path, str(origin), max_object_bytes=limit)
+    _commit_file(origin, "zeros.bin", bytes(2 * limit), 1700000001)
+    mirror = mirror_path(tmp_path / "ws", 1)
+    # the dead sync: its fetch completed (ref moved), its check never ran
+    git(mirror, "fetch", "--quiet", str(origin), f"+refs/heads/main:{HEAD_REF}")
+    _commit_file(origin, "b", b"y\n", 1700000002)
+    runner = RecordingRunner()
+    with pytest.raises(RepositoryTooLarge, match=r"contains a blob of 2\.0 MiB"):
+        sync(tmp_path, str(origin), runner=runner, max_object_bytes=limit)
+    assert not runner.scanned_everything()
+
+
+def test_a_lowered_object_limit_or_an_unusable_marker_scans_the_whole_mirror(
+    tmp_path: Path,
+) -> None:
+    """The marker records the limit it was checked under: after the limit is lowered it
+    proves nothing, and the whole mirror is scanned again (refusing what is now too
+    large). A marker naming a commit the mirror lacks falls back to the full scan."""
+    origin = fast_import(
+        tmp_path / "origin.git",
+        b"commit refs/heads/main\ncommitter A <a@x> 1700000000 +0000\ndata 2\nm\n"
+        b"M 644 inline zeros.bin\ndata 2097152\n" + bytes(2097152) + b"\n",
+    )
+    head = sync(tmp_path, str(origin))  # default limit: 256 MiB per object
+    mirror = mirror_path(tmp_path / "ws", 1)
+    (mirror / "gitward-checked").write_text(f"{'0' * 40} {2 * 1024 * 1024}\n")
+    runner = RecordingRunner()
+    assert sync(tmp_path, str(origin), runner=runner, max_object_bytes=2 * 1024 * 1024) == head
+    assert runner.scanned_everything()  # the marker's commit is missing: full scan
+    assert (mirror / "gitward-checked").read_text().split()[0] == head
+    again = RecordingRunner()
+    with pytest.raises(RepositoryTooLarge, match=r"contains a blob of 2\.0 MiB"):
+        sync(tmp_path, str(origin), runner=again, max_object_bytes=1024 * 1024)
+    assert again.scanned_everything()

@@ -243,3 +243,74 @@ def test_a_bulk_action_runs_over_its_dead_letters(git_repo: GitRepo) -> None:
     action = new_bulk(kind="discard", selector={"runs": [run.pk]}, actor="op")
     assert jobs.run_bulk_action(action.pk) == "discard: 1/1"
     assert JobRun.objects.get(pk=run.pk).state == JobRun.State.DISCARDED
+
+
+def resynced(git_repo: GitRepo, repo: Repository) -> str:
+    """Re-submit after a push; run the new sync job here; its result."""
+    submit_repository(url=str(git_repo.path))
+    run = JobRun.objects.filter(repository=repo, kind="sync").order_by("-pk")[0]
+    return jobs.sync_repository(run.pk, 1)
+
+
+def analysed(repo: Repository) -> None:
+    for run in JobRun.objects.filter(repository=repo, kind="analyze", state="queued"):
+        assert jobs.analyze_chunk(run.pk, 1).startswith("stored")
+
+
+def test_a_resync_after_a_push_lists_and_plans_only_the_new_commits(git_repo: GitRepo) -> None:
+    """Issue 14.4: after a fast-forward the sync lists ``rev-list new ^old`` only, plans
+    those and adds them to the total; the stored commits equal what a full plan gives."""
+    repo, _ = synced(git_repo)
+    analysed(repo)
+    old = git_repo.shas()
+    git_repo.commit("pushed", {"late.txt": "a\n"})
+    git_repo.commit("pushed again", {"late.txt": "a\nb\n"})
+    assert resynced(git_repo, repo) == "planned 1 chunks over 2 new commits"
+    repo.refresh_from_db()
+    assert repo.head == git_repo.head() and repo.commits_total == 5
+    newest = Chunk.objects.filter(repository=repo).order_by("-position")[0]
+    assert set(newest.sha_list()) == set(git_repo.shas()) - set(old)
+    analysed(repo)
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    assert set(Commit.objects.filter(repository=repo).values_list("sha", flat=True)) == set(
+        git_repo.shas()
+    )
+    # nothing new: an empty incremental plan, still ready
+    assert resynced(git_repo, repo) == "planned 0 chunks over 0 new commits"
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY and repo.commits_total == 5
+
+
+def test_a_force_push_or_a_failed_chunk_makes_the_resync_plan_the_whole_history(
+    git_repo: GitRepo,
+) -> None:
+    """The incremental plan holds only when the old head is an ancestor of the new one
+    (else the total is unknown) and no chunk of the previous plan failed (a full plan
+    plans its commits again): otherwise the whole history is listed and planned as before."""
+    repo, _ = synced(git_repo)
+    analysed(repo)
+    git_repo.git("reset", "--quiet", "--hard", "HEAD~1")
+    git_repo.commit("rewritten", {"other.txt": "c\n"})
+    assert resynced(git_repo, repo) == "planned 1 chunks over 3 commits"
+    repo.refresh_from_db()
+    assert repo.commits_total == 3 and repo.head == git_repo.head()
+    analysed(repo)
+    failed = Chunk.objects.filter(repository=repo).order_by("-position")[0]
+    Commit.objects.filter(repository=repo, sha__in=failed.sha_list()).delete()
+    Chunk.objects.filter(pk=failed.pk).update(state=Chunk.State.FAILED)
+    git_repo.commit("pushed", {"late.txt": "a\n"})
+    assert resynced(git_repo, repo) == "planned 1 chunks over 4 commits"
+    newest = Chunk.objects.filter(repository=repo).order_by("-position")[0]
+    assert set(failed.sha_list()) < set(newest.sha_list())  # its commits planned again
+    repo.refresh_from_db()
+    assert repo.commits_total == 4
+    analysed(repo)
+    assert set(Commit.objects.filter(repository=repo).values_list("sha", flat=True)) >= set(
+        git_repo.shas()
+    )
+    # the failed chunk stays failed, but its commits are stored: incremental again
+    git_repo.commit("pushed again", {"late.txt": "a\nb\n"})
+    assert resynced(git_repo, repo) == "planned 1 chunks over 1 new commits"
+    failed.refresh_from_db()
+    assert failed.state == Chunk.State.FAILED

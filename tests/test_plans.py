@@ -162,3 +162,38 @@ def test_a_redelivered_chunk_that_completes_the_repository_tells_the_live_view()
     events = tap.until(lambda evs: any(e["type"] == "repo.changed" for e in evs))
     changed = next(e for e in events if e["type"] == "repo.changed")
     assert changed["status"] == "ready" and changed["repo"] == repo.pk
+
+
+def test_an_incremental_plan_writes_nothing_unless_the_previous_plan_still_covers_the_rest() -> (
+    None
+):
+    """``since`` must still be the recorded head and the plan must be for the version the
+    previous one was made for; otherwise None (the caller plans the whole history)."""
+    repo = a_repo()
+    key = repo.lock_key()
+    plan(repo, SHAS[:4])
+    repo.refresh_from_db()
+    assert repo.head == SHAS[3] and repo.commits_total == 4
+    chunks = Chunk.objects.filter(repository=repo).count()
+
+    def incremental(since: str, fingerprint: str = FP) -> list[int] | None:
+        return plans.plan_repository(
+            repo_id=repo.pk,
+            generation=repo.generation,
+            fingerprint=fingerprint,
+            head=SHAS[-1],
+            shas=SHAS[4:],
+            lock_key=key,
+            token=next_token(key),
+            since=since,
+        )
+
+    assert incremental(SHAS[2]) is None  # not the head the last plan was made from
+    assert incremental(SHAS[3], fingerprint="fedcba9876543210") is None  # another version
+    repo.refresh_from_db()
+    assert repo.head == SHAS[3] and Chunk.objects.filter(repository=repo).count() == chunks
+    assert incremental(SHAS[3])
+    repo.refresh_from_db()
+    assert repo.head == SHAS[-1] and repo.commits_total == len(SHAS)
+    new = Chunk.objects.filter(repository=repo).order_by("position")[chunks:]
+    assert sorted(sha for c in new for sha in c.sha_list()) == SHAS[4:]

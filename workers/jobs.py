@@ -36,7 +36,6 @@ from workers.gitproc import GitError, ProcessGroups, Runner
 from workers.history import CommitTooLarge, list_commits, stream_commits
 from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.mirror import (
-    HEAD_REF,
     RepositoryUnavailable,
     mirror_head,
     mirror_path,
@@ -107,21 +106,44 @@ def _sync(attempt: runs.Attempt) -> str:
     with _locked(repo.lock_key(), attempt, groups) as lock:
         failpoint("sync.locked", repo.name)
         head, path = _fetch(repo, remote, groups, lock)
-        runs.record_phase(attempt, fetched_at=timezone.now())
+        runs.mark_phase(attempt, fetched_at=timezone.now())  # stored by succeed_attempt
         failpoint("sync.fetched", repo.name)
-        shas = list_commits(path, HEAD_REF, git=Runner(git_dir=path, groups=groups))
-        lock.check()
-        planned = plans.plan_repository(
-            repo_id=repo.pk,
-            generation=run.generation,
-            head=head,
-            shas=shas,
-            lock_key=repo.lock_key(),
-            token=lock.token,
-        )
-    runs.record_phase(attempt, written_at=timezone.now())
+        git = Runner(git_dir=path, groups=groups)
+        planned: list[int] | None = None
+        new = "new "
+        since = plans.incremental_base(repo)
+        # a shallow mirror's reachable set can shrink when a fetch moves its roots
+        shallow = (path / "shallow").exists()
+        if since is not None and not shallow and _is_ancestor(git, path, since, head):
+            # Only the new commits (issue 14.4): the plan checks that the previous one
+            # still covers the rest, else it writes nothing and we list everything.
+            shas = list_commits(path, head, exclude=[since], git=git)
+            lock.check()
+            planned = plans.plan_repository(
+                repo_id=repo.pk,
+                generation=run.generation,
+                head=head,
+                shas=shas,
+                lock_key=repo.lock_key(),
+                token=lock.token,
+                since=since,
+            )
+        if planned is None:
+            new = ""
+            shas = list_commits(path, head, git=git)
+            lock.check()
+            planned = plans.plan_repository(
+                repo_id=repo.pk,
+                generation=run.generation,
+                head=head,
+                shas=shas,
+                lock_key=repo.lock_key(),
+                token=lock.token,
+            )
+            assert planned is not None  # only an incremental plan declines
+    runs.mark_phase(attempt, written_at=timezone.now())
     publish_repo_changed(repo.pk)
-    return f"planned {len(planned)} chunks over {len(shas)} commits"
+    return f"planned {len(planned)} chunks over {len(shas)} {new}commits"
 
 
 def _analyze(attempt: runs.Attempt) -> str:
@@ -299,6 +321,19 @@ def _ensure_mirror(
         _fetch(repo, remote, groups, lock)
         lock.check()
     return path
+
+
+def _is_ancestor(git: Runner, path: Path, old: str, new: str) -> bool:
+    """Whether ``old`` is ``new`` or an ancestor of it (a fast-forward): then the
+    commits ``new`` reaches are those ``old`` reaches plus ``rev-list new ^old``. False
+    also when git cannot tell (``old`` missing from a re-cloned mirror): a full plan."""
+    if old == new:
+        return True
+    try:
+        git.run(["--git-dir", str(path), "merge-base", "--is-ancestor", old, new], timeout=60)
+    except GitError:
+        return False
+    return True
 
 
 def _has_commit(runner: Runner, path: Path, sha: str) -> bool:

@@ -167,6 +167,44 @@ def mirror_head(path: Path) -> str | None:
     return None
 
 
+#: ``<sha> <max object bytes>``: every object reachable from that commit passed the
+#: per-object size check under that limit (``check_limits``).  Inside the mirror, so a
+#: discarded or re-cloned mirror loses it with its objects.
+CHECKED_FILE = "gitward-checked"
+
+
+def _checked_head(git_dir: Path, max_object_bytes: int | None) -> str | None:
+    """The commit from which every reachable object is known to be within
+    ``max_object_bytes`` (None: scan everything).  A marker written under a larger
+    limit (the limit was lowered since) proves nothing and is ignored."""
+    if max_object_bytes is None:
+        return None
+    try:
+        sha, limit = (git_dir / CHECKED_FILE).read_text("ascii").split()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not _SHA.fullmatch(sha.encode()) or not limit.isdigit() or int(limit) > max_object_bytes:
+        return None
+    return sha
+
+
+def _record_checked(git_dir: Path, max_object_bytes: int | None) -> None:
+    """After a passed check: the head it covered becomes the next check's starting point.
+
+    Safe against crashes: written aside and renamed in (a reader sees the old or the new
+    marker), and only after the check passed, so a sync that dies between its fetch and
+    its check leaves the older marker and the next check covers the unchecked objects
+    (``rev-list tip ^older`` lists them, however they got into the mirror: a later fetch
+    that finds them present transfers nothing).  Only writers of the mirror, under its
+    host lock, read or write the marker.  No limit, nothing checked: the marker stays."""
+    head = mirror_head(git_dir)
+    if max_object_bytes is None or head is None:
+        return
+    tmp = git_dir / f"{CHECKED_FILE}.tmp"
+    tmp.write_text(f"{head} {max_object_bytes}\n", "ascii")
+    os.replace(tmp, git_dir / CHECKED_FILE)
+
+
 def _check_branch(branch: str) -> None:
     """Defence in depth behind ``remotes.normalise_branch`` (G3): the branch only ever
     appears inside a refspec after ``--end-of-options``, and must look like a branch."""
@@ -238,8 +276,12 @@ def sync_mirror(
     max_object_bytes: int | None = DEFAULT_MAX_OBJECT_BYTES,
     check: Check | None = None,
     wait: float | None = None,
+    sanitized: bool = False,
 ) -> str:
     """Bring the mirror up to date and return the analysed head sha.
+
+    ``sanitized``: the caller ran :func:`sanitize_mirror` under the host lock it still
+    holds, so a mirror at the path is known to open (one ``rev-parse`` fewer).
 
     ``pinned`` (``{"host:port": [addresses]}``, see :func:`pins_for`) makes curl connect
     only to those addresses.  ``max_repo_bytes`` bounds every file git writes while
@@ -278,18 +320,36 @@ def sync_mirror(
                     stderr=exc.stderr,
                 ) from None
             raise
-        check_limits(
-            runner,
-            git_dir,
-            max_repo_bytes=max_repo_bytes,
-            max_object_bytes=max_object_bytes,
-            timeout=timeout,
-        )
+
+        def limits(checked: str | None) -> None:
+            check_limits(
+                runner,
+                git_dir,
+                max_repo_bytes=max_repo_bytes,
+                max_object_bytes=max_object_bytes,
+                timeout=timeout,
+                tip=HEAD_REF,
+                checked=checked,
+            )
+
+        checked = _checked_head(git_dir, max_object_bytes)
+        try:
+            # only what this fetch (or an unchecked earlier one) added, if a marker says
+            # where the last passed check ended
+            limits(checked)
+        except RepositoryTooLarge:  # a GitError too, but a verdict, not a failed scan
+            raise
+        except GitError:
+            if checked is None:
+                raise
+            check()  # a lost lease killed the scan: stop here, not in a second scan
+            limits(None)  # the marker names a commit git cannot walk from: scan all
+        _record_checked(git_dir, max_object_bytes)
 
     path = mirror_path(workspace, repo_id)
     with hold_mirror(workspace, repo_id, check=check, wait=wait):
         check()
-        if path.exists() and is_valid(path, runner):
+        if path.exists() and (sanitized or is_valid(path, runner)):
             # Analyses may be reading this mirror right now: a fetch is safe for them
             # (module docstring: new objects become visible complete, the ref moves by
             # an atomic rename).
@@ -351,6 +411,9 @@ def update_mirror(
             timeout=timeout,
             pinned=pinned,
             check=check,
+            # sanitize_mirror removed the mirror unless it opens, under this same hold
+            # of the host lock, so no other writer on this host got in between
+            sanitized=True,
         )
 
 
