@@ -3,21 +3,23 @@ and group, however many websockets watch that group here.
 
 A websocket does not join a live group on the channel layer itself: it joins this
 process's **feed** for the group (``join``). The first socket of a group starts the
-feed: one channel of its own on the layer, added to the group. From then on an event
-sent to the group is one Redis message per web process (channels-redis writes one
-message per member channel), received once, coalesced once per ``FLUSH_SECONDS`` window
-(newest state per ``live.coalesce_key``) and serialised once; every socket of the
-group is then handed the same ``Batch`` (the same text) without waiting on it
+feed: one channel of its own on the layer, added to the group. An event sent to the
+group is received once per web process, coalesced once per ``FLUSH_SECONDS`` window
+(newest state per ``live.coalesce_key``) and serialised once; every socket of the group
+is then handed the same ``Batch`` (the same text) without waiting on it
 (``Member.offer``). Each socket sends from a task of its own, so a slow client only
 delays itself: while its send is pending, the batches offered meanwhile are merged into
 one backlog of at most ``MAX_PENDING`` events (newest kept, the rest counted as
 ``dropped``), which it sends next.
 
-Before this, every socket was a member of its groups: an event cost one Redis message
-per socket, read back one ``BZPOPMIN`` at a time, and one dispatch per socket, each
-with a hop to Django's one sync thread (Channels closes old database connections
-before every handler); under 200 sockets and 4 busy workers the sockets fell a minute
-behind (BENCHMARKS.md, "Load — websocket path").
+Before this, every socket was a member of its groups. channels-redis (4.x) already
+writes one Redis message per process for them (its channels share the process's key),
+but then hands a copy to each socket's receive buffer, and each socket dispatched it
+with a hop to Django's one sync thread (Channels closes old database connections before
+every handler), coalesced it and serialised its own JSON: 200 sockets × 10 events/s was
+2,000 hops a second through one thread, and on a loaded machine the sockets fell
+seconds to a minute behind, most events expiring unsent (BENCHMARKS.md, "Load —
+websocket path").
 
 Feeds live on one event loop (a web process has one; each test's ``asyncio.run`` has
 its own) and the last socket to leave stops its feed and leaves the group. A feed

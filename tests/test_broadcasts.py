@@ -94,7 +94,7 @@ def test_an_event_reaches_every_socket_of_two_processes_with_one_message_per_pro
     async def scenario() -> None:
         one = await deliver(1)
         # The same Redis work for 25 sockets per process as for one: per process, not
-        # per socket (each socket a member cost 25 times as many).
+        # per socket.
         assert 0 < one <= 4 and await deliver(25) == one
 
     asyncio.run(scenario())
