@@ -1,9 +1,10 @@
 """Websocket consumers: authenticate, check permission, join groups, forward events.
 
 Each client gets a snapshot on connect (and whenever it asks, e.g. after a reconnect),
-then events, coalesced per client and flushed every ``FLUSH_SECONDS``: a burst of
-10,000 events per second becomes at most one message per flush with the newest state
-of each lock, run, repository and worker.
+then events, coalesced per group and web process and flushed every
+``broadcasts.FLUSH_SECONDS``: a burst of 10,000 events per second becomes at most one
+message per flush with the newest state of each lock, run, repository and worker, the
+same text for every socket of the process (``dashboard.broadcasts``).
 """
 
 from __future__ import annotations
@@ -16,15 +17,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from dashboard import live
+from dashboard import broadcasts, live
 from dashboard.models import Repository
 from dashboard.rolloutboard import live_snapshot
 from dashboard.snapshots import ops_snapshot, repository_live
 
 log = logging.getLogger(__name__)
 
-FLUSH_SECONDS = 0.1
-MAX_PENDING = 2000
 #: Clients only ever send tiny control messages; anything bigger is refused.
 MAX_INBOUND_BYTES = 4096
 SNAPSHOT_MIN_INTERVAL = 1.0
@@ -37,80 +36,85 @@ CLOSE_NOT_FOUND = 4404
 
 
 class _Coalescing(AsyncJsonWebsocketConsumer):
-    groups_to_join: list[str]
+    """A socket of live groups: events come through this process's feeds
+    (``dashboard.broadcasts``), already coalesced and serialised once for every socket;
+    only the user's own group (a logout closes the socket) is joined on the layer."""
+
+    feed_groups: list[str]
 
     async def _start(self, groups: list[str]) -> None:
-        groups = [*groups, live.user_group(self.scope["user"].pk)]
-        self.groups_to_join = groups
+        self.feed_groups = groups
+        self.user_group = live.user_group(self.scope["user"].pk)
+        self.hub = broadcasts.hub()
         self.last_snapshot = 0.0
-        self.pending: dict[str, dict[str, Any]] = {}
-        self.dropped = 0
+        self.backlog = broadcasts.Backlog()
+        self.wake = asyncio.Event()
+        self.sender: asyncio.Task[None] | None = None
+        self.rejoiner: asyncio.Task[None] | None = None
         self.joined = await self._join_groups()
         #: A snapshot for this socket must be built after this (``time.monotonic``):
         #: after the join (else an event sent meanwhile is missed) and after the last
-        #: event received (else the snapshot undoes it). See ``dashboard.snapshots``.
+        #: event offered (else the snapshot undoes it). See ``dashboard.snapshots``.
         self.fresh_after = time.monotonic()
         await self.accept()
-        self.flusher = asyncio.create_task(self._flush_forever())
         await self.send_snapshot()
+        # Events offered meanwhile wait in the backlog: the first snapshot goes first.
+        self.sender = asyncio.create_task(self._send_forever())
+        if not self.joined:
+            self.rejoiner = asyncio.create_task(self._rejoin_until_joined())
 
     async def _join_groups(self) -> bool:
         """Join every group; False if the channel layer (the queue server) did not
         answer. The socket is accepted either way: it gets snapshots, and events once a
-        later join succeeds (``_flush_forever`` tries again every ``REJOIN_SECONDS`` after a
-        failed join, then sends a fresh snapshot)."""
+        later join succeeds (``_rejoin_until_joined`` tries again every
+        ``REJOIN_SECONDS``, then sends a fresh snapshot). Joining twice is harmless."""
         try:
-            for group in self.groups_to_join:
-                await self.channel_layer.group_add(group, self.channel_name)
+            for group in self.feed_groups:
+                await self.hub.join(group, self)
+            await self.channel_layer.group_add(self.user_group, self.channel_name)
         except Exception:  # down or stalled: degrade, retry later
             return False
         return True
 
-    def _must_rejoin(self) -> bool:
-        """Only after a failed join. (A socket joined before an outage that restarted
-        the queue server empty loses its memberships; it gets events again once the
-        page reconnects.)"""
-        return not self.joined
+    async def _rejoin_until_joined(self) -> None:
+        """Only after a failed join. (A queue server restarted empty forgets the feeds'
+        memberships too: each feed re-adds itself, ``broadcasts.REFRESH_SECONDS``.)"""
+        while not self.joined:
+            await asyncio.sleep(REJOIN_SECONDS)
+            self.joined = await self._join_groups()
+            self.fresh_after = time.monotonic()
+            if self.joined:
+                await self.send_snapshot()  # events were missed while away
+
+    def offer(self, batch: broadcasts.Batch) -> None:
+        """A feed's batch for this socket: kept, sent by ``_send_forever`` (never
+        awaited here, so a slow client does not hold up the feed)."""
+        self.fresh_after = time.monotonic()
+        self.backlog.add(batch)
+        self.wake.set()
+
+    async def _send_forever(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            text = self.backlog.take()
+            if text is not None:
+                # While this awaits a slow client, offers merge into the backlog.
+                await self.send(text_data=text)
 
     async def disconnect(self, code: int) -> None:
-        flusher = getattr(self, "flusher", None)
-        if flusher is not None:
-            flusher.cancel()
+        for task in (getattr(self, "sender", None), getattr(self, "rejoiner", None)):
+            if task is not None:
+                task.cancel()
+        hub = getattr(self, "hub", None)
+        if hub is None:
+            return
+        for group in self.feed_groups:
+            await hub.leave(group, self)
         try:
-            for group in getattr(self, "groups_to_join", []):
-                await self.channel_layer.group_discard(group, self.channel_name)
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
         except Exception as exc:  # the membership expires on its own
             log.debug("group discard failed: %s", exc)
-
-    async def live_event(self, message: dict[str, Any]) -> None:
-        self.fresh_after = time.monotonic()
-        event = message["event"]
-        key = live.coalesce_key(event)
-        self.pending.pop(key, None)  # re-insert: keeps arrival order of the newest
-        self.pending[key] = event
-        if len(self.pending) > MAX_PENDING:  # a flood: keep the newest, say so
-            oldest = next(iter(self.pending))
-            del self.pending[oldest]
-            self.dropped += 1
-
-    async def _flush_forever(self) -> None:
-        next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
-        while True:
-            await asyncio.sleep(FLUSH_SECONDS)
-            if asyncio.get_running_loop().time() >= next_join:
-                next_join = asyncio.get_running_loop().time() + REJOIN_SECONDS
-                if self._must_rejoin():
-                    self.joined = await self._join_groups()
-                    self.fresh_after = time.monotonic()
-                    if self.joined:
-                        await self.send_snapshot()  # events were missed while away
-            if self.pending:
-                events, self.pending = list(self.pending.values()), {}
-                message: dict[str, Any] = {"type": "events", "events": events}
-                if self.dropped:
-                    message["dropped"] = self.dropped
-                    self.dropped = 0
-                await self.send_json(message)
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any

@@ -4,8 +4,9 @@ Events are published **after commit** through ``publish_event``, which checks th
 is known and the payload is JSON-safe. This module knows Channels and JSON and nothing
 of the domain: callers build the payload (``dashboard.repositories`` the repository
 state, ``dashboard.leases`` the lock rows) and this module delivers what it is given.
-Consumers (``dashboard.consumers``) coalesce bursts per client. Publishing never fails
-the caller: if the channel layer is down the live view misses an event, the job does not.
+Each web process's feeds (``dashboard.broadcasts``) coalesce bursts per group.
+Publishing never fails the caller: if the channel layer is down the live view misses an
+event, the job does not.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from dashboard import consumers, leases
+from dashboard import broadcasts, leases
 from dashboard.fencing import next_token
 from dashboard.live import coalesce_key, publish_event
 from dashboard.models import AuditEntry, Repository
@@ -30,7 +30,7 @@ def test_an_operator_gets_a_snapshot_then_coalesced_events(
 ) -> None:
     # Flush windows of 2 s: the 500 publishes span a few windows even on a loaded machine
     # (at 0.1 s they spanned up to 346 there), so "< 100" tests coalescing, not the clock.
-    monkeypatch.setattr(consumers, "FLUSH_SECONDS", 2.0)
+    monkeypatch.setattr(broadcasts, "FLUSH_SECONDS", 2.0)
     op = make_user("op", staff=True, perms=("view_jobrun",))
 
     async def scenario() -> None:

@@ -269,12 +269,12 @@ def test_d8_submissions_and_api_calls_are_rate_limited_per_user(
 
 
 def test_d8_d10_sockets_cap_frames_throttle_snapshots_and_report_drops(monkeypatch) -> None:
-    from dashboard import consumers
+    from dashboard import broadcasts, consumers
 
-    monkeypatch.setattr(consumers, "MAX_PENDING", 20)  # a slow client's small buffer
+    monkeypatch.setattr(broadcasts, "MAX_PENDING", 20)  # a slow client's small buffer
     # One flush every 2 s: more than 20 of the 301 events surely land in one window, even
     # when a loaded machine sends them slowly (at 0.1 s a slow sender never overflowed).
-    monkeypatch.setattr(consumers, "FLUSH_SECONDS", 2.0)
+    monkeypatch.setattr(broadcasts, "FLUSH_SECONDS", 2.0)
     op = make_user("op", staff=True, perms=("view_jobrun",))
     headers = [(b"cookie", _cookie(op)), (b"origin", b"http://localhost")]
 
