@@ -37,7 +37,7 @@ def create(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("dashboard", "0008_observe"),
+        ("dashboard", "0009_commit_counts"),
     ]
 
     operations = [
