@@ -53,7 +53,7 @@ def _offset_minutes(moment: datetime) -> int:
 def _sqlite_datetime(moment: datetime) -> str:
     """What Django's SQLite backend stores for an aware datetime (naive UTC text, as
     ``adapt_datetimefield_value`` makes it with ``USE_TZ``), without its per-call checks."""
-    return str(moment.astimezone(UTC).replace(tzinfo=None))
+    return moment.astimezone(UTC).isoformat(" ")[:-6]  # str(naive) without "+00:00"
 
 
 def _identity(moment: datetime) -> datetime:
@@ -94,7 +94,8 @@ class _Rows:
             for f in r.files:
                 insertions += f.added
                 deletions += f.deleted
-                rows.append((repo_id, fp, _text(f.path), f.added, f.deleted, f.binary, f.language))
+                # A path cannot hold NUL: the parser split the -z stream at NUL (_text).
+                rows.append((repo_id, fp, f.path, f.added, f.deleted, f.binary, f.language))
             self.files.append(rows)
             self.commits.append(
                 (
@@ -122,29 +123,44 @@ class _Rows:
             )
 
 
-def _insert_sqlite(fresh: list[int], rows: _Rows, repo_id: int, fp: str) -> int:
+def _insert_sqlite(fresh: list[int], rows: _Rows) -> int:
     """SQLite: two ``executemany`` INSERTs in the caller's (IMMEDIATE) transaction; WAL
     and ``synchronous=NORMAL`` are set per connection in settings, so the commit does
-    not wait for an fsync. A file row finds its commit's id with a subquery on the unique
-    (repository, fingerprint, sha) index: no ids are read back into Python. Returns the
-    number of commit rows inserted (sqlite3 sums ``executemany``'s changes)."""
+    not wait for an fsync. The commit ids are chosen here, after the table's
+    AUTOINCREMENT high-water mark, so each file row carries its commit's id as a plain
+    value: no index lookup per file row, nothing read back.
+
+    Race: the ids are read and used inside the caller's IMMEDIATE transaction, which
+    holds SQLite's single write lock from its ``BEGIN``: no other connection can insert a
+    commit (or move ``sqlite_sequence``) between this read and our commit, so the ids are
+    free. Explicit ids above the mark move it themselves (AUTOINCREMENT semantics), so
+    an id is never handed out twice, not even one of a deleted row. Returns the number
+    of commit rows inserted (sqlite3 sums ``executemany``'s changes)."""
+    table = _table(Commit)
     commit_sql = (
-        f"INSERT INTO {_table(Commit)} ({_columns(Commit, COMMIT_COLUMNS)}) "  # noqa: S608
-        f"VALUES ({', '.join(['?'] * len(COMMIT_COLUMNS))})"
+        f"INSERT INTO {table} (id, {_columns(Commit, COMMIT_COLUMNS)}) "  # noqa: S608
+        f"VALUES ({', '.join(['?'] * (len(COMMIT_COLUMNS) + 1))})"
     )
     file_sql = (
         f"INSERT INTO {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) "  # noqa: S608
-        f"VALUES ((SELECT id FROM {_table(Commit)} "
-        "WHERE repository_id = ? AND fingerprint = ? AND sha = ?), "
-        f"{', '.join(['?'] * (len(FILE_COLUMNS) - 1))})"
+        f"VALUES ({', '.join(['?'] * len(FILE_COLUMNS))})"
     )
-    file_rows = [(repo_id, fp, rows.shas[i], *row) for i in fresh for row in rows.files[i]]
     # Identifiers come from model metadata, values are parameters: no injection. The raw
     # sqlite3 cursor: Django's wrapper would only rewrite %s to ? on every call.
     with connection.cursor() as cursor:
         raw = cursor.cursor
-        raw.executemany(commit_sql, [rows.commits[i] for i in fresh])
+        raw.execute(
+            f"SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = ?), 0), "  # noqa: S608
+            f"coalesce((SELECT max(id) FROM {table}), 0))",
+            [Commit._meta.db_table],
+        )
+        first = int(raw.fetchone()[0]) + 1
+        ids = range(first, first + len(fresh))
+        commits = rows.commits
+        raw.executemany(commit_sql, [(cid, *commits[i]) for cid, i in zip(ids, fresh, strict=True)])
         inserted = int(raw.rowcount)
+        files = rows.files
+        file_rows = [(cid, *row) for cid, i in zip(ids, fresh, strict=True) for row in files[i]]
         if file_rows:
             raw.executemany(file_sql, file_rows)
     return inserted
@@ -241,7 +257,7 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
             if connection.vendor == "postgresql":
                 inserted = _copy_postgresql(fresh, rows)
             else:
-                inserted = _insert_sqlite(fresh, rows, repo_id, fp)
+                inserted = _insert_sqlite(fresh, rows)
         failpoint("analyze.writing", chunk.repository.name)
         Chunk.objects.filter(pk=chunk.pk).update(
             state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()

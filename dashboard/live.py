@@ -12,14 +12,16 @@ event, the job does not.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import redis
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
@@ -143,6 +145,51 @@ def dropped_events() -> int:
     return DROPPED.count
 
 
+class _SendLoop:
+    """One event loop per process, in a daemon thread, that every send runs on.
+
+    ``async_to_sync`` made a new loop per event, and channels-redis keeps its connections
+    per loop, so each event paid a loop, a thread hop, a TCP connect and a close: five
+    times per analyze job (started, lock acquired, progress, lock released, succeeded).
+    Here the loop and its connections are made once per process.
+
+    Race (fork): a forked child (an RQ work horse) has no copy of the loop's thread, and
+    the lock may have been held by another thread at the fork. ``os.register_at_fork``
+    forgets both in the child, which makes its own loop on its first send; the parent's
+    connections it inherited (keyed by the parent's loop in channels-redis) are never
+    used by it. A send that overruns is cancelled by its own ``asyncio.timeout`` on the
+    loop; the caller waits at most a second longer than that.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def forget(self) -> None:
+        self._lock = threading.Lock()
+        self._loop = None
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="gitward-live", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, deliver: Callable[[], Coroutine[Any, Any, None]], *, timeout: float) -> None:
+        future = asyncio.run_coroutine_threadsafe(deliver(), self._running())
+        try:
+            future.result(timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+
+_LOOP = _SendLoop()
+os.register_at_fork(after_in_child=_LOOP.forget)
+
+
 def send_to_groups(groups: list[str], message: dict[str, Any], *, what: str) -> bool:
     """Deliver ``message`` to ``groups``, bounded by ``GITWARD_QUEUE_TIMEOUT`` per group;
     never raises. While the queue server is known down (``queues.CIRCUIT``) nothing is
@@ -164,7 +211,7 @@ def send_to_groups(groups: list[str], message: dict[str, Any], *, what: str) -> 
                 await layer.group_send(group, message)
 
     try:
-        async_to_sync(deliver)()
+        _LOOP.run(deliver, timeout=timeout * len(groups))
     except Exception as exc:  # the live view is best effort; the job goes on
         DROPPED.add()
         if isinstance(exc, OSError | TimeoutError | redis.RedisError):

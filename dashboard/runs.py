@@ -217,7 +217,15 @@ def begin_attempt(
     Race: the same RQ job delivered twice. Both UPDATEs filter on
     ``attempts = number - 1``; the first sets ``attempts = number``, so the second
     matches no row.
+
+    One transaction (one turn of SQLite's write lock and one commit per job, not three):
+    the claim, its attempt row and the worker's current run become visible together.
     """
+    with transaction.atomic():
+        return _claim(run_id=run_id, number=number, worker=worker, version=version)
+
+
+def _claim(*, run_id: int, number: int, worker: str, version: str | None) -> Attempt | None:
     now = timezone.now()
     claimed = JobRun.objects.filter(
         pk=run_id,
@@ -290,7 +298,10 @@ def succeed_attempt(attempt: Attempt) -> None:
                 outcome=JobAttempt.Outcome.SUCCEEDED, finished_at=now
             )
             _event("job.succeeded", attempt.run)
-    WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
+        # in the same transaction: one commit per outcome
+        WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(
+            current_run=None
+        )
 
 
 def fail_attempt(

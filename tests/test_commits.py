@@ -200,3 +200,28 @@ def test_a_stale_token_writes_nothing_on_the_bulk_path(git_repo: GitRepo) -> Non
     with pytest.raises(StaleToken):
         write_chunk(chunk=chunk, records=records, token=old)
     assert Commit.objects.count() == 0 and FileChange.objects.count() == 0
+
+
+def test_commit_ids_are_never_handed_out_twice(git_repo: GitRepo) -> None:
+    """The SQLite path picks the commit ids itself: after the newest id ever used (also
+    one whose row is deleted), and the ORM's next insert still gets a fresh one."""
+    git_dir = git_repo.path / ".git"
+    repo = Repository.objects.create(url=str(git_repo.path))
+    shas = git_repo.git("rev-list", "--reverse", "HEAD").split()
+    records = list(stream_commits(git_dir, shas))
+    first = _chunk(repo, shas, "one")
+    write_chunk(chunk=first, records=records, token=next_token(first.lock_key()))
+    used = max(Commit.objects.values_list("pk", flat=True))
+    Commit.objects.filter(pk=used).delete()  # the newest row gone: its id stays used
+    second = _chunk(repo, shas, "two")
+    write_chunk(chunk=second, records=records, token=next_token(second.lock_key()))
+    ids = sorted(Commit.objects.filter(fingerprint="two").values_list("pk", flat=True))
+    assert len(ids) == len(shas) and ids[0] > used
+    # every file row points at the commit of its own sha
+    for c in Commit.objects.filter(fingerprint="two"):
+        assert c.files.count() == c.files_changed
+    again = Commit.objects.create(
+        repository=repo, fingerprint="orm", sha="0" * 40, authored_at=records[0].authored_at,
+        committed_at=records[0].committed_at,
+    )  # fmt: skip
+    assert again.pk > ids[-1]

@@ -238,3 +238,42 @@ def test_metrics_are_prometheus_text_for_operators(git_repo: GitRepo) -> None:
     assert samples["gitward_redis_masters_up"] == samples["gitward_redis_masters"] == 3
     assert samples["gitward_locks_held"] == 0
     assert samples['gitward_queue_backlog{queue="sync",version=""}'] == 0
+
+
+def _connections_received(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_connections_received"])
+    finally:
+        client.close()
+
+
+def test_events_of_one_process_share_one_loop_and_its_connection(settings) -> None:
+    """Every send of a process runs on one long-lived loop, so the channel layer's
+    connection is opened once, not once per event; a forked child (a work horse) sends
+    on a loop of its own, and its events arrive too."""
+    import os
+
+    from dashboard.live import OPS_GROUP, send_to_groups
+    from tests.livetap import Tap
+
+    tap = Tap()
+    assert send_to_groups([OPS_GROUP], {"type": "live.event", "event": {"n": 0}}, what="t")
+    before = _connections_received(settings.REDIS_URL)
+    for n in range(1, 6):
+        assert send_to_groups([OPS_GROUP], {"type": "live.event", "event": {"n": n}}, what="t")
+    # the five sends opened no connection (the count includes our own INFO client only)
+    assert _connections_received(settings.REDIS_URL) - before == 1
+    pid = os.fork()
+    if pid == 0:  # the child: exits at once, whatever happens
+        ok = False
+        try:
+            ok = send_to_groups([OPS_GROUP], {"type": "live.event", "event": {"n": 6}}, what="t")
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    events = tap.until(lambda got: len(got) >= 7)
+    assert sorted(e["n"] for e in events) == list(range(7))

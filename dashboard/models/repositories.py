@@ -141,7 +141,12 @@ class Chunk(models.Model):
 class Commit(models.Model):
     """One analysed commit (DESIGN §3), stored once per (repository, sha, fingerprint)."""
 
-    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="commits")
+    #: No index of its own: the unique (repository, fingerprint, sha) index and the page
+    #: index both lead with it, so every lookup by repository uses one of those, and a
+    #: third B-tree would only cost every chunk write an insertion per commit.
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="commits", db_index=False
+    )
     fingerprint = models.CharField(max_length=64)
     sha = models.CharField(max_length=40)
     parents = models.TextField(blank=True, default="")  # git has no limit: Linux has 66
@@ -204,8 +209,11 @@ class FileChange(models.Model):
     """One file of one commit's first-parent diff (DESIGN §3)."""
 
     commit = models.ForeignKey(Commit, on_delete=models.CASCADE, related_name="files")
-    #: Denormalised so per-repository aggregates need no join.
-    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    #: Denormalised so per-repository aggregates need no join. No index of its own (like
+    #: ``Commit.repository``): both composite indexes below lead with it.
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
     fingerprint = models.CharField(max_length=64)
     path = models.TextField()
     added = models.IntegerField(default=0)
