@@ -177,6 +177,13 @@ def test_a_credential_already_stored_in_a_url_leaks_from_no_job(
         res = c.get(path)
         assert res.status_code == 200, path
         assert SECRET not in res.content.decode(), path
+    # ... and show the URL redacted rather than not at all.
+    from django.utils.html import escape
+
+    from workers.redaction import redact
+
+    for path in (f"/runs/{failed.pk}/", f"/repos/{failing.pk}/"):
+        assert escape(redact(bad)) in c.get(path).content.decode(), path
     # Every row but the two legacy URL columns themselves.
     for pk in (ok.pk, failing.pk):
         Repository.objects.filter(pk=pk).update(url=f"legacy-{pk}", fetch_url="")

@@ -85,8 +85,13 @@ class LateReplies:
     def close(self) -> None:
         self._new.put(None)
         self._wake()
-        thread = self._thread
-        if thread is not None:
+        # Race: ``add`` assigns and starts the thread under ``_start_lock``; read it under
+        # the same lock so a thread seen here has finished ``start()``. A thread that never
+        # ran (its start failed, or it belongs to the process we were forked from) is not
+        # alive and is not joined: joining it would raise.
+        with self._start_lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
             thread.join(timeout=1.0)
 
     def _finish(self, entry: _LateEntry, *, broken: bool) -> None:
