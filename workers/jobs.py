@@ -261,7 +261,13 @@ def _locked(key: str, attempt: runs.Attempt, groups: ProcessGroups) -> Iterator[
         runs.record_lock(attempt, key=key, token=lock.token)
 
     with (
-        leases.hold_lease(key, holder=holder, on_lost=groups.kill_all, on_acquired=record) as lock,
+        leases.hold_lease(
+            key,
+            holder=holder,
+            on_lost=groups.kill_all,
+            on_acquired=record,
+            repo_name=runs.repository_name(attempt.run),
+        ) as lock,
         _abort_on_loss(lock),
     ):
         yield lock
