@@ -149,7 +149,7 @@ def retry_runs(run_ids: list[int]) -> int:
             )
             if updated:
                 moved.append(pk)
-        runs = list(JobRun.objects.filter(pk__in=moved))
+        runs = list(JobRun.objects.filter(pk__in=moved).select_related("repository"))
         chunk_ids = [r.chunk_id for r in runs if r.chunk_id]
         Chunk.objects.filter(pk__in=chunk_ids, state=Chunk.State.FAILED).update(
             state=Chunk.State.QUEUED, error=""

@@ -92,11 +92,22 @@ class LeaseObserver:
     that talks to Redis or the channel layer.
     """
 
-    def __init__(self, key: str, *, job: str, on_lost: Callable[[], None]) -> None:
+    def __init__(
+        self, key: str, *, job: str, on_lost: Callable[[], None], repo_name: str = ""
+    ) -> None:
         self.key = key
         self.job = job
         self.repo_id = lockkeys.parse(key).repo_id
+        #: ``Repository.name`` of the locked repository ("" unknown): the feed's link text.
+        self.repo_name = repo_name
         self._on_lost = on_lost
+
+    def _resource(self) -> dict[str, Any]:
+        """``{key, repo, what}`` (``describe_resource``) plus the repository's name."""
+        res = describe_resource(self.key)
+        if self.repo_id is not None and self.repo_name:
+            res["repo_name"] = self.repo_name
+        return res
 
     def callbacks(self) -> dict[str, Callable[[Lock], None]]:
         return {"on_lost": self.lost, "on_extended": self.extended}
@@ -116,13 +127,13 @@ class LeaseObserver:
 
     def lost(self, lock: Lock) -> None:
         self._on_lost()
-        publish_event("lock.lost", {"key": self.key, "job": self.job}, repo_id=self.repo_id)
+        publish_event("lock.lost", {**self._resource(), "job": self.job}, repo_id=self.repo_id)
 
     def acquired(self, lock: Lock, holder: dict[str, Any]) -> None:
         publish_event(
             "lock.acquired",
             {
-                **describe_resource(self.key),
+                **self._resource(),
                 "worker": holder.get("worker"),
                 "job": self.job,
                 "host": holder.get("host"),
@@ -140,7 +151,7 @@ class LeaseObserver:
     def released(self) -> None:
         with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
             queues.connection().hdel(EXTENSIONS_HASH, self.key)
-        publish_event("lock.released", {"key": self.key}, repo_id=self.repo_id)
+        publish_event("lock.released", self._resource(), repo_id=self.repo_id)
 
 
 def job_holder(*, worker: str, job: str, attempt: int, version: str) -> dict[str, Any]:
@@ -163,14 +174,18 @@ def hold_lease(
     holder: dict[str, Any],
     on_lost: Callable[[], None],
     on_acquired: Callable[[Lock], None] | None = None,
+    repo_name: str = "",
 ) -> Iterator[Lock]:
     """Hold ``key`` heartbeat-extended for ``settings.LOCK_TTL`` and report it: acquired
     (after ``on_acquired``, e.g. recording the token on the run), extended, lost,
-    released. A lost lease calls ``on_lost`` at once on the heartbeat thread.
+    released (events naming the repository as ``repo_name``, when given). A lost lease
+    calls ``on_lost`` at once on the heartbeat thread.
 
     Raises ``LockNotAcquired`` if another holder has the key.
     """
-    observer = LeaseObserver(key, job=str(holder.get("job", "")), on_lost=on_lost)
+    observer = LeaseObserver(
+        key, job=str(holder.get("job", "")), on_lost=on_lost, repo_name=repo_name
+    )
     with (
         traces.lock_span(key) as traced_acquired,  # "lock wait" and "lock held" spans
         redlock().hold([key], ttl=settings.LOCK_TTL, holder=holder, **observer.callbacks()) as lock,
@@ -230,7 +245,7 @@ def lock_rows(*, repo_id: int | None = None) -> list[dict[str, Any]]:
         rows.append(
             {
                 **res,
-                "repo_name": url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") if url else "",
+                "repo_name": Repository.name_of(url) if url else "",
                 "worker": holder.get("worker"),
                 "job": holder.get("job"),
                 "host": holder.get("host"),
@@ -312,9 +327,14 @@ def force_release_lock(*, key: str, user: Any) -> dict[str, Any]:
         outcome=f"released on {released} masters; fencing token now {token}",
         detail={"holder": holder},
     )
+    resource = describe_resource(key)
+    if resource["repo"] is not None:
+        found = Repository.objects.filter(pk=resource["repo"]).values_list("url", flat=True)
+        if url := found.first():
+            resource["repo_name"] = Repository.name_of(url)
     publish_event(
         "lock.released",
-        {"key": key, "forced": True, "token": token},
-        repo_id=lockkeys.parse(key).repo_id,
+        {**resource, "forced": True, "token": token},
+        repo_id=resource["repo"],
     )
     return {"released": released, "token": token, "holder": holder}

@@ -25,7 +25,7 @@ def may_reanalyse(user: Any) -> bool:
 def reanalyse(repo: Repository, user: Any) -> tuple[int, str]:
     """Start a new sync generation of ``repo``; returns (HTTP status, what happened),
     both written to the audit log."""
-    target = f"repository #{repo.pk} {repo.shown_url}"
+    target = f"repository {repo.name} (#{repo.pk}, {repo.shown_url})"
     if not may_reanalyse(user):
         record_audit(user=user, action="repo.reanalyse", target=target,
                      outcome="refused: permission denied")  # fmt: skip

@@ -19,6 +19,7 @@ from dashboard.audit import record_audit
 from dashboard.deploylock import abort_rollout, holder_alive, rollback_rollout
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import RolloutError, drain_counts, physical_queue
+from dashboard.versions import RETIRABLE, InvalidTransition, retire_version
 
 S = AnalyzerVersion.State
 R = Rollout.State
@@ -33,6 +34,8 @@ PERMISSION = {
     "rollback": "dashboard.rollback_rollout",
     "abort": "dashboard.rollback_rollout",
     "takeover": "dashboard.rollback_rollout",
+    # a version's button (the Versions table), not a rollout's: it ends the version for good
+    "retire": "dashboard.rollback_rollout",
 }
 
 
@@ -246,3 +249,52 @@ def _run(ro: Rollout, verb: str, user: Any, why: str, percent: int | None) -> st
             raise RolloutError(f"a takeover driver for rollout #{ro.pk} is already queued")
         return "takeover driver queued on the 'rollouts' queue"
     raise RolloutError(f"unknown action {verb!r}")
+
+
+# ---------------------------------------------------------------------------- retiring a version
+
+
+def retire_plan(version: AnalyzerVersion) -> str:
+    """What the Retire button's confirm step says."""
+    return (
+        f"retire {label(version)} ({version.state}) for good: it is never staffed, routed or "
+        "rolled out again and leaves the Versions table; its stored results stay in the "
+        "database, unserved. This cannot be undone."
+    )
+
+
+def retire(*, version: AnalyzerVersion, user: Any, reason: str = "") -> str:
+    """The Versions table's Retire button: ``versions.retire_version`` (drained |
+    warm_failed → retired); returns what happened. Audited as ``rollout.page.retire``
+    with the reason and the plan shown (refusals too); the transition writes its own
+    ``rollout.transition`` row and a live ``rollout.*`` event.
+
+    Raises ``RolloutError`` (``InvalidTransition`` naming the state when it allows no
+    retirement). Race: the version changes state between the page and the press (a
+    re-activation, another operator's retire): ``do_transition`` checks the edge again
+    on the locked row, so the later press is refused, never applied twice.
+    """
+    plan = retire_plan(version)
+    target = label(version)
+    detail = {"reason": reason, "plan": plan}
+    try:
+        if version.state not in RETIRABLE:
+            raise InvalidTransition(
+                f"{target} is {version.state}: only a drained or warm_failed version can be "
+                "retired (roll it back or let it drain first)"
+            )
+        retire_version(
+            fingerprint=version.fingerprint,
+            queue=version.queue,
+            actor=user,
+            reason=reason or "retired from the Rollouts page",
+        )
+    except RolloutError as exc:
+        record_audit(user=user, action="rollout.page.retire", target=target,
+                     outcome=f"refused: {exc}", detail=detail)  # fmt: skip
+        raise
+    outcome = f"{target} retired ({version.state} → retired)"
+    record_audit(
+        user=user, action="rollout.page.retire", target=target, outcome=outcome, detail=detail
+    )
+    return outcome

@@ -27,6 +27,8 @@ from dashboard.rolloutactions import (
     label,
     perform,
     permitted,
+    retire,
+    retire_plan,
 )
 from dashboard.rolloutoffers import (
     NEWLY_CURRENT,
@@ -34,13 +36,14 @@ from dashboard.rolloutoffers import (
     dead_letter_offers,
     suspect_rollouts,
 )
+from dashboard.versions import RETIRABLE
 from dashboard.warming import warm_progress
 
 __all__ = [
     "DESTRUCTIVE", "NEWLY_CURRENT", "PERMISSION", "VERBS", "Action", "actions_for",
     "canary_offers", "checklist_blocks", "config_text", "dead_letter_offers", "holder_alive",
-    "label", "live_snapshot", "perform", "permitted", "rollout_view", "rollouts_page",
-    "suspect_rollouts", "version_rows",
+    "label", "live_snapshot", "perform", "permitted", "retire", "rollout_view",
+    "rollouts_page", "suspect_rollouts", "version_rows",
 ]  # fmt: skip
 
 S = AnalyzerVersion.State
@@ -65,7 +68,8 @@ def config_text(config: dict[str, Any]) -> str:
 
 
 def version_rows() -> list[dict[str, Any]]:
-    """Every version, by queue, with its workers (``WorkerBeat`` rows of its fingerprint)."""
+    """Every version, by queue, with its workers (``WorkerBeat`` rows of its fingerprint)
+    and, for one that may be retired (drained, warm_failed), the Retire button's plan."""
     versions = list(AnalyzerVersion.objects.exclude(state=S.RETIRED).order_by("queue", "-pk"))
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_DEAD_AFTER)
     beats: dict[str, list[dict[str, Any]]] = {}
@@ -82,6 +86,7 @@ def version_rows() -> list[dict[str, Any]]:
             "config": config_text(v.config),
             "workers": beats.get(v.fingerprint, []),
             "live_workers": sum(1 for w in beats.get(v.fingerprint, []) if w["alive"]),
+            "retire_plan": retire_plan(v) if v.state in RETIRABLE else "",
         }
         for v in versions
     ]

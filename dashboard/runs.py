@@ -97,6 +97,13 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
     return new
 
 
+def repository_name(run: JobRun) -> str:
+    """The run's repository's name (``Repository.name``: from the redacted URL), as
+    pages and the activity feed show it. The run's loads select the repository with it
+    (``select_related``), so on the job path this costs no query; elsewhere one."""
+    return run.repository.name
+
+
 def _event(kind: str, run: JobRun, **extra: Any) -> None:
     telemetry.record_run_event(kind, run)
     publish_event(
@@ -107,6 +114,7 @@ def _event(kind: str, run: JobRun, **extra: Any) -> None:
             "kind": run.kind,
             "queue": run.queue,
             "repo": run.repository_id,
+            "repo_name": repository_name(run),
             "attempt": run.attempts,
             "trace": traces.trace_id_of(run.job_id),
             **extra,
@@ -137,7 +145,7 @@ def cancel_runs(*, fingerprint: str, reason: str) -> int:
         kind=JobRun.Kind.ANALYZE,
         fingerprint=fingerprint,
         state__in=[JobRun.State.QUEUED, JobRun.State.FAILED],
-    )
+    ).select_related("repository")
     cancelled = 0
     conn = queues.connection()
     for run in list(pending):
@@ -168,7 +176,7 @@ def reroute_attempt(attempt: Attempt, *, queue: str, reason: str) -> bool:
             outcome=JobAttempt.Outcome.DEFERRED, error=redact(reason)[:2000],
             finished_at=timezone.now(),
         )  # fmt: skip
-        run = JobRun.objects.get(pk=attempt.run.pk)
+        run = JobRun.objects.select_related("repository").get(pk=attempt.run.pk)
         _event("job.deferred", run, delay=0.0, reason=redact(reason)[:300])
         transaction.on_commit(lambda: enqueue_run(run))
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
@@ -189,7 +197,8 @@ def enqueue_or_leave(run: JobRun, *, delay: float = 0.0) -> bool:
 
 def enqueue_after_commit(run_ids: list[int]) -> None:
     def go() -> None:
-        for run in JobRun.objects.filter(pk__in=run_ids, state__in=[JobRun.State.QUEUED]):
+        queued = JobRun.objects.filter(pk__in=run_ids, state__in=[JobRun.State.QUEUED])
+        for run in queued.select_related("repository"):
             enqueue_or_leave(run)
 
     transaction.on_commit(go)
@@ -248,7 +257,7 @@ def _claim(*, run_id: int, number: int, worker: str, version: str | None) -> Att
     )
     if not claimed:
         return None
-    run = JobRun.objects.get(pk=run_id)
+    run = JobRun.objects.select_related("repository").get(pk=run_id)
     JobAttempt.objects.create(
         run=run, number=number, worker=worker, host=run.host, pid=run.pid, version=run.version
     )
@@ -345,7 +354,7 @@ def defer_attempt(attempt: Attempt, *, delay: float, reason: str) -> bool:
         JobAttempt.objects.filter(run=attempt.run, number=attempt.number).update(
             outcome=JobAttempt.Outcome.DEFERRED, error=redact(reason)[:2000], finished_at=now
         )
-        run = JobRun.objects.get(pk=attempt.run.pk)
+        run = JobRun.objects.select_related("repository").get(pk=attempt.run.pk)
         _event("job.deferred", run, delay=delay, reason=redact(reason)[:300])
         transaction.on_commit(lambda: enqueue_or_leave(run, delay=delay))
     WorkerBeat.objects.filter(name=attempt.worker, current_run=attempt.run).update(current_run=None)
@@ -443,7 +452,13 @@ def _dead_letter(run: JobRun, text: str) -> None:
     # fresh snapshot on every ``repo.changed``. If it failed the row, it is exact.
     publish_event(
         "repo.changed",
-        {"repo": repo.pk, "status": repo.status, "error": repo.error or None},
+        {
+            "repo": repo.pk,
+            "name": repo.name,
+            "url": repo.shown_url,
+            "status": repo.status,
+            "error": repo.error or None,
+        },
         repo_id=repo.pk,
     )
 

@@ -21,6 +21,7 @@ urlpatterns = [
     path("rollouts/", views.rollouts_index, name="rollouts"),
     path("rollouts/start/", views.rollout_start, name="rollout-start"),
     path("rollouts/offers/", views.rollout_offers, name="rollout-offers"),
+    path("rollouts/versions/<int:version_id>/retire/", views.version_retire, name="version-retire"),
     path("rollouts/<int:rollout_id>/", views.rollout_detail, name="rollout"),
     path(
         "rollouts/<int:rollout_id>/checklist.md",
@@ -53,6 +54,7 @@ urlpatterns = [
     path(
         "api/rollouts/<int:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"
     ),
+    path("api/versions/<str:fingerprint>/retire", api.version_retire, name="api-version-retire"),
     path("api/runs/<int:run_id>", api.run_detail, name="api-run"),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),

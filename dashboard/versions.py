@@ -70,6 +70,8 @@ STAFFED = frozenset({S.WARMING, S.VERIFIED, S.RAMPING, S.CURRENT, S.DRAINING})
 GATE_OPEN = frozenset({S.WARMING, S.VERIFIED, S.RAMPING, S.CURRENT})
 #: Bookkeeping the drain reconciler does without the deploy lock.
 TOKENLESS = frozenset({S.DRAINED, S.RETIRED})
+#: States a version may be retired from (``retire_version``): drained, warm_failed.
+RETIRABLE = frozenset(src for src, targets in ALLOWED.items() if S.RETIRED in targets)
 
 
 class RolloutError(Exception):
@@ -90,6 +92,10 @@ class RolloutConflict(RolloutError):
 
 class InvalidConfig(RolloutError, ValueError):
     """An analyzer config that no version could load."""
+
+
+class VersionNotFound(RolloutError, LookupError):
+    """No version of the queue has that fingerprint (or prefix)."""
 
 
 # ---------------------------------------------------------------------------- versions
@@ -394,7 +400,7 @@ def retire_version(
         raise RolloutError(f"a fingerprint is 4 to 64 hexadecimal digits, not {fingerprint!r}")
     found = list(AnalyzerVersion.objects.filter(queue=queue, fingerprint__startswith=prefix)[:2])
     if not found:
-        raise RolloutError(f"no version {prefix} on {queue!r}")
+        raise VersionNotFound(f"no version {prefix} on {queue!r}")
     if len(found) > 1:
         raise RolloutError(f"{prefix} names more than one version of {queue!r}: give more digits")
     return do_transition(

@@ -21,7 +21,7 @@ from dashboard.commitdetails import repository_mirror
 from dashboard.commits import BadCursor, commit_page
 from dashboard.deadletters import group_page
 from dashboard.forms import RolloutActionForm, StartRolloutForm, SubmitRepositoryForm
-from dashboard.models import JobRun, Repository, Rollout
+from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 from dashboard.readiness import check_readiness
@@ -43,6 +43,7 @@ from dashboard.rolloutboard import (
     label,
     perform,
     permitted,
+    retire,
     rollout_view,
     rollouts_page,
 )
@@ -536,6 +537,31 @@ def rollout_action(request: HttpRequest, rollout_id: int, verb: str) -> HttpResp
         )
     else:
         messages.success(request, f"Rollout #{ro.pk}: {outcome}.")
+    return redirect(back)
+
+
+@login_required
+@require_http_methods(["POST"])
+def version_retire(request: HttpRequest, version_id: int) -> HttpResponse:
+    """The Versions table's Retire button after its confirm step (drained | warm_failed
+    → retired): permission-checked, audited with the reason, then back to the page; a
+    state that allows no retirement is said in the page's error message."""
+    if not permitted(request.user, "retire"):
+        return _refuse(request, "retire", f"version #{version_id}")
+    version = AnalyzerVersion.objects.filter(pk=version_id).first()
+    if version is None:
+        raise Http404("version not found")
+    back = _back(request, reverse("rollouts"))
+    form = RolloutActionForm(request.POST)
+    if not form.is_valid():  # only the reason can be wrong: too long
+        messages.error(request, "Retire refused: the reason is at most 500 characters.")
+        return redirect(back)
+    try:
+        outcome = retire(version=version, user=request.user, reason=form.cleaned_data["reason"])
+    except RolloutError as exc:
+        messages.error(request, f"Retire refused: {exc}")
+    else:
+        messages.success(request, f"Version {outcome}.")
     return redirect(back)
 
 

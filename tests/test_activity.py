@@ -13,14 +13,16 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from dashboard import activity
 from dashboard.audit import record_audit
 from dashboard.live import publish_event
-from dashboard.models import JobRun
+from dashboard.models import JobRun, Repository
 from dashboard.repositories import submit_repository
+from dashboard.runs import begin_attempt, ensure_run, fail_attempt, succeed_attempt
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.test_live import connect, make_user, session_headers
@@ -132,3 +134,57 @@ def test_operators_get_the_feed_in_every_snapshot() -> None:
         await comm.disconnect()
 
     asyncio.run(scenario())
+
+
+def test_every_event_of_an_analysis_names_its_repository(git_repo: GitRepo) -> None:
+    """Runs, locks and status changes carry the repository's name, so the feed's lines
+    (and the ops socket's snapshot of them) link to it by name, not "repository #N"."""
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    events = [e for e in activity.recent(limit=activity.FEED_SIZE) if e.get("repo") == repo.pk]
+    kinds = {e["type"] for e in events}
+    assert {"job.queued", "job.started", "job.succeeded", "lock.acquired", "lock.released",
+            "repo.changed"} <= kinds, kinds  # fmt: skip
+    for e in events:
+        assert e.get("repo_name", e.get("name")) == repo.name != "", e
+    op = make_user("op", staff=True, perms=OPS)
+
+    async def scenario() -> list[dict]:
+        comm, ok, _ = await connect("/ws/ops/", await sync_to_async(session_headers)(op))
+        assert ok
+        snap = await comm.receive_json_from(timeout=10)
+        await comm.disconnect()
+        return snap["data"]["activity"]
+
+    seeded = [e for e in asyncio.run(scenario()) if e["type"].startswith("job.")]
+    assert seeded and {e["repo_name"] for e in seeded} == {repo.name}
+
+
+def test_a_dead_run_names_its_repository_without_its_credentials() -> None:
+    # A row from before submissions refused credentials in URLs.
+    repo = Repository.objects.create(url="https://bob:s3cret@example.com/team/widget.git")
+    run = ensure_run(kind=JobRun.Kind.SYNC, job_id="sync-cred-g1", queue="sync",
+                     repository_id=repo.pk, generation=1)  # fmt: skip
+    attempt = begin_attempt(run_id=run.pk, number=1, worker="w-test")
+    assert attempt is not None
+    fail_attempt(attempt, RuntimeError("remote hung up"), permanent=True)
+    events = activity.recent()
+    assert [e["type"] for e in events] == ["dlq.changed", "repo.changed", "job.dead", "job.started"]
+    assert "s3cret" not in json.dumps(events)
+    changed, dead, started = events[1:]
+    assert dead["repo_name"] == started["repo_name"] == changed["name"] == "widget"
+    assert changed["url"] == "https://<redacted>@example.com/team/widget.git"
+
+
+def test_naming_the_repository_costs_the_job_path_no_query_of_its_own() -> None:
+    repo = Repository.objects.create(url="https://example.com/team/widget.git")
+    run = ensure_run(kind=JobRun.Kind.SYNC, job_id="sync-q-g1", queue="sync",
+                     repository_id=repo.pk, generation=1)  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        attempt = begin_attempt(run_id=run.pk, number=1, worker="w-test")
+        assert attempt is not None
+        succeed_attempt(attempt)
+    alone = [q["sql"] for q in queries.captured_queries
+             if re.match(r'SELECT .* FROM "dashboard_repository" WHERE', q["sql"])]  # fmt: skip
+    assert alone == []  # the run is loaded with its repository (one join)
+    assert [e["repo_name"] for e in activity.recent()] == ["widget", "widget"]

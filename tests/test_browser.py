@@ -397,6 +397,12 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
         expect(ops.locator("#activity-list li[data-type='repo.changed']").first).to_contain_text(
             "ready"
         )
+        # Runs and locks name the repository: a link with its name, never "repository #N".
+        named = f"a[href='/repos/{repo_id}/']"
+        for kind in ("job.succeeded", "lock.acquired", "lock.released"):
+            line = ops.locator(f"#activity-list li[data-type='{kind}']", has=ops.locator(named))
+            expect(line.first.locator(named)).to_have_text("toured")
+        expect(ops.locator("#activity-list")).not_to_contain_text("repository #")
         ops.select_option("#activity-kind", "lock")
         kinds = set(
             ops.locator("#activity-list li").evaluate_all("ls => ls.map(l => l.dataset.type)")

@@ -5,7 +5,8 @@ reload), promotes it step by step to current, sees the "roll back to V" button b
 dead letters of the ramping version, and rolls it back with one button via the modal;
 the repository page shows the new numbers once it is current and the previous ones the
 moment the rollback commits. A second run rolls a ramping version back from the dead
-letters' "roll back to V" button itself.
+letters' "roll back to V" button itself, waits for the version to drain and retires it
+with the Versions table's Retire button.
 
 ``up`` serves the ``rollouts`` driver queue and warms with the real warmer;
 ``tests/rolloutplay.py`` adds what a test needs on top (a driver only if no worker serves
@@ -321,6 +322,22 @@ def test_an_admin_rolls_a_ramping_version_back_from_its_dead_letters(system) -> 
         expect(row.locator(".pill")).to_have_text("current")
         page.goto(f"{base}/audit/?action=rollout.page.rollback")
         expect(page.locator("#audit-table")).to_contain_text("dead letters of the canary")
+
+        # Once drained it can be retired for good from the Versions table, via the modal.
+        page.goto(f"{base}/rollouts/")
+        drained = page.locator("#versions-table tr[data-state='drained']")
+        expect(drained).to_have_count(1, timeout=60000)  # live: no reload needed
+        fingerprint = drained.get_attribute("data-fingerprint")
+        drained.locator("button[data-verb=retire]").click()
+        assert page.locator("dialog:modal").count() == 1
+        expect(page.locator("#confirm-what")).to_contain_text("(drained) for good")
+        page.fill("#confirm-reason", "the canary was bad")
+        page.click("#confirm-ok")
+        expect(page.locator(".flash.success")).to_contain_text("retired (drained → retired)")
+        gone = page.locator(f"#versions-table tr[data-fingerprint='{fingerprint}']")
+        expect(gone).to_have_count(0)
+        page.goto(f"{base}/audit/?action=rollout.page.retire")
+        expect(page.locator("#audit-table")).to_contain_text("the canary was bad")
         browser.close()
     out = players[0].communicate(timeout=60)[0]
     assert players[0].returncode == 0, out

@@ -56,6 +56,22 @@ def test_a_repositorys_name_is_the_last_part_of_its_url(url: str, name: str) -> 
     assert Repository(url=url).name == name == str(Repository(url=url))
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://bob:s3cret@example.com",
+        "https://s3cret@example.com/",
+        "http://bob:s3cret@example.com:",
+    ],
+)
+def test_a_repositorys_name_never_carries_a_credential_of_its_url(url: str) -> None:
+    # A row from before submissions refused credentials: its name (pages, live events)
+    # comes from the redacted URL.
+    name = Repository(url=url).name
+    assert "s3cret" not in name
+    assert name in {"<redacted>@example.com", "http://<redacted>@example.com:"}
+
+
 def test_a_repository_is_active_until_ready_or_failed_and_names_its_lock_and_job() -> None:
     repo = Repository.objects.create(url="https://example.com/a/b.git", generation=3)
     S = Repository.Status

@@ -179,3 +179,32 @@ def test_a_promoted_rollout_is_rolled_back_over_the_api(client: Client, ci: str)
     assert ("takeover", "ops") in [(e["action"], e["actor"]) for e in detail["timeline"]]
     moves = [(e["from"], e["to"]) for e in detail["timeline"] if e["action"] == "transition"]
     assert ("draining", "current") in moves and ("current", "draining") in moves
+
+
+def test_a_drained_version_is_retired_over_the_api(client: Client) -> None:
+    base = ensure_baseline(actor="setup")
+    v = rollouts.register_version(config={"detect_renames": True}, actor="setup")
+    AnalyzerVersion.objects.filter(pk=v.pk).update(state=AnalyzerVersion.State.DRAINED)
+    admin, viewer = a_user("admin", "rollback_rollout"), a_user("viewer", "view_jobrun")
+    path = f"/api/versions/{v.fingerprint[:12]}/retire"
+    res = call(client, "POST", path, viewer)
+    assert res.status_code == 403 and "permission to retire" in res.json()["error"]
+    for fingerprint, body, status, text in [
+        ("zz", {}, 400, "4 to 64 hexadecimal digits"),
+        ("abcdef12abcdef12", {}, 404, "no version abcdef12abcdef12"),
+        (base.fingerprint[:12], {}, 409, "current → retired is not allowed"),
+        (v.fingerprint[:12], {"reason": 5}, 400, '"reason" must be a string'),
+    ]:
+        res = call(client, "POST", f"/api/versions/{fingerprint}/retire", admin, body)
+        assert res.status_code == status and text in res.json()["error"], res.content
+    assert client.get(path, HTTP_AUTHORIZATION=f"Bearer {admin}").status_code == 405
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.DRAINED
+    res = call(client, "POST", path, admin, {"reason": "superseded"})
+    assert res.status_code == 200, res.content
+    assert res.json() == {"queue": "analysis", "fingerprint": v.fingerprint, "state": "retired"}
+    again = call(client, "POST", path, admin)
+    assert again.status_code == 409 and "retired → retired is not allowed" in again.json()["error"]
+    refused = AuditEntry.objects.filter(action="rollout.retire", outcome__startswith="refused: ")
+    assert refused.count() == 6
+    assert AuditEntry.objects.filter(action="rollout.transition", actor="admin",
+                                     outcome__contains="drained → retired").exists()  # fmt: skip

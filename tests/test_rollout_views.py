@@ -17,9 +17,18 @@ from django.test import Client
 
 from dashboard import queues, rollouts
 from dashboard.checklists import rollout_checklist
+from dashboard.deploylock import RolloutDriver
 from dashboard.live import publish_event
-from dashboard.models import AnalyzerVersion, AuditEntry, JobRun, Repository, Rollout
+from dashboard.models import (
+    AnalyzerVersion,
+    AuditEntry,
+    JobRun,
+    Repository,
+    Rollout,
+    RolloutEvent,
+)
 from dashboard.rolloutboard import NEWLY_CURRENT, checklist_blocks
+from dashboard.rollouts import ensure_baseline
 from dashboard.runs import begin_attempt, ensure_run, fail_attempt
 from tests.rollout_support import (  # noqa: F401 (fixture)
     DRIVERS,
@@ -299,6 +308,87 @@ def test_the_current_config_is_refused_as_a_form_error(tmp_path: Path) -> None:
     admin = client_for(make_user("admin", perms=ADMIN))
     res = admin.post("/rollouts/start/", {"queue": "analysis", "steps": "10"})
     assert res.status_code == 409 and b"is already current: nothing to roll out" in res.content
+
+
+# ---------------------------------------------------------------------------- retiring a version
+
+
+def retire_url(version: AnalyzerVersion) -> str:
+    return f"/rollouts/versions/{version.pk}/retire/"
+
+
+def test_an_admin_retires_a_drained_version_from_the_versions_table(tmp_path: Path) -> None:
+    ro, driver, _ = verified_rollout(tmp_path)
+    token = int(driver.token or 0)
+    rollouts.rollback(rollout=ro, token=token, actor="alice", reason="not today")
+    rollouts.check_drain(rollout=ro.pk, token=token, actor="alice")
+    assert rollouts.check_drain(rollout=ro.pk, token=token, actor="alice")  # two empty checks
+    v, current = (AnalyzerVersion.objects.get(pk=pk) for pk in (ro.version_id, ro.previous_id))
+    assert (v.state, current.state) == (S.DRAINED, S.CURRENT)
+    name = rollouts.physical_queue("analysis", v.fingerprint)
+    admin = client_for(make_user("admin", perms=ADMIN))
+    html = admin.get("/rollouts/").content.decode()
+    button = re.search(
+        rf'data-confirm="{retire_url(v)}" data-verb="retire" data-title="Retire {name}" '
+        r'data-plan="([^"]+)" data-danger="1">Retire…</button>',
+        html,
+    )
+    assert button is not None, html
+    assert button.group(1).startswith(f"retire {name} (drained) for good: it is never staffed")
+    assert retire_url(current) not in html  # the current version offers no Retire
+    # Without the permission: no button, and the POST is refused (audited).
+    op = client_for(make_user("op", perms=OPS))
+    assert 'data-verb="retire"' not in op.get("/rollouts/").content.decode()
+    clerk = client_for(make_user("clerk", staff=False, perms=ADMIN))
+    for c, who in ((op, "op"), (clerk, "clerk")):
+        assert c.post(retire_url(v), {"reason": "x"}).status_code == 403
+        assert AuditEntry.objects.filter(actor=who, action="rollout.page.retire",
+                                         outcome="refused: permission denied").exists()  # fmt: skip
+    # Without the CSRF token, as a GET, or for no such version: nothing happens.
+    strict = client_for(User.objects.get(username="admin"), csrf=True)
+    assert strict.post(retire_url(v), {"reason": "x"}).status_code == 403
+    assert admin.get(retire_url(v)).status_code == 405
+    assert admin.post("/rollouts/versions/99999/retire/", {}).status_code == 404
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == S.DRAINED
+    # The press after the confirm step: retired, audited with the reason, gone from the table.
+    res = admin.post(retire_url(v), {"reason": "superseded for good", "next": "/rollouts/"},
+                     follow=True)  # fmt: skip
+    assert res.status_code == 200
+    html = res.content.decode()
+    assert f"Version {name} retired (drained → retired)." in html
+    assert f'data-fingerprint="{v.fingerprint}"' not in html
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == S.RETIRED
+    entry = AuditEntry.objects.get(action="rollout.page.retire", actor="admin")
+    assert entry.detail["reason"] == "superseded for good"
+    assert entry.detail["plan"] == button.group(1)
+    assert RolloutEvent.objects.get(version=v, to_state=S.RETIRED).reason == "superseded for good"
+    # Pressed again from a stale page, or for the current version: a clear refusal.
+    for version, state in ((v, "retired"), (current, "current")):
+        res = admin.post(retire_url(version), {}, follow=True)
+        label = rollouts.physical_queue("analysis", version.fingerprint)
+        assert (f"Retire refused: {label} is {state}: only a drained or warm_failed version "
+                "can be retired") in res.content.decode()  # fmt: skip
+    assert AnalyzerVersion.objects.get(pk=current.pk).state == S.CURRENT
+    refused = AuditEntry.objects.filter(action="rollout.page.retire", actor="admin",
+                                        outcome__startswith="refused: ")  # fmt: skip
+    assert refused.count() == 2
+
+
+def test_a_version_whose_warming_failed_can_be_retired_too() -> None:
+    ensure_baseline(actor="setup")
+    ro = rollouts.start_rollout(config={"detect_renames": True}, actor="ci", enqueue_driver=False)
+    driver = RolloutDriver(ro.pk, ttl=5.0, warm_timeout=0)
+    driver.acquire(actor="ci")
+    DRIVERS.append(driver)
+    assert driver.tick()  # registered → warming
+    assert not driver.tick()  # nothing warmed within the (zero) timeout: warm_failed
+    v = AnalyzerVersion.objects.get(pk=ro.version_id)
+    assert v.state == S.WARM_FAILED
+    admin = client_for(make_user("admin", perms=ADMIN))
+    assert f'data-confirm="{retire_url(v)}"' in admin.get("/rollouts/").content.decode()
+    res = admin.post(retire_url(v), {"reason": "bad config"}, follow=True)
+    assert "retired (warm_failed → retired)." in res.content.decode()
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == S.RETIRED
 
 
 # ---------------------------------------------------------------------------- rollback offers

@@ -117,33 +117,42 @@ def _sync(attempt: runs.Attempt) -> str:
         if since is not None and not shallow and _is_ancestor(git, path, since, head):
             # Only the new commits (issue 14.4): the plan checks that the previous one
             # still covers the rest, else it writes nothing and we list everything.
-            shas = list_commits(path, head, exclude=[since], git=git)
-            lock.check()
-            planned = plans.plan_repository(
-                repo_id=repo.pk,
-                generation=run.generation,
-                head=head,
-                shas=shas,
-                lock_key=repo.lock_key(),
-                token=lock.token,
-                since=since,
-            )
+            planned, shas = _plan(repo, run.generation, head, path, git, lock, since=since)
         if planned is None:
             new = ""
-            shas = list_commits(path, head, git=git)
-            lock.check()
-            planned = plans.plan_repository(
-                repo_id=repo.pk,
-                generation=run.generation,
-                head=head,
-                shas=shas,
-                lock_key=repo.lock_key(),
-                token=lock.token,
-            )
+            planned, shas = _plan(repo, run.generation, head, path, git, lock)
             assert planned is not None  # only an incremental plan declines
     runs.mark_phase(attempt, written_at=timezone.now())
     publish_repo_changed(repo.pk)
     return f"planned {len(planned)} chunks over {len(shas)} {new}commits"
+
+
+def _plan(
+    repo: Repository,
+    generation: int,
+    head: str,
+    path: Path,
+    git: Runner,
+    lock: Lock,
+    *,
+    since: str | None = None,
+) -> tuple[list[int] | None, list[str]]:
+    """List the commits reachable from ``head`` (only those ``since`` does not reach,
+    when given), then plan them under the mirror ``lock``'s fencing token. Returns the
+    planned run ids (None: an incremental plan declined, see ``plans.plan_repository``)
+    and the listed shas."""
+    shas = list_commits(path, head, exclude=() if since is None else [since], git=git)
+    lock.check()
+    planned = plans.plan_repository(
+        repo_id=repo.pk,
+        generation=generation,
+        head=head,
+        shas=shas,
+        lock_key=repo.lock_key(),
+        token=lock.token,
+        since=since,
+    )
+    return planned, shas
 
 
 def _analyze(attempt: runs.Attempt) -> str:
@@ -252,7 +261,13 @@ def _locked(key: str, attempt: runs.Attempt, groups: ProcessGroups) -> Iterator[
         runs.record_lock(attempt, key=key, token=lock.token)
 
     with (
-        leases.hold_lease(key, holder=holder, on_lost=groups.kill_all, on_acquired=record) as lock,
+        leases.hold_lease(
+            key,
+            holder=holder,
+            on_lost=groups.kill_all,
+            on_acquired=record,
+            repo_name=runs.repository_name(attempt.run),
+        ) as lock,
         _abort_on_loss(lock),
     ):
         yield lock

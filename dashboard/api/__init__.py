@@ -13,7 +13,12 @@ from dashboard.api.endpoint import not_found
 from dashboard.api.metrics import metrics
 from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
 from dashboard.api.repos import repo_commits, repo_detail, repos
-from dashboard.api.rollouts import rollout_action, rollout_detail, rollouts_collection
+from dashboard.api.rollouts import (
+    rollout_action,
+    rollout_detail,
+    rollouts_collection,
+    version_retire,
+)
 from dashboard.api.runs import run_detail, runs
 
 __all__ = [
@@ -38,4 +43,5 @@ __all__ = [
     "run_detail",
     "runs",
     "status",
+    "version_retire",
 ]

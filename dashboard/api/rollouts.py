@@ -2,7 +2,8 @@
 
 ``POST /api/rollouts`` starts one (CI after a merge), ``GET`` lists them; the actions
 go to the rollout's driver or, for a dead driver, take the deploy lock here
-(dashboard.deploylock). Every refusal is audited; accepted actions are audited by the
+(dashboard.deploylock). ``POST /api/versions/<fingerprint>/retire`` ends a drained or
+warm-failed version for good. Every refusal is audited; accepted actions are audited by the
 rollout's own timeline (rollouts.record_event writes an AuditEntry per event).
 """
 
@@ -26,6 +27,7 @@ from dashboard.rollouts import (
     request_action,
     start_rollout,
 )
+from dashboard.versions import InvalidTransition, VersionNotFound, retire_version
 
 ROLLOUT_ACTIONS = {
     "promote": "dashboard.start_rollout",
@@ -225,3 +227,40 @@ def _run_rollout_action(
     record_audit(user=actor, action="rollout.takeover", target=f"rollout #{ro.pk}",
                  outcome="driver job enqueued", detail={"reason": reason})  # fmt: skip
     return ro, 202
+
+
+@api_view(("POST",))
+def version_retire(request: HttpRequest, fingerprint: str) -> HttpResponse:
+    """``POST /api/versions/<fingerprint>/retire`` ``{reason?}`` (a prefix of 4+ hex
+    digits naming one version of the ``analysis`` queue): drained | warm_failed →
+    retired, ``200 {queue, fingerprint, state}``; ``404`` no such version, ``409`` its
+    state allows no retirement (named), ``400`` a bad fingerprint or reason. Staff +
+    ``dashboard.rollback_rollout``; refusals are audited (``rollout.retire``), the
+    transition audits itself (``rollout.transition``)."""
+    target = f"version {fingerprint[:64]}"
+    if not permitted(request, "dashboard.rollback_rollout"):
+        return _refuse_rollout(
+            request, "retire", target, "you do not have permission to retire versions", 403
+        )
+    try:
+        data = json_body(request)
+    except ValueError as exc:
+        return _refuse_rollout(request, "retire", target, str(exc), 400)
+    reason = data.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500:
+        return _refuse_rollout(
+            request, "retire", target, '"reason" must be a string (≤ 500 characters)', 400
+        )
+    try:
+        version = retire_version(
+            fingerprint=fingerprint, actor=request.user, reason=reason or "retired over the API"
+        )
+    except VersionNotFound as exc:
+        return _refuse_rollout(request, "retire", target, str(exc), 404)
+    except InvalidTransition as exc:
+        return _refuse_rollout(request, "retire", target, str(exc), 409)
+    except RolloutError as exc:
+        return _refuse_rollout(request, "retire", target, str(exc), 400)
+    return JsonResponse(
+        {"queue": version.queue, "fingerprint": version.fingerprint, "state": version.state}
+    )

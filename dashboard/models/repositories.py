@@ -59,8 +59,15 @@ class Repository(models.Model):
 
     @property
     def name(self) -> str:
-        tail = self.url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
-        return tail.removesuffix(".git") or self.url
+        return self.name_of(self.url)
+
+    @staticmethod
+    def name_of(url: str) -> str:
+        """The short name pages and live events show (``flask`` for ``…/flask.git``):
+        taken from the redacted URL, so a credential never becomes a name."""
+        shown = redact(url)
+        tail = shown.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        return tail.removesuffix(".git") or shown
 
     @property
     def is_active(self) -> bool:

@@ -282,22 +282,24 @@
     if (TICKS.has(ev.type)) return false;
     return ev.type !== "action.progress" || ev.state !== "running";
   }
-  function repoLink(id, name) { return id ? el("a", { href: `/repos/${encodeURIComponent(id)}/`, text: name || `repository #${id}` }) : "?"; }
+  // Events of a repository carry its name (``repo_name``; ``name`` and the redacted ``url``
+  // on repo.changed): the link shows it, "repository #id" only for an event without one.
+  function repoLink(id, name, url) { return id ? el("a", { href: `/repos/${encodeURIComponent(id)}/`, text: name || `repository #${id}`, title: url || null }) : "?"; }
   function describe(ev) {
     const [family, what] = String(ev.type).split(".", 2);
     if (family === "job" && !ev.run) return [`queue ${ev.queue} ${ev.paused ? "paused" : "resumed"}`];
     if (family === "job") {
       const verb = { queued: "queued", started: "started", succeeded: "succeeded", failed: "failed (will retry)", dead: "dead (dead letters)", deferred: "deferred (lock busy)" }[what] || what;
       return [el("a", { href: `/runs/${encodeURIComponent(ev.run)}/`, text: `${ev.kind || "job"} run #${ev.run}` }), ` ${verb}`,
-        ev.attempt ? `, attempt ${ev.attempt}` : "", ev.repo ? " · " : "", ev.repo ? repoLink(ev.repo) : null];
+        ev.attempt ? `, attempt ${ev.attempt}` : "", ev.repo ? " · " : "", ev.repo ? repoLink(ev.repo, ev.repo_name) : null];
     }
     if (family === "lock") {
       const res = [ev.repo ? repoLink(ev.repo, ev.repo_name) : null, ev.repo ? " · " : "", ev.what || ev.key];
       if (what === "acquired") return ["lock taken on ", ...res, " by ", ev.worker || "?", ev.token ? `, token ${ev.token}` : ""];
-      if (what === "lost") return ["lock lost: ", ev.key, ev.job ? ` (job ${shorten(ev.job)})` : ""];
-      return [ev.forced ? "lock force-released: " : "lock released: ", ev.key, ev.token ? `, token now ${ev.token}` : ""];
+      if (what === "lost") return ["lock lost: ", ...res, ev.job ? ` (job ${shorten(ev.job)})` : ""];
+      return [ev.forced ? "lock force-released: " : "lock released: ", ...res, ev.token ? `, token now ${ev.token}` : ""];
     }
-    if (family === "repo") return [repoLink(ev.repo, ev.url), ` is ${ev.status || "changed"}`, ev.error ? `: ${ev.error}` : ""];
+    if (family === "repo") return [repoLink(ev.repo, ev.name || ev.url, ev.url), ` is ${ev.status || "changed"}`, ev.error ? `: ${ev.error}` : ""];
     if (family === "dlq") return [el("a", { href: "/dead-letters/", text: "dead letters" }), " changed"];
     if (family === "action") return [`${ev.kind} #${ev.action}: ${ev.done}/${ev.total} ${ev.state}`];
     if (family === "audit") return [el("a", { href: `/audit/?action=${encodeURIComponent(ev.action)}`, text: ev.action }), ` by ${ev.actor} on ${ev.target}`, ev.outcome ? ` — ${ev.outcome}` : "", ev.reason ? ` (reason: ${ev.reason})` : ""];
