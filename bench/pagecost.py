@@ -14,7 +14,9 @@ A Redis round trip is one ``send_packed_command`` (a pipeline of any length is o
 Prints JSON (medians); nothing is asserted. ``--profile PAGE,PAGE`` prints one request's
 cProfile each to stderr (``--profile-mode cold|warm``). ``--sessions N`` (default 500)
 also times what a logged-in request pays to find its session and user, with database
-sessions and with ``cached_db`` over the queue Redis (``session_cost``).
+sessions and with ``cached_db`` over the queue Redis (``session_cost``); ``--tables N``
+(default 50) the repository list's and audit log's rows alone, template loop against
+``dashboard.tablerows`` (``table_cost``).
 
     .venv/bin/python bench/pagecost.py [--repos 400] [--real 3] [--dead 2000] [--rounds 20]
 """
@@ -170,6 +172,55 @@ def session_cost(rounds: int, cache_url: str, trips: RoundTrips) -> dict[str, An
     return out
 
 
+def table_cost(rounds: int) -> dict[str, Any]:
+    """The two long tables alone: their rows as the template loops printed them (the
+    loops kept in ``tests/fixtures/tablerows/``) and as ``dashboard.tablerows`` prints
+    them, for the seeded first pages (50 repositories, 100 audit entries), alternated
+    ``rounds`` times in this process. Median CPU ms of one table's rows."""
+    from django.template import Context, Template
+
+    from dashboard import tablerows, views
+    from dashboard.audit import audit_page, run_links
+    from dashboard.repositories import repository_list
+
+    fixtures = ROOT / "tests" / "fixtures" / "tablerows"
+    repos, _ = repository_list()
+    entries, _ = audit_page()
+    views._link_targets(entries)
+    for e in entries:
+        e.runs = run_links(e)
+    cases = {
+        "repositories": (
+            Template((fixtures / "repository_loop.html").read_text()),
+            {"repositories": repos, "filters": {}},
+            lambda: tablerows.repository_rows(repos, {}),
+        ),
+        "audit": (
+            Template((fixtures / "audit_loop.html").read_text()),
+            {"entries": entries, "filters": {}},
+            lambda: tablerows.audit_rows(entries, {}),
+        ),
+    }
+    out: dict[str, Any] = {}
+    for name, (loop, context, rows) in cases.items():
+        old, new = [], []
+        assert loop.render(Context(context)) == rows(), name
+        for _ in range(rounds):
+            c0 = time.process_time()
+            loop.render(Context(context))
+            c1 = time.process_time()
+            rows()
+            c2 = time.process_time()
+            old.append((c1 - c0) * 1000)
+            new.append((c2 - c1) * 1000)
+        out[name] = {
+            "rows": len(repos) if name == "repositories" else len(entries),
+            "template_loop_cpu_ms": round(statistics.median(old), 2),
+            "tablerows_cpu_ms": round(statistics.median(new), 2),
+        }
+    return out
+
+
 def seed(tmp: Path, repos: int, real: int, dead: int) -> int:
     """Returns the id of an analysed repository."""
     from django.conf import settings
@@ -229,6 +280,9 @@ def main() -> None:
     parser.add_argument("--trips", default="", help="a page name: its round trips by caller")
     parser.add_argument("--profile-mode", default="warm", choices=["cold", "warm"])
     parser.add_argument(
+        "--tables", type=int, default=50, help="rounds of the table rows alone (0: skip)"
+    )
+    parser.add_argument(
         "--sessions", type=int, default=500, help="rounds of the session + user cost (0: skip)"
     )
     args = parser.parse_args()
@@ -281,6 +335,8 @@ def main() -> None:
             print(f"--- {name} ({args.profile_mode})", file=sys.stderr)
             stats = pstats.Stats(profile, stream=sys.stderr)
             stats.sort_stats("cumulative").print_stats(45)
+        if args.tables:
+            out["table rows"] = table_cost(args.tables)
         if args.sessions:
             out["session + user per request"] = session_cost(args.sessions, nodes[0].url, trips)
         out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
