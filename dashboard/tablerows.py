@@ -1,7 +1,8 @@
-"""The rows of the two longest tables (the repository list, the audit log) rendered in
-Python instead of a template loop (issue 15, load test: 50-row tables were the pages'
-largest remaining CPU cost; Django's template engine resolves every ``{{ }}`` through
-its variable lookup, filter and localisation machinery, cell by cell).
+"""The rows of the longest tables (the repository list, the audit log, a repository's
+commits) and their id cells, rendered in Python instead of a template loop (issue 15,
+load test: 50-row tables were the pages' largest remaining CPU cost; Django's template
+engine resolves every ``{{ }}`` through its variable lookup, filter and localisation
+machinery, cell by cell).
 
 Contract: each function returns, character for character, what the template loop it
 replaces printed (``tests/test_tablerows.py`` keeps those loops as fixtures and compares
@@ -28,7 +29,7 @@ from django.utils.safestring import SafeString, mark_safe
 from dashboard import plurals
 from dashboard.timestamps import ago_html
 
-__all__ = ["audit_rows", "repository_rows"]
+__all__ = ["audit_rows", "commit_rows", "copyable_html", "repository_rows"]
 
 #: A repository id no row has, for building the row links from one ``reverse``.
 _SENTINEL = 987654321987
@@ -55,6 +56,36 @@ def _lookup(obj: Any, key: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(key, "")
     return getattr(obj, key, "")
+
+
+# ---------------------------------------------------------------------------- cells
+
+
+def _esc(value: Any) -> str:
+    """``format_html``'s escaping of one argument: ``html.escape`` for a plain string
+    (without the lazy-string wrapper; a 50-commit table calls this 200 times),
+    ``conditional_escape`` for anything else (a safe string stays as it is)."""
+    return html_escape(value) if type(value) is str else conditional_escape(value)
+
+
+def copyable_html(value: Any, link: str, short: str) -> SafeString | str:
+    """``|shortid``/``|shortsha``'s cell: ``short`` with the full id on hover and a copy
+    button, linked to ``link`` + the id (or ``link`` with the id at ``{}``) if given."""
+    if value in (None, ""):
+        return "—"
+    full = _esc(str(value))
+    if link:
+        quoted = quote(str(value), safe="")
+        href = link.replace("{}", quoted) if "{}" in link else link + quoted
+        cls = "run-link" if link.startswith("/runs/job/") else "id-link"
+        label = f'<a class="{cls}" href="{_esc(href)}"><code>{_esc(short)}</code></a>'
+    else:
+        label = f"<code>{_esc(short)}</code>"
+    # format_html's characters: every argument escaped, the label built above
+    return mark_safe(  # noqa: S308
+        f'<span class="id" title="{full}">{label}<button type="button" class="copy" '
+        f'data-copy="{full}" aria-label="copy {full}">copy</button></span>'
+    )
 
 
 # ---------------------------------------------------------------------------- repositories
@@ -148,4 +179,33 @@ def audit_rows(entries: Iterable[Any], filters: Any = "") -> SafeString:
         matching = any(_lookup(filters, k) for k in ("action", "actor", "q"))
         which = " that matches" if matching else " yet"
         out.append(f'<tr><td colspan="6" class="muted">Nothing recorded{which}.</td></tr>')
+    return mark_safe("".join(out))  # noqa: S308 - every value above went through _text
+
+
+# ---------------------------------------------------------------------------- commits
+
+_COMMIT_ROW = (
+    '<tr><td>{sha}{merge}</td><td class="subject">{subject}</td><td>{author}</td>'
+    "<td>{when}</td><td>{files}</td><td>+{insertions} −{deletions}</td></tr>\n  "
+)
+
+
+def commit_rows(commits: Iterable[Any], link: str = "") -> SafeString:
+    """The ``<tr>``s of the repository page's commit table for ``Commit`` rows, each sha
+    linked to ``link`` (``/repos/<id>/commits/{}/``), or its "No commits" row."""
+    out = [
+        _COMMIT_ROW.format(
+            sha=_text(copyable_html(c.sha, link, str(c.sha)[:10])),
+            merge=' <span class="pill">merge</span>' if c.is_merge else "",
+            subject=_text(c.subject),
+            author=_text(c.author_name),
+            when=_text(ago_html(c.committed_at)),
+            files=_text(c.files_changed),
+            insertions=_text(c.insertions),
+            deletions=_text(c.deletions),
+        )
+        for c in commits
+    ]
+    if not out:
+        out.append('<tr><td colspan="6" class="muted">No commits analysed yet.</td></tr>')
     return mark_safe("".join(out))  # noqa: S308 - every value above went through _text

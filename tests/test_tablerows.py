@@ -25,9 +25,12 @@ from django.utils.safestring import mark_safe
 
 from dashboard import tablerows, timestamps, views
 from dashboard.audit import audit_page, run_links
-from dashboard.models import AuditEntry, CommitCount, Repository
-from dashboard.repositories import current_fingerprint, repository_rows
+from dashboard.commits import commit_page
+from dashboard.models import AuditEntry, Commit, CommitCount, Repository
+from dashboard.repositories import current_fingerprint, repository_rows, submit_repository
 from dashboard.templatetags import gitward
+from tests.conftest import run_workers
+from tests.gitrepo import GitRepo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tablerows"
@@ -238,3 +241,35 @@ def test_the_time_and_id_cells_print_what_format_html_printed() -> None:
             for cell in (gitward.shortid, gitward.shortsha):
                 short = gitward.shorten(str(value)) if cell is gitward.shortid else str(value)[:10]
                 assert cell(value, link) == _copyable_reference(value, link, short), (value, link)
+
+
+# ---------------------------------------------------------------------------- commits
+
+
+def test_it_prints_the_commit_rows_exactly_as_the_template_loop_did(git_repo: GitRepo) -> None:
+    git_repo.commit("<script>alert(1)</script> & \"q\"", {"x.py": "1\n"},
+                    author=("Ünï <b>", "a@e.com"))  # fmt: skip
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    stored, _ = commit_page(repo, fingerprint=current_fingerprint(), limit=50)
+    assert len(stored) == len(git_repo.shas())
+    now = timezone.now()
+    odd = [
+        Commit(sha="", subject="", author_name="", committed_at=None, files_changed=0,
+               insertions=0, deletions=0, is_merge=True),
+        Commit(sha="<sha>\"&'", subject=HOSTILE[1], author_name=HOSTILE[3],
+               committed_at=now - timedelta(days=400), files_changed=12345, insertions=10**6,
+               deletions=7, is_merge=False),
+    ]  # fmt: skip
+    rows = [*stored, *odd]
+    for link in (f"/repos/{repo.pk}/commits/{{}}/", "", '/x/"<y>"&/{}/'):
+        want = old_loop("commit_loop.html", commits=rows, commit_link=link)
+        assert str(tablerows.commit_rows(rows, link)) == want
+        assert str(tablerows.commit_rows([], link)) == old_loop(
+            "commit_loop.html", commits=[], commit_link=link
+        )
+    page = Client()
+    page.force_login(User.objects.create_superuser("ops", password="pw-ops-12345"))
+    body = page.get(f"/repos/{repo.pk}/").content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;q&quot;" in body
+    assert "<script>alert(1)" not in body

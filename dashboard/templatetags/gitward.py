@@ -9,13 +9,10 @@ row), so hostile job ids or repository names stay text.
 
 from __future__ import annotations
 
-from html import escape as html_escape
 from typing import Any
-from urllib.parse import quote
 
 from django import template
-from django.utils.html import conditional_escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
 from dashboard import plurals, tablerows
 from dashboard.timestamps import ago_html
@@ -43,38 +40,13 @@ def shortid(value: Any, link: str = "") -> SafeString | str:
     """A long id shortened, the full one on hover, with a copy button; linked to
     ``link`` + the id (percent-encoded) when ``link`` is given, e.g. ``"/runs/?q="``;
     a ``{}`` in ``link`` marks where the id goes, e.g. ``"/runs/job/{}/"`` (the run page)."""
-    return _copyable(value, link, shorten(str(value)))
+    return tablerows.copyable_html(value, link, shorten(str(value)))
 
 
 @register.filter
 def shortsha(value: Any, link: str = "") -> SafeString | str:
     """A commit id as its first 10 characters, with a copy button for the full one."""
-    return _copyable(value, link, str(value)[:10])
-
-
-def _esc(value: Any) -> str:
-    """``format_html``'s escaping of one argument: ``html.escape`` for a plain string
-    (without the lazy-string wrapper; the commits table calls this 200 times a page),
-    ``conditional_escape`` for anything else (a safe string stays as it is)."""
-    return html_escape(value) if type(value) is str else conditional_escape(value)
-
-
-def _copyable(value: Any, link: str, short: str) -> SafeString | str:
-    if value in (None, ""):
-        return "—"
-    full = _esc(str(value))
-    if link:
-        quoted = quote(str(value), safe="")
-        href = link.replace("{}", quoted) if "{}" in link else link + quoted
-        cls = "run-link" if link.startswith("/runs/job/") else "id-link"
-        label = f'<a class="{cls}" href="{_esc(href)}"><code>{_esc(short)}</code></a>'
-    else:
-        label = f"<code>{_esc(short)}</code>"
-    # format_html's characters: every argument escaped, the label built above
-    return mark_safe(  # noqa: S308
-        f'<span class="id" title="{full}">{label}<button type="button" class="copy" '
-        f'data-copy="{full}" aria-label="copy {full}">copy</button></span>'
-    )
+    return tablerows.copyable_html(value, link, str(value)[:10])
 
 
 def span(seconds: float) -> str:
@@ -124,3 +96,9 @@ def repository_rows(rows: Any, filters: Any = "") -> SafeString:
 def audit_rows(entries: Any, filters: Any = "") -> SafeString:
     """``{% audit_rows entries filters %}``: the audit log's ``<tr>``s."""
     return tablerows.audit_rows(entries or (), filters)
+
+
+@register.simple_tag
+def commit_rows(commits: Any, link: str = "") -> SafeString:
+    """``{% commit_rows commits commit_link %}``: the repository page's commit ``<tr>``s."""
+    return tablerows.commit_rows(commits or (), link)
