@@ -15,7 +15,7 @@ Prints JSON (medians); nothing is asserted. ``--profile PAGE,PAGE`` prints one r
 cProfile each to stderr (``--profile-mode cold|warm``). ``--sessions N`` (default 500)
 also times what a logged-in request pays to find its session and user, with database
 sessions and with ``cached_db`` over the queue Redis (``session_cost``); ``--tables N``
-(default 50) the repository list's and audit log's rows alone, template loop against
+(default 50) the repository list's, audit log's and commit table's rows alone, template loop against
 ``dashboard.tablerows`` (``table_cost``).
 
     .venv/bin/python bench/pagecost.py [--repos 400] [--real 3] [--dead 2000] [--rounds 20]
@@ -172,16 +172,19 @@ def session_cost(rounds: int, cache_url: str, trips: RoundTrips) -> dict[str, An
     return out
 
 
-def table_cost(rounds: int) -> dict[str, Any]:
-    """The two long tables alone: their rows as the template loops printed them (the
-    loops kept in ``tests/fixtures/tablerows/``) and as ``dashboard.tablerows`` prints
-    them, for the seeded first pages (50 repositories, 100 audit entries), alternated
-    ``rounds`` times in this process. Median CPU ms of one table's rows."""
+def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
+    """The long tables alone: their rows as the template loops printed them (the loops
+    kept in ``tests/fixtures/tablerows/``) and as ``dashboard.tablerows`` prints them,
+    for the seeded first pages (50 repositories, 100 audit entries, the analysed
+    repository's commits), alternated ``rounds`` times in this process. Median CPU ms
+    of one table's rows."""
     from django.template import Context, Template
 
     from dashboard import tablerows, views
     from dashboard.audit import audit_page, run_links
-    from dashboard.repositories import repository_list
+    from dashboard.commits import commit_page
+    from dashboard.models import Repository
+    from dashboard.repositories import current_fingerprint, repository_list
 
     fixtures = ROOT / "tests" / "fixtures" / "tablerows"
     repos, _ = repository_list()
@@ -189,6 +192,9 @@ def table_cost(rounds: int) -> dict[str, Any]:
     views._link_targets(entries)
     for e in entries:
         e.runs = run_links(e)
+    repo = Repository.objects.get(pk=repo_id)
+    commits, _ = commit_page(repo, fingerprint=current_fingerprint(), limit=50)
+    link = f"/repos/{repo_id}/commits/{{}}/"
     cases = {
         "repositories": (
             Template((fixtures / "repository_loop.html").read_text()),
@@ -199,6 +205,11 @@ def table_cost(rounds: int) -> dict[str, Any]:
             Template((fixtures / "audit_loop.html").read_text()),
             {"entries": entries, "filters": {}},
             lambda: tablerows.audit_rows(entries, {}),
+        ),
+        "commits": (
+            Template((fixtures / "commit_loop.html").read_text()),
+            {"commits": commits, "commit_link": link},
+            lambda: tablerows.commit_rows(commits, link),
         ),
     }
     out: dict[str, Any] = {}
@@ -214,7 +225,7 @@ def table_cost(rounds: int) -> dict[str, Any]:
             old.append((c1 - c0) * 1000)
             new.append((c2 - c1) * 1000)
         out[name] = {
-            "rows": len(repos) if name == "repositories" else len(entries),
+            "rows": {"repositories": len(repos), "audit": len(entries)}.get(name, len(commits)),
             "template_loop_cpu_ms": round(statistics.median(old), 2),
             "tablerows_cpu_ms": round(statistics.median(new), 2),
         }
@@ -336,7 +347,7 @@ def main() -> None:
             stats = pstats.Stats(profile, stream=sys.stderr)
             stats.sort_stats("cumulative").print_stats(45)
         if args.tables:
-            out["table rows"] = table_cost(args.tables)
+            out["table rows"] = table_cost(args.tables, repo_id)
         if args.sessions:
             out["session + user per request"] = session_cost(args.sessions, nodes[0].url, trips)
         out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
