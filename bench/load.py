@@ -11,10 +11,16 @@ submission and API rate limits off). Locust runs in this process, as a library
   sessions, default 20, each made through the login form before the run), holds the
   operators' websocket (``/ws/ops/``) open for the whole run, and every 2 s (think time)
   opens one of the main pages: overview, repositories, one repository, locks, workers,
-  dead letters, audit, and the status API.
+  dead letters, audit, and the status API. Anything but a 200 is an error (redirects are
+  not followed: a lost session would otherwise measure the login page).
 * ``--submitters`` (default 20): each submits a fresh repository through the API
   (``POST /api/repos``) every ``--submit-every`` seconds (synthetic histories of
   ``--commits`` commits built with ``git fast-import`` before the run).
+
+The HTTP client is Locust's ``FastHttpUser`` (geventhttpclient; ``--client requests``
+for ``HttpUser``): the load generator shares the cores with the server, and the bench
+prints its own CPU time per request (``--no-websockets``: the browsers open no socket,
+so that figure is the HTTP client's alone).
 
 Figures are taken over ``--minutes`` (default 3) once every user has logged in (the ramp
 is excluded). Websocket event delay = arrival time - the event's ``at`` (set when the
@@ -25,6 +31,7 @@ ready (bounded by ``--drain-timeout``) with exactly the commits git reports, eac
 
     .venv/bin/python bench/load.py [--users 200] [--minutes 3] [--submitters 20]
         [--workers 4] [--web-workers 1] [--commits 40] [--submit-every 10]
+        [--client fast|requests] [--no-websockets]
 """
 
 from __future__ import annotations
@@ -45,12 +52,14 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from http.cookiejar import Cookie  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import gevent  # noqa: E402
 import requests  # noqa: E402
 import websocket  # noqa: E402  (websocket-client, a Locust dependency)
-from locust import HttpUser, constant, events, task  # noqa: E402
+from locust import FastHttpUser, HttpUser, User, constant, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +95,7 @@ class Shared:
     measuring = False
     sessions: list[dict[str, str]] = []
     next_session = 0
+    websockets = True
 
 
 def log_in_sessions(count: int) -> list[dict[str, str]]:
@@ -116,35 +126,57 @@ def log_in_sessions(count: int) -> list[dict[str, str]]:
     return jars
 
 
-def log_in(user: HttpUser) -> None:
+def _cookie(name: str, value: str, host: str) -> Cookie:
+    """A host-only cookie, as the server's ``Set-Cookie`` would have made it."""
+    return Cookie(
+        version=0, name=name, value=value, port=None, port_specified=False, domain=host,
+        domain_specified=False, domain_initial_dot=False, path="/", path_specified=True,
+        secure=False, expires=None, discard=True, comment=None, comment_url=None, rest={},
+    )  # fmt: skip
+
+
+def cookies_of(user: User) -> dict[str, str]:
+    """The user's cookies now (the server may have set new ones since the login)."""
+    jar = getattr(user.client, "cookiejar", None)  # FastHttpSession; requests: .cookies
+    if jar is not None:
+        return {c.name: c.value for c in jar if c.value is not None}
+    return dict(user.client.cookies.items())
+
+
+def log_in(user: User) -> None:
     """Take the next logged-in session (users share ``--logins`` sessions round-robin,
-    as an operator's browser tabs share one)."""
+    as an operator's browser tabs share one): its cookies go into the user's jar, so
+    the client sends them and keeps what the server sets."""
     Shared.next_session += 1
     jar = Shared.sessions[Shared.next_session % len(Shared.sessions)]
+    host = Shared.base.split("://", 1)[1].split(":", 1)[0]
     for name, value in jar.items():
-        user.client.cookies.set(name, value)
+        if hasattr(user.client, "cookiejar"):
+            user.client.cookiejar.set_cookie(_cookie(name, value, host))
+        else:
+            user.client.cookies.set(name, value)
 
 
-def csrf_headers(user: HttpUser) -> dict[str, str]:
+def csrf_headers(user: User) -> dict[str, str]:
     return {
-        "X-CSRFToken": user.client.cookies.get("csrftoken", ""),
+        "X-CSRFToken": cookies_of(user).get("csrftoken", ""),
         "Referer": f"{Shared.base}/",
         "Content-Type": "application/json",
     }
 
 
-class Browser(HttpUser):
-    """A logged-in operator: the live websocket open, one page every 2 s."""
+class BrowserTasks:
+    """A logged-in operator: the live websocket open, one page every 2 s. Mixed into a
+    Locust user class below (one per HTTP client)."""
 
-    wait_time = constant(2)
-    fixed_count = 200
-
+    client: Any
     listener: gevent.Greenlet | None = None
 
     def on_start(self) -> None:
-        log_in(self)
+        log_in(self)  # type: ignore[arg-type]
         self.ws_stop = False
-        self.listener = gevent.spawn(self._listen)
+        if Shared.websockets:
+            self.listener = gevent.spawn(self._listen)
 
     def on_stop(self) -> None:
         self.ws_stop = True
@@ -152,7 +184,7 @@ class Browser(HttpUser):
             self.listener.kill(block=False)
 
     def _listen(self) -> None:
-        cookie = "; ".join(f"{k}={v}" for k, v in self.client.cookies.items())
+        cookie = "; ".join(f"{k}={v}" for k, v in cookies_of(self).items())  # type: ignore[arg-type]
         url = Shared.base.replace("http://", "ws://") + "/ws/ops/"
         try:
             ws = websocket.create_connection(
@@ -182,36 +214,64 @@ class Browser(HttpUser):
             Shared.ws_open -= 1
             ws.close()
 
-    @task
     def browse(self) -> None:
         name = random.choice(list(PAGES))
         ids = list(Shared.submitted) or [1]
         path = PAGES[name].format(repo=random.choice(ids))
-        self.client.get(path, name=name)
+        with self.client.get(path, name=name, allow_redirects=False, catch_response=True) as res:
+            if res.status_code != 200:  # a redirect is a lost session, not a page
+                res.failure(f"HTTP {res.status_code}")
 
 
-class Submitter(HttpUser):
+class SubmitterTasks:
     """Submits a fresh repository through the API every ``--submit-every`` seconds."""
 
-    wait_time = constant(10)
-    fixed_count = 20
+    client: Any
 
     def on_start(self) -> None:
-        log_in(self)
+        log_in(self)  # type: ignore[arg-type]
 
-    @task
     def submit(self) -> None:
         if not Shared.origins:
             return
         path, commits = Shared.origins.pop()
-        res = self.client.post(
+        with self.client.post(
             "/api/repos",
             data=json.dumps({"url": str(path)}),
-            headers=csrf_headers(self),
+            headers=csrf_headers(self),  # type: ignore[arg-type]
             name="api-submit",
-        )
-        if res.status_code in (200, 202):
-            Shared.submitted[int(res.json()["id"])] = (path, commits)
+            catch_response=True,
+        ) as res:
+            if res.status_code in (200, 202):
+                Shared.submitted[int(res.json()["id"])] = (path, commits)
+            else:
+                res.failure(f"HTTP {res.status_code}")
+
+
+class FastBrowser(BrowserTasks, FastHttpUser):
+    wait_time = constant(2)
+    tasks = [BrowserTasks.browse]
+
+
+class FastSubmitter(SubmitterTasks, FastHttpUser):
+    wait_time = constant(10)
+    tasks = [SubmitterTasks.submit]
+
+
+class RequestsBrowser(BrowserTasks, HttpUser):
+    wait_time = constant(2)
+    tasks = [BrowserTasks.browse]
+
+
+class RequestsSubmitter(SubmitterTasks, HttpUser):
+    wait_time = constant(10)
+    tasks = [SubmitterTasks.submit]
+
+
+CLIENTS: dict[str, tuple[type[User], type[User]]] = {
+    "fast": (FastBrowser, FastSubmitter),
+    "requests": (RequestsBrowser, RequestsSubmitter),
+}
 
 
 def start_server(var: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
@@ -304,6 +364,14 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=900.0)
     parser.add_argument("--logins", type=int, default=20, help="sessions the users share")
     parser.add_argument("--keep-log", default="", help="copy the server's log here at the end")
+    parser.add_argument(
+        "--no-websockets", action="store_true",
+        help="browsers open no live socket (to measure the HTTP client's own CPU)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--client", choices=sorted(CLIENTS), default="fast",
+        help="Locust's HTTP client: fast = FastHttpUser (geventhttpclient), requests = HttpUser",
+    )  # fmt: skip
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gitward-load-"))
@@ -322,6 +390,9 @@ def main() -> int:
               f"{args.web_workers} web process(es)", flush=True)  # fmt: skip
 
         Shared.sessions = log_in_sessions(args.logins)
+        Shared.websockets = not args.no_websockets
+        sockets = args.users if Shared.websockets else 0
+        Browser, Submitter = CLIENTS[args.client]
         Browser.fixed_count = args.users
         Browser.host = Shared.base
         Submitter.fixed_count = args.submitters
@@ -333,7 +404,7 @@ def main() -> int:
         runner.start(total, spawn_rate=args.spawn_rate)
         deadline = time.monotonic() + total / args.spawn_rate + 120
         while (
-            runner.user_count < total or Shared.ws_open + len(Shared.ws_errors) < args.users
+            runner.user_count < total or Shared.ws_open + len(Shared.ws_errors) < sockets
         ) and time.monotonic() < deadline:
             gevent.sleep(0.5)
         print(f"{runner.user_count} users, {Shared.ws_open} websockets open; measuring "
@@ -342,9 +413,9 @@ def main() -> int:
         Shared.ws_delays.clear()
         Shared.measuring = True
         redis_before = redis_commands(tmp / "var")
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), time.process_time()
         gevent.sleep(args.minutes * 60)
-        elapsed = time.monotonic() - started
+        elapsed, bench_cpu = time.monotonic() - started, time.process_time() - cpu_before
         Shared.measuring = False
         redis_after = redis_commands(tmp / "var")
         stats = env.stats
@@ -356,6 +427,9 @@ def main() -> int:
 
         print(f"\n{requests_total} requests in {elapsed:.0f} s: "
               f"{requests_total / elapsed:.1f} requests/s, {failures} errors")  # fmt: skip
+        print(f"load generator ({args.client} client, {sockets} websockets): {bench_cpu:.1f} CPU s"
+              f" = {100 * bench_cpu / elapsed:.0f} % of a core, "
+              f"{1e6 * bench_cpu / max(1, requests_total):.0f} µs per request")  # fmt: skip
         print(f"{'page':<14}{'requests':>9}{'errors':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
         for e in rows:
             if not e.num_requests:
@@ -373,7 +447,7 @@ def main() -> int:
             print(f"websocket events: {len(delays)} received, delay p50 {pct(delays, 50):.0f} ms,"
                   f" p95 {pct(delays, 95):.0f} ms, p99 {pct(delays, 99):.0f} ms, "
                   f"mean {statistics.fmean(delays):.0f} ms")  # fmt: skip
-        print(f"websockets: {ws_open_at_end} of {args.users} open at the end, "
+        print(f"websockets: {ws_open_at_end} of {sockets} open at the end, "
               f"{len(Shared.ws_errors)} errors {Shared.ws_errors[:3]}")  # fmt: skip
 
         for i, url in enumerate(redis_before):

@@ -12,7 +12,11 @@ every request builds the operations snapshot, what one request per second per ho
 and *warm* (the default TTL: the shared snapshot is reused, what the other requests pay).
 A Redis round trip is one ``send_packed_command`` (a pipeline of any length is one).
 Prints JSON (medians); nothing is asserted. ``--profile PAGE,PAGE`` prints one request's
-cProfile each to stderr (``--profile-mode cold|warm``).
+cProfile each to stderr (``--profile-mode cold|warm``). ``--sessions N`` (default 500)
+also times what a logged-in request pays to find its session and user, with database
+sessions and with ``cached_db`` over the queue Redis (``session_cost``); ``--tables N``
+(default 50) the repository list's, audit log's and commit table's rows alone, template loop against
+``dashboard.tablerows`` (``table_cost``).
 
     .venv/bin/python bench/pagecost.py [--repos 400] [--real 3] [--dead 2000] [--rounds 20]
 """
@@ -104,6 +108,130 @@ def measure(client: Any, path: str, rounds: int, trips: RoundTrips) -> dict[str,
     }
 
 
+def session_cost(rounds: int, cache_url: str, trips: RoundTrips) -> dict[str, Any]:
+    """What a logged-in request pays to find its user: the session (``SessionStore``
+    load) and the user row (``auth.get_user``: a query, and the session hash check),
+    ``rounds`` times each, with the database sessions and with ``cached_db`` over a
+    ``RedisCache`` on ``cache_url`` (a warm cache: every load is a hit). Medians per
+    request of CPU, wall, queries and Redis round trips; this process only (the Redis
+    server's own CPU for the GET is not in it)."""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.contrib.auth import get_user
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.http import HttpRequest
+    from django.test import Client, override_settings
+    from django.test.utils import CaptureQueriesContext
+
+    user = User.objects.get(username="bench")
+    out: dict[str, Any] = {}
+    engines = {
+        "db": {},
+        "cached_db": {
+            "SESSION_ENGINE": "django.contrib.sessions.backends.cached_db",
+            "SESSION_CACHE_ALIAS": "sessions",
+            "CACHES": {
+                **settings.CACHES,
+                "sessions": {
+                    "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                    "LOCATION": cache_url,
+                },
+            },
+        },
+    }
+    for name, overrides in engines.items():
+        with override_settings(**overrides):
+            client = Client()
+            client.force_login(user)
+            key = client.cookies[settings.SESSION_COOKIE_NAME].value
+            store = import_module(settings.SESSION_ENGINE).SessionStore
+            cpu, wall, queries, redis = [], [], [], []
+            for i in range(rounds + 1):
+                request = HttpRequest()
+                with CaptureQueriesContext(connection) as ctx:
+                    before = trips.n
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    request.session = store(key)
+                    found = get_user(request)
+                    c1, t1 = time.process_time(), time.perf_counter()
+                assert found.pk == user.pk, name
+                if i:  # the first one warms the cache
+                    cpu.append((c1 - c0) * 1000)
+                    wall.append((t1 - t0) * 1000)
+                    queries.append(len(ctx.captured_queries))
+                    redis.append(trips.n - before)
+            out[name] = {
+                "cpu_ms": round(statistics.median(cpu), 3),
+                "cpu_ms_mean": round(statistics.fmean(cpu), 3),
+                "wall_ms": round(statistics.median(wall), 3),
+                "queries": statistics.median(queries),
+                "redis_round_trips": statistics.median(redis),
+            }
+    return out
+
+
+def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
+    """The long tables alone: their rows as the template loops printed them (the loops
+    kept in ``tests/fixtures/tablerows/``) and as ``dashboard.tablerows`` prints them,
+    for the seeded first pages (50 repositories, 100 audit entries, the analysed
+    repository's commits), alternated ``rounds`` times in this process. Median CPU ms
+    of one table's rows."""
+    from django.template import Context, Template
+
+    from dashboard import tablerows, views
+    from dashboard.audit import audit_page, run_links
+    from dashboard.commits import commit_page
+    from dashboard.models import Repository
+    from dashboard.repositories import current_fingerprint, repository_list
+
+    fixtures = ROOT / "tests" / "fixtures" / "tablerows"
+    repos, _ = repository_list()
+    entries, _ = audit_page()
+    views._link_targets(entries)
+    for e in entries:
+        e.runs = run_links(e)
+    repo = Repository.objects.get(pk=repo_id)
+    commits, _ = commit_page(repo, fingerprint=current_fingerprint(), limit=50)
+    link = f"/repos/{repo_id}/commits/{{}}/"
+    cases = {
+        "repositories": (
+            Template((fixtures / "repository_loop.html").read_text()),
+            {"repositories": repos, "filters": {}},
+            lambda: tablerows.repository_rows(repos, {}),
+        ),
+        "audit": (
+            Template((fixtures / "audit_loop.html").read_text()),
+            {"entries": entries, "filters": {}},
+            lambda: tablerows.audit_rows(entries, {}),
+        ),
+        "commits": (
+            Template((fixtures / "commit_loop.html").read_text()),
+            {"commits": commits, "commit_link": link},
+            lambda: tablerows.commit_rows(commits, link),
+        ),
+    }
+    out: dict[str, Any] = {}
+    for name, (loop, context, rows) in cases.items():
+        old, new = [], []
+        assert loop.render(Context(context)) == rows(), name
+        for _ in range(rounds):
+            c0 = time.process_time()
+            loop.render(Context(context))
+            c1 = time.process_time()
+            rows()
+            c2 = time.process_time()
+            old.append((c1 - c0) * 1000)
+            new.append((c2 - c1) * 1000)
+        out[name] = {
+            "rows": {"repositories": len(repos), "audit": len(entries)}.get(name, len(commits)),
+            "template_loop_cpu_ms": round(statistics.median(old), 2),
+            "tablerows_cpu_ms": round(statistics.median(new), 2),
+        }
+    return out
+
+
 def seed(tmp: Path, repos: int, real: int, dead: int) -> int:
     """Returns the id of an analysed repository."""
     from django.conf import settings
@@ -162,6 +290,12 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="page names (a,b): cProfile one request")
     parser.add_argument("--trips", default="", help="a page name: its round trips by caller")
     parser.add_argument("--profile-mode", default="warm", choices=["cold", "warm"])
+    parser.add_argument(
+        "--tables", type=int, default=50, help="rounds of the table rows alone (0: skip)"
+    )
+    parser.add_argument(
+        "--sessions", type=int, default=500, help="rounds of the session + user cost (0: skip)"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-pagecost-"))
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
@@ -212,6 +346,10 @@ def main() -> None:
             print(f"--- {name} ({args.profile_mode})", file=sys.stderr)
             stats = pstats.Stats(profile, stream=sys.stderr)
             stats.sort_stats("cumulative").print_stats(45)
+        if args.tables:
+            out["table rows"] = table_cost(args.tables, repo_id)
+        if args.sessions:
+            out["session + user per request"] = session_cost(args.sessions, nodes[0].url, trips)
         out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     out["load_average_end"] = os.getloadavg()
     print(json.dumps(out, indent=1))

@@ -127,7 +127,8 @@ def run_links(entry: AuditEntry) -> list[tuple[str, str]]:
     if found:
         ids = [int(x) for x in found.group(1).replace(" ", "").split(",") if x]
         links += [(f"run #{i}", reverse("run", args=[i])) for i in ids[:20]]
-    holder = (entry.detail or {}).get("holder")
+    detail = entry.detail if isinstance(entry.detail, dict) else {}  # JSON: any value
+    holder = detail.get("holder")
     job = holder.get("job") if isinstance(holder, dict) else None
     if isinstance(job, str) and job:
         links.append((f"job {job[:24]}", reverse("run-by-job", args=[job])))

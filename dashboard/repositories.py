@@ -3,18 +3,19 @@ and reading their state. Emits ``repo.changed`` (``publish_repo_changed``)."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
 from dashboard import queues
 from dashboard.commitcounts import stored_commits, stored_commits_subquery
 from dashboard.live import publish_event
-from dashboard.models import Chunk, JobRun, Repository
+from dashboard.models import Chunk, CommitCount, JobRun, Repository
 from dashboard.runs import enqueue_after_commit, ensure_run
 from dashboard.versions import served_fingerprint
 from workers.remotes import InvalidRemote, Remote, RemotePolicy, normalise_branch, parse_remote
@@ -27,6 +28,7 @@ __all__ = [
     "publish_repo_changed",
     "refresh_repository",
     "repository_status",
+    "repository_with_status",
     "submit_repository",
 ]
 
@@ -216,7 +218,6 @@ def repository_status(repo: Repository) -> dict[str, Any]:
     """The API shape of DESIGN §10 plus progress and chunk counts."""
     fp = current_fingerprint()
     analyzed = commits_analyzed(repo, fp)
-    total = repo.commits_total
     chunks = dict.fromkeys(Chunk.State.values, 0)
     for state, n in (
         Chunk.objects.filter(repository=repo, fingerprint=fp)
@@ -224,7 +225,61 @@ def repository_status(repo: Repository) -> dict[str, Any]:
         .annotate(n=Count("id"))
     ):
         chunks[state] = n
-    progress = _progress(repo, fp, analyzed)
+    return _status(repo, fp, analyzed, chunks)
+
+
+def repository_with_status(
+    repo_id: int, *, fingerprint: str | None = None
+) -> tuple[Repository, dict[str, Any]] | None:
+    """The row and its ``repository_status`` (under ``fingerprint``, default the served
+    one) in ONE query besides the fingerprint's, for the repository page: the stored-
+    commit count (``commitcounts``) and the chunk count of each state are scalar
+    subqueries of the row's SELECT (was three queries: the row, the count, the chunks'
+    GROUP BY). Raw SQL (``_status_sql``): the same SELECT through the ORM's
+    ``Subquery``/``Coalesce`` cost more CPU to build and compile than the queries it
+    replaced (SQLite, one-off timing with the fingerprint's query: ORM 3.1–3.6 ms, the
+    separate queries 1.1–1.5 ms, this 0.4–0.5 ms). None when there is no such
+    repository."""
+    fp = fingerprint or current_fingerprint()
+    states = Chunk.State.values
+    params: list[Any] = [fp]
+    for state in states:
+        params += [fp, state]
+    params.append(repo_id)
+    found = list(Repository.objects.raw(_status_sql(connection.vendor), params))
+    if not found:
+        return None
+    repo = found[0]
+    chunks = {state: int(getattr(repo, f"chunks_{state}")) for state in states}
+    return repo, _status(repo, fp, int(repo.n_analyzed), chunks)
+
+
+@functools.cache
+def _status_sql(vendor: str) -> str:
+    """``repository_with_status``'s SELECT: identifiers from the models' metadata, every
+    value a parameter (the fingerprint, then fingerprint and state per chunk state, then
+    the id). Each subquery is one lookup in a unique or covering index (the kept count's
+    (repository, fingerprint); the chunks' (repository, fingerprint, state)). ``vendor``
+    keys the cache: identifier quoting is the connection's."""
+    qn = connection.ops.quote_name
+    pk = qn(Repository._meta.pk.column)
+    repo_t, chunk_t, count_t = (qn(m._meta.db_table) for m in (Repository, Chunk, CommitCount))
+    chunk_repo = qn(Chunk._meta.get_field("repository").column)
+    count_repo = qn(CommitCount._meta.get_field("repository").column)
+    fp_c, state_c, commits_c = qn("fingerprint"), qn("state"), qn("commits")
+    per_state = "".join(
+        f", (SELECT COUNT(*) FROM {chunk_t} c WHERE c.{chunk_repo} = r.{pk}"  # noqa: S608
+        f" AND c.{fp_c} = %s AND c.{state_c} = %s) AS {qn('chunks_' + state)}"
+        for state in Chunk.State.values
+    )
+    return (
+        f"SELECT r.*, COALESCE((SELECT k.{commits_c} FROM {count_t} k"  # noqa: S608
+        f" WHERE k.{count_repo} = r.{pk} AND k.{fp_c} = %s), 0) AS {qn('n_analyzed')}"
+        f"{per_state} FROM {repo_t} r WHERE r.{pk} = %s"
+    )
+
+
+def _status(repo: Repository, fp: str, analyzed: int, chunks: dict[str, int]) -> dict[str, Any]:
     return {
         "id": repo.pk,
         "url": repo.shown_url,
@@ -232,9 +287,9 @@ def repository_status(repo: Repository) -> dict[str, Any]:
         "branch": repo.branch,
         "status": repo.status,
         "head": repo.head or None,
-        "commits_total": total,
+        "commits_total": repo.commits_total,
         "commits_analyzed": analyzed,
-        "progress": progress,
+        "progress": _progress(repo, fp, analyzed),
         "chunks": chunks,
         "fingerprint": fp,
         "error": repo.error or None,

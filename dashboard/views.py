@@ -31,7 +31,7 @@ from dashboard.repositories import (
     current_fingerprint,
     repository_list,
     repository_rows,
-    repository_status,
+    repository_with_status,
     submit_repository,
 )
 from dashboard.rolloutboard import (
@@ -282,17 +282,15 @@ def repositories(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
-    repo = Repository.objects.filter(pk=repo_id).first()
-    if repo is None:
-        raise Http404("repository not found")
-    record_view(repo.pk)  # the rollout warm set starts from the most-viewed repositories
     fp = current_fingerprint()
-    state = repository_status(repo)
-    # The stored-commit count is read once per request: the summary's freshness check
-    # and the live panel reuse ``state`` (unless a promote changed the fingerprint
-    # between the two reads).
-    same_fp = state["fingerprint"] == fp
-    summary = repository_summary(repo, fp, stored=state["commits_analyzed"] if same_fp else None)
+    # The row, its stored-commit count and chunk counts in one query; the summary's
+    # freshness check and the live panel reuse ``state`` (same fingerprint: one read).
+    found = repository_with_status(repo_id, fingerprint=fp)
+    if found is None:
+        raise Http404("repository not found")
+    repo, state = found
+    record_view(repo.pk)  # the rollout warm set starts from the most-viewed repositories
+    summary = repository_summary(repo, fp, stored=state["commits_analyzed"])
     try:
         commits, nxt = commit_page(repo, fingerprint=fp, limit=50, cursor=request.GET.get("cursor"))
     except BadCursor:
@@ -302,7 +300,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         "repository.html",
         {
             "live_socket": f"/ws/repos/{repo.pk}/",
-            "live": repository_live(repo.pk, repo=repo, state=state if same_fp else None),
+            "live": repository_live(repo.pk, repo=repo, state=state),
             "repo": repo,
             "state": state,
             "summary": summary,

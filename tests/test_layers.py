@@ -60,6 +60,7 @@ TESTED_UNDER = {
     "workers.mirrorlimits": "test_git_security",
     "dashboard.management": "test_cli",  # the commands, run as a user runs them
     "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
+    "dashboard.timestamps": "test_pages",  # |ago and relative(); the rows in test_tablerows
 }
 
 

@@ -21,9 +21,18 @@ from django.utils import timezone
 from dashboard import leases
 from dashboard.charts import history_bars
 from dashboard.deadletters import run_bulk
-from dashboard.models import AuditEntry, Chunk, JobAttempt, JobRun, Repository
+from dashboard.models import AuditEntry, Chunk, CommitCount, JobAttempt, JobRun, Repository
+from dashboard.repositories import (
+    current_fingerprint,
+    repository_status,
+    repository_with_status,
+    submit_repository,
+)
 from dashboard.samples import day_series
-from dashboard.templatetags.gitward import relative, shorten
+from dashboard.templatetags.gitward import shorten
+from dashboard.timestamps import relative
+from tests.conftest import run_workers
+from tests.gitrepo import GitRepo
 from workers import lockkeys
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -416,3 +425,66 @@ def test_audit_targets_link_to_the_page_they_are_on(operator: Client) -> None:
     assert '<a href="/workers/">sync</a>' in page
     assert '<a href="/repos/?q=https%3A%2F%2Fe.com%2Fa+b.git">https://e.com/a b.git</a>' in page
     assert '<td class="path">v2</td>' in page  # no page of its own: plain text
+
+
+def _table(sql: str) -> str:
+    """``SELECT table`` / ``UPDATE table``: the statement and its own first table (what
+    parentheses hold — subqueries, ``COUNT(*)`` — dropped first)."""
+    outer = sql
+    while (shorter := re.sub(r"\([^()]*\)", "", outer)) != outer:
+        outer = shorter
+    found = re.search(r'(FROM|UPDATE|INTO) "(\w+)"', outer)
+    return f"{sql.split(' ', 1)[0]} {found.group(2) if found else '?'}"
+
+
+def test_the_repository_page_reads_its_row_count_and_chunks_in_one_query(
+    operator: Client, git_repo: GitRepo
+) -> None:
+    """Issue 15: the warm repository page makes 7 queries — session, user, the served
+    fingerprint, the row with its stored-commit count and chunk counts, the view count,
+    the summary, the commits, the recent runs — was 12 (the fingerprint read twice, the
+    count and the chunks' GROUP BY apart from the row). The status it shows is
+    ``repository_status``'s, exactly."""
+    for i in range(3):
+        git_repo.commit(f"c{i}", {"f.py": f"{i}\n"})
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    url = f"/repos/{repo.pk}/"
+    assert operator.get(url).status_code == 200  # warm: the session, today's view row
+    with CaptureQueriesContext(connection) as ctx:
+        page = operator.get(url)
+    assert page.status_code == 200
+    assert [_table(q["sql"]) for q in ctx.captured_queries] == [
+        "SELECT django_session", "SELECT auth_user", "SELECT dashboard_analyzerversion",
+        "SELECT dashboard_repository", "UPDATE dashboard_repositoryview",
+        "SELECT dashboard_summary", "SELECT dashboard_commit", "SELECT dashboard_jobrun",
+    ]  # fmt: skip
+    repo.refresh_from_db()
+    assert page.context["state"] == repository_status(repo)
+    n = len(git_repo.shas())
+    assert page.context["state"]["commits_analyzed"] == n == 6
+    assert f"{n} / {n} commits" in page.content.decode()
+
+
+def test_the_combined_status_equals_repository_status(git_repo: GitRepo) -> None:
+    """Chunks in every state under the served fingerprint and others under another one,
+    kept counts under both: the one-query reader and ``repository_status`` agree."""
+    fp = current_fingerprint()
+    repo = Repository.objects.create(url="https://example.com/s/combined.git", commits_total=9,
+                                     status="analyzing", head="ab" * 20)  # fmt: skip
+    bare = Repository.objects.create(url="https://example.com/s/bare.git")
+    states = [*Chunk.State.values, Chunk.State.DONE, Chunk.State.DONE]
+    for i, state in enumerate(states):
+        for f in (fp, "other"):
+            Chunk.objects.create(repository=repo, fingerprint=f, key=f"{f}{i}", shas="x", size=1,
+                                 state=state)  # fmt: skip
+    CommitCount.objects.create(repository=repo, fingerprint=fp, commits=4)
+    CommitCount.objects.create(repository=repo, fingerprint="other", commits=7)
+    for r in (repo, bare):
+        found = repository_with_status(r.pk)
+        assert found is not None and found[0].pk == r.pk
+        assert found[1] == repository_status(r)
+    assert repository_with_status(repo.pk)[1]["chunks"] == {  # type: ignore[index]
+        "queued": 1, "running": 1, "done": 3, "failed": 1}  # fmt: skip
+    assert repository_with_status(repo.pk, fingerprint="other")[1]["commits_analyzed"] == 7  # type: ignore[index]
+    assert repository_with_status(10**9) is None

@@ -1,71 +1,31 @@
 """Template filters every page uses: relative times, short ids with a copy button,
-counts with units and plurals, and the threshold class of a value.
+counts with units and plurals, and the threshold class of a value; and the tags that
+print the repository list's and the audit log's rows (``dashboard.tablerows``).
 
-Everything returned is built with ``format_html``: values are escaped, so hostile job
-ids or repository names stay text.
+Everything returned escapes every value as ``format_html`` does (the characters are
+``format_html``'s, built without its per-argument wrappers where a table calls them per
+row), so hostile job ids or repository names stay text.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 from django import template
-from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from dashboard import plurals
+from dashboard import plurals, tablerows
+from dashboard.timestamps import ago_html
+from dashboard.timestamps import parse_time as _parse
 
 register = template.Library()
-
-
-def _parse(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str) and value:
-        try:
-            return datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    return None
-
-
-def relative(seconds: float) -> str:
-    """``3 s ago``, ``5 min ago``, ``2 h ago``, ``4 d ago``, ``5 mo ago``, ``3 y ago``
-    (``in …`` for the future). gitward.js has the same rule for live updates."""
-    future = seconds < 0
-    s = abs(seconds)
-    if s < 90:
-        text = f"{round(s)} s"
-    elif s < 90 * 60:
-        text = f"{round(s / 60)} min"
-    elif s < 36 * 3600:
-        text = f"{round(s / 3600)} h"
-    elif s < 45 * 86400:
-        text = f"{round(s / 86400)} d"
-    elif s < 365 * 86400:
-        text = f"{round(s / (30.44 * 86400))} mo"
-    else:
-        text = f"{s / (365.25 * 86400):.1f} y".replace(".0 y", " y")
-    return f"in {text}" if future else f"{text} ago"
 
 
 @register.filter
 def ago(value: Any) -> SafeString | str:
     """A ``<time>`` reading "3 s ago" with the exact UTC time on hover; the page's
-    script keeps the text current. ``—`` for no time."""
-    when = _parse(value)
-    if when is None:
-        return "—"
-    if timezone.is_naive(when):
-        when = timezone.make_aware(when, UTC)
-    exact = when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    text = relative((timezone.now() - when).total_seconds())
-    return format_html(
-        '<time class="ago" datetime="{}" title="{}">{}</time>', when.isoformat(), exact, text
-    )
+    script keeps the text current. ``—`` for no time (``dashboard.timestamps``)."""
+    return ago_html(value)
 
 
 def shorten(value: str, keep: int = 22) -> str:
@@ -80,34 +40,13 @@ def shortid(value: Any, link: str = "") -> SafeString | str:
     """A long id shortened, the full one on hover, with a copy button; linked to
     ``link`` + the id (percent-encoded) when ``link`` is given, e.g. ``"/runs/?q="``;
     a ``{}`` in ``link`` marks where the id goes, e.g. ``"/runs/job/{}/"`` (the run page)."""
-    return _copyable(value, link, shorten(str(value)))
+    return tablerows.copyable_html(value, link, shorten(str(value)))
 
 
 @register.filter
 def shortsha(value: Any, link: str = "") -> SafeString | str:
     """A commit id as its first 10 characters, with a copy button for the full one."""
-    return _copyable(value, link, str(value)[:10])
-
-
-def _copyable(value: Any, link: str, short: str) -> SafeString | str:
-    if value in (None, ""):
-        return "—"
-    full = str(value)
-    if link:
-        quoted = quote(full, safe="")
-        href = link.replace("{}", quoted) if "{}" in link else link + quoted
-        cls = "run-link" if link.startswith("/runs/job/") else "id-link"
-        label = format_html('<a class="{}" href="{}"><code>{}</code></a>', cls, href, short)
-    else:
-        label = format_html("<code>{}</code>", short)
-    return format_html(
-        '<span class="id" title="{}">{}<button type="button" class="copy" data-copy="{}" '
-        'aria-label="copy {}">copy</button></span>',
-        full,
-        label,
-        full,
-        full,
-    )
+    return tablerows.copyable_html(value, link, str(value)[:10])
 
 
 def span(seconds: float) -> str:
@@ -145,3 +84,21 @@ def level(value: Any, limits: str) -> str:
     except (TypeError, ValueError):
         return ""
     return "bad" if x >= bad else "warn" if x >= warn else "good"
+
+
+@register.simple_tag
+def repository_rows(rows: Any, filters: Any = "") -> SafeString:
+    """``{% repository_rows repositories filters %}``: the list's ``<tr>``s."""
+    return tablerows.repository_rows(rows or (), filters)
+
+
+@register.simple_tag
+def audit_rows(entries: Any, filters: Any = "") -> SafeString:
+    """``{% audit_rows entries filters %}``: the audit log's ``<tr>``s."""
+    return tablerows.audit_rows(entries or (), filters)
+
+
+@register.simple_tag
+def commit_rows(commits: Any, link: str = "") -> SafeString:
+    """``{% commit_rows commits commit_link %}``: the repository page's commit ``<tr>``s."""
+    return tablerows.commit_rows(commits or (), link)
