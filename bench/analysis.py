@@ -234,7 +234,12 @@ class _Synth:
         return self.count
 
 
-def build_repository(path: Path, commits: int, seed: int) -> None:
+def build_repository(path: Path, commits: int, seed: int, *, repack: bool = True) -> None:
+    """The synthetic history, written by ``git fast-import`` and then, unless ``repack``
+    is false, repacked (``git repack -adf``): fast-import writes one pack in creation
+    order whose deltas only chain each blob and tree on its previous version, where a
+    real mirror receives the deltas and order of its server's ``pack-objects`` (a
+    hosted repository is repacked by its host), so the mirror built from it is too."""
     subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
     proc = subprocess.Popen(
         ["git", "-C", str(path), "fast-import", "--quiet", "--done"], stdin=subprocess.PIPE
@@ -248,6 +253,12 @@ def build_repository(path: Path, commits: int, seed: int) -> None:
         if proc.wait(timeout=600) != 0:
             raise RuntimeError("git fast-import failed")
     subprocess.run(["git", "-C", str(path), "update-ref", "-d", "refs/heads/topic"], check=True)
+    if repack:
+        repack_repository(path)
+
+
+def repack_repository(path: Path) -> None:
+    subprocess.run(["git", "-C", str(path), "repack", "-adfq"], check=True)
 
 
 def git_out(repo: Path, *args: str) -> str:
@@ -380,13 +391,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _status(pid: int) -> tuple[str, int, int] | None:
-    """(name, VmRSS kB, VmHWM kB) of a live process."""
+def descendants_by_depth(pid: int) -> list[tuple[int, int]]:
+    """``(pid, depth)`` of ``pid`` (depth 0) and every process under it."""
+    kids = _children_map()
+    out, todo = [], [(pid, 0)]
+    while todo:
+        p, depth = todo.pop()
+        out.append((p, depth))
+        todo.extend((k, depth + 1) for k in kids.get(p, []))
+    return out
+
+
+def _status(pid: int) -> tuple[str, int, int, int] | None:
+    """(name, VmRSS kB, VmHWM kB, RssAnon kB) of a live process."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    name, rss, hwm = "", 0, 0
+    name, rss, hwm, anon = "", 0, 0, 0
     for line in text.splitlines():
         if line.startswith("Name:"):
             name = line.split()[1]
@@ -394,11 +416,21 @@ def _status(pid: int) -> tuple[str, int, int] | None:
             rss = int(line.split()[1])
         elif line.startswith("VmHWM:"):
             hwm = int(line.split()[1])
-    return name, rss, hwm
+        elif line.startswith("RssAnon:"):
+            anon = int(line.split()[1])
+    return name, rss, hwm, anon
+
+
+#: Process kinds of the worker tree, by depth under ``manage.py worker`` (the pool):
+#: its workers, their forked work horses (the first horse seen runs the sync job: the
+#: analyze jobs are only enqueued when its plan commits), and git under a horse.
+KINDS = ("pool", "worker", "sync horse", "analyze horse", "sync git", "analyze git")
 
 
 class MemoryPoller(threading.Thread):
-    """Polls the process tree under ``root`` every ``interval`` s."""
+    """Polls the process tree under ``root`` every ``interval`` s: peak VmHWM (which
+    counts file-backed pages, e.g. git's mapped pack, and SQLite's page reads do not
+    show) and peak polled RssAnon (the heap, sampled) per process and per kind."""
 
     def __init__(self, root: int, interval: float = 0.05) -> None:
         super().__init__(daemon=True)
@@ -406,20 +438,46 @@ class MemoryPoller(threading.Thread):
         self.interval = interval
         self.stop_event = threading.Event()
         self.hwm: dict[int, tuple[str, int]] = {}
+        self.anon: dict[int, int] = {}
+        self.kind: dict[int, str] = {}
+        self.sync_horse = 0
         self.peak_py_sum = 0
         self.pids_seen: set[int] = set()
+
+    def _kind_of(self, pid: int, depth: int, name: str, parent_kind: str) -> str:
+        if pid in self.kind:
+            return self.kind[pid]
+        if depth == 0:
+            kind = "pool"
+        elif depth == 1:
+            kind = "worker"
+        elif depth == 2 and name.startswith("python"):
+            if not self.sync_horse:
+                self.sync_horse = pid
+            kind = "sync horse" if pid == self.sync_horse else "analyze horse"
+        else:
+            kind = "sync git" if parent_kind.startswith("sync") else "analyze git"
+        self.kind[pid] = kind
+        return kind
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             py_sum = 0
-            for pid in descendants(self.root):
+            kinds: dict[int, str] = {}
+            kids = _children_map()
+            todo = [(self.root, 0, "")]
+            while todo:
+                pid, depth, parent_kind = todo.pop()
                 st = _status(pid)
                 if st is None:
                     continue
-                name, rss, hwm = st
+                name, rss, hwm, anon = st
+                kind = kinds[pid] = self._kind_of(pid, depth, name, parent_kind)
+                todo.extend((k, depth + 1, kind) for k in kids.get(pid, []))
                 self.pids_seen.add(pid)
                 if hwm > self.hwm.get(pid, ("", 0))[1]:
                     self.hwm[pid] = (name, hwm)
+                self.anon[pid] = max(self.anon.get(pid, 0), anon)
                 if name.startswith("python"):
                     py_sum += rss
             self.peak_py_sum = max(self.peak_py_sum, py_sum)
@@ -428,12 +486,26 @@ class MemoryPoller(threading.Thread):
     def summary(self) -> dict[str, Any]:
         py = [h for n, h in self.hwm.values() if n.startswith("python")]
         git = [h for n, h in self.hwm.values() if n.startswith("git")]
+        by_kind: dict[str, dict[str, float]] = {}
+        for pid, kind in self.kind.items():
+            got = by_kind.setdefault(kind, {"hwm_mb": 0.0, "anon_mb": 0.0, "n": 0})
+            got["hwm_mb"] = max(got["hwm_mb"], self.hwm.get(pid, ("", 0))[1] / 1024)
+            got["anon_mb"] = max(got["anon_mb"], self.anon.get(pid, 0) / 1024)
+            got["n"] += 1
         return {
             "max_python_hwm_mb": max(py, default=0) / 1024,
             "max_git_hwm_mb": max(git, default=0) / 1024,
             "peak_python_rss_sum_mb": self.peak_py_sum / 1024,
             "processes_seen": len(self.pids_seen),
+            "by_kind": by_kind,
         }
+
+
+def format_kinds(by_kind: dict[str, dict[str, float]]) -> str:
+    """``kind VmHWM/RssAnon MB`` for each process kind seen."""
+    return ", ".join(
+        f"{k} {by_kind[k]['hwm_mb']:.0f}/{by_kind[k]['anon_mb']:.0f}" for k in KINDS if k in by_kind
+    )
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -611,6 +683,7 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
             "analyze_job_s": sum(secs(r.started_at, r.finished_at) for r in runs),
             "analyze_attempts": sum(r.attempts for r in runs),
             "idle_worker_hwm_mb": idle,
+            "load_after": os.getloadavg()[0],
             **poller.summary(),
         }
         if cfg.get("push"):  # after the figures above: it adds runs of its own
@@ -626,6 +699,136 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
             _stop_tree(worker_proc)
         for n in nodes:
             n.kill()
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``--stages``: the pipeline's steps one after another in this (fresh) process, with
+    git's CPU (``RUSAGE_CHILDREN``: every git is reaped before its step ends) apart from
+    Python's own (``RUSAGE_SELF``, SQLite included): the sync's ``list_commits`` and
+    plan, then per chunk, as an analyze job does, ``stream_commits`` and ``write_chunk``
+    on a fresh SQLite connection (a work horse opens its own). No Redis, no queue: the
+    chunk rows are inserted directly, the fencing token issued per chunk."""
+    base = Path(cfg["dir"])
+    var = base / "var"
+    var.mkdir(parents=True)
+    os.environ.update(
+        GITWARD_VAR_DIR=str(var),
+        DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+        GITWARD_WORKSPACE=str(var / "workspace"),
+        GITWARD_CHUNK_SIZE=str(cfg["chunk_size"]),
+        DJANGO_SETTINGS_MODULE="dashboard.settings",
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from dashboard.commits import write_chunk
+    from dashboard.fencing import next_token
+    from dashboard.models import Chunk, Repository
+    from workers.analyzer import DEFAULT
+    from workers.chunks import chunk_key, plan_chunks
+    from workers.history import list_commits, stream_commits
+
+    call_command("migrate", verbosity=0)
+    path = Path(cfg["origin"])
+    c0, s0 = _children_cpu(), _self_cpu()
+    shas = list_commits(path, "HEAD")
+    c1, s1 = _children_cpu(), _self_cpu()
+    planned = plan_chunks(shas, target=cfg["chunk_size"])
+    s2 = _self_cpu()
+    fp = DEFAULT.fingerprint()
+    repo = Repository.objects.create(
+        url=str(path), status=Repository.Status.ANALYZING, fingerprint=fp, commits_total=len(shas)
+    )
+    Chunk.objects.bulk_create(
+        Chunk(
+            repository=repo,
+            fingerprint=fp,
+            key=chunk_key(part),
+            shas="\n".join(part),
+            size=len(part),
+            position=i,
+        )
+        for i, part in enumerate(planned, start=1)
+    )
+    ids = list(
+        Chunk.objects.filter(repository=repo).order_by("position").values_list("pk", flat=True)
+    )
+    per: list[tuple[int, float, float, float]] = []
+    for pk in ids:
+        connection.close()
+        chunk = Chunk.objects.select_related("repository").get(pk=pk)
+        chunk_shas = chunk.sha_list()
+        c, s = _children_cpu(), _self_cpu()
+        records = list(stream_commits(path, chunk_shas))
+        git_s, parse_s = _children_cpu() - c, _self_cpu() - s
+        s = _self_cpu()
+        write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()))
+        per.append((len(chunk_shas), git_s, parse_s, _self_cpu() - s))
+    return {
+        "commits": len(shas),
+        "chunks": len(per),
+        "list_git_s": c1 - c0,
+        "list_py_s": s1 - s0,
+        "plan_py_s": s2 - s1,
+        "per_chunk": per,
+        "db_mb": (var / "db.sqlite3").stat().st_size / 2**20,
+    }
+
+
+def run_stages(
+    origin: Path, work: Path, *, chunk_size: int, root: Path | None = None
+) -> dict[str, Any]:
+    cfg = {"origin": str(origin), "dir": str(work), "chunk_size": chunk_size, "stages": True}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL", "DJANGO_"))
+    }
+    if root is not None:
+        env["GITWARD_BENCH_ROOT"] = str(root)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"stage profile failed:\n{out.stdout}\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def print_stages(label: str, r: dict[str, Any]) -> None:
+    """CPU-s per 1,000 commits by step, and git/write by quarter of the history."""
+    per = r["per_chunk"]
+    k = r["commits"] / 1000
+    git, parse, write = (sum(p[i] for p in per) for i in (1, 2, 3))
+    print(
+        f"  {label}: {r['commits']} commits, {r['chunks']} chunks, db {r['db_mb']:.0f} MB; "
+        f"CPU-s per 1,000 commits: sync rev-list (git) {r['list_git_s'] / k:.4f} + list "
+        f"(python) {r['list_py_s'] / k:.4f} + plan {r['plan_py_s'] / k:.4f}; chunk git log "
+        f"{git / k:.3f}, parse {parse / k:.3f}, write {write / k:.3f}; total "
+        f"{(git + parse + write + r['list_git_s'] + r['list_py_s'] + r['plan_py_s']) / k:.3f}"
+    )
+    quarters = []
+    for q in range(4):
+        part = per[q * len(per) // 4 : (q + 1) * len(per) // 4]
+        n = sum(p[0] for p in part) / 1000 or 1
+        quarters.append(
+            f"Q{q + 1} git {sum(p[1] for p in part) / n:.3f} parse "
+            f"{sum(p[2] for p in part) / n:.3f} write {sum(p[3] for p in part) / n:.3f}"
+        )
+    print(f"    by quarter of the history (oldest first), per 1,000: {'; '.join(quarters)}")
 
 
 def push_commits(origin: Path, n: int) -> str:
@@ -873,11 +1076,31 @@ def main() -> None:
         help="only the metrics-recording overhead: N pairs of (c) runs, alternated, with "
         "GITWARD_METRICS_RECORDING=false and true; prints both medians and the overhead",
     )
+    parser.add_argument(
+        "--fast-import-pack",
+        action="store_true",
+        help="keep the synthetic repository's pack as git fast-import wrote it (before "
+        "issue 14.3's round: not repacked)",
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="only the per-step CPU profile (git vs Python: rev-list, plan, per chunk git "
+        "log, parse, write) at each --rss-sizes size and the whole history, on a pack-"
+        "transfer clone of each (as the mirror is); with --baseline for both trees",
+    )
+    parser.add_argument(
+        "--stage-packs",
+        default="fetched",
+        help="with --stages: 'fetched' (the clone as transferred) and/or 'repacked' (the "
+        "clone after git repack -adf), comma-separated",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-        print(json.dumps(gitward_child(json.loads(args.child))))
+        cfg = json.loads(args.child)
+        print(json.dumps(stages_child(cfg) if cfg.get("stages") else gitward_child(cfg)))
         return
 
     os.environ.pop("DJANGO_SETTINGS_MODULE", None)
@@ -895,7 +1118,7 @@ def main() -> None:
         else:
             origin = tmp / "origins" / "synthetic"
             start = time.perf_counter()
-            build_repository(origin, args.commits, args.seed)
+            build_repository(origin, args.commits, args.seed, repack=not args.fast_import_pack)
             build_s = time.perf_counter() - start
         total = int(git_out(origin, "rev-list", "--count", "HEAD"))
         merges = int(git_out(origin, "rev-list", "--count", "--merges", "HEAD"))
@@ -904,16 +1127,20 @@ def main() -> None:
             f"# gitward analysis benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}  "
             f"{platform.platform()}  cpus={os.cpu_count()}  python {platform.python_version()}"
         )
+        pack = "fast-import's pack" if args.fast_import_pack else "repacked"
         what = (
             str(args.repo)
             if args.repo
-            else f"synthetic seed={args.seed} (built in {build_s:.1f} s)"
+            else f"synthetic seed={args.seed} ({pack}, built in {build_s:.1f} s)"
         )
         print(f"repository: {what}: {total} commits ({merges} merges), {files} files at HEAD")
 
         print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if args.clone:
             clone_mode(args, origin, tmp, default_chunk)
+            return
+        if args.stages:
+            stages_mode(args, origin, tmp, total, default_chunk)
             return
         if args.metrics_ab:
             metrics_ab(args, origin, tmp, default_chunk)
@@ -992,12 +1219,29 @@ def main() -> None:
         rows = []
         for size in [int(s) for s in args.rss_sizes.split(",") if s.strip()]:
             if size >= total:
-                rows.append((total, c))
+                if args.baseline:
+                    rows.append(("before", total, base))
+                rows.append(("after" if args.baseline else "", total, c))
                 continue
             small = tmp / "origins" / f"size-{size}.git"
             truncated_clone(origin, small, size)
+            if args.baseline:
+                rows.append(
+                    (
+                        "before",
+                        size,
+                        run_gitward(
+                            small,
+                            tmp / f"run-{size}-baseline",
+                            workers=args.workers,
+                            chunk_size=default_chunk,
+                            root=args.baseline.resolve(),
+                        ),
+                    )
+                )
             rows.append(
                 (
+                    "after" if args.baseline else "",
                     size,
                     run_gitward(
                         small, tmp / f"run-{size}", workers=args.workers, chunk_size=default_chunk
@@ -1008,14 +1252,17 @@ def main() -> None:
             f"worker memory ({args.workers} workers, chunk {default_chunk}; VmHWM/VmRSS polled "
             f"every 50 ms over the pool, workers, forked work horses and git):"
         )
-        for _size, r in sorted(rows, key=lambda x: x[1]["commits"]):
+        for label, _size, r in sorted(rows, key=lambda x: (x[2]["commits"], x[0])):
             print(
-                f"  {r['commits']:>6} commits: max python process {r['max_python_hwm_mb']:.0f} "
-                f"MB (idle worker {r['idle_worker_hwm_mb']:.0f} MB), max git "
-                f"{r['max_git_hwm_mb']:.0f} MB, peak sum python RSS "
-                f"{r['peak_python_rss_sum_mb']:.0f} MB; {r['stored'] / r['wall_s']:,.0f} "
-                f"commits/s"
+                f"  {label + ' ' if label else ''}{r['commits']:>6} commits: max python "
+                f"process {r['max_python_hwm_mb']:.0f} MB (idle worker "
+                f"{r['idle_worker_hwm_mb']:.0f} MB), max git {r['max_git_hwm_mb']:.0f} MB, "
+                f"peak sum python RSS {r['peak_python_rss_sum_mb']:.0f} MB; "
+                f"{r['stored'] / r['wall_s']:,.0f} commits/s, CPU {r['cpu_s']:.2f} s = "
+                f"{r['cpu_s'] / r['stored'] * 1000:.3f} CPU-s per 1,000 commits, sync "
+                f"{r['sync_s']:.2f} s, load {r['load_after']:.2f}"
             )
+            print(f"      per kind, peak VmHWM/RssAnon MB: {format_kinds(r['by_kind'])}")
 
         extra = [int(s) for s in args.chunk_sizes.split(",") if s.strip()]
         for size in extra:
@@ -1028,6 +1275,46 @@ def main() -> None:
                 f"{r['analyze_git_parse_s']:.1f} s, db write {r['analyze_db_write_s']:.1f} s, "
                 f"max python {r['max_python_hwm_mb']:.0f} MB)"
             )
+
+
+def stages_mode(args: argparse.Namespace, origin: Path, tmp: Path, total: int, chunk: int) -> None:
+    """``--stages``: :func:`stages_child` at each size, before (``--baseline``) and after."""
+    sizes = sorted({min(int(x), total) for x in args.rss_sizes.split(",") if x.strip()} | {total})
+    packs = [p.strip() for p in args.stage_packs.split(",") if p.strip()]
+    for size in sizes:
+        src = origin
+        if size < total:
+            src = tmp / "origins" / f"size-{size}.git"
+            truncated_clone(origin, src, size)
+        for pack in packs:
+            # a pack transfer, like the mirror's fetch (a local clone would hard-link)
+            mirror = tmp / "origins" / f"stage-{size}-{pack}.git"
+            subprocess.run(
+                [
+                    "git",
+                    "clone",
+                    "-q",
+                    "--bare",
+                    "--no-local",
+                    "--single-branch",
+                    str(src),
+                    str(mirror),
+                ],
+                check=True,
+            )
+            if pack == "repacked":
+                repack_repository(mirror)
+            pack_mb = sum(f.stat().st_size for f in (mirror / "objects" / "pack").glob("*.pack"))
+            print(f"{size} commits, {pack} mirror ({pack_mb / 2**20:.0f} MB of packs):")
+            trees = [("before", args.baseline.resolve())] if args.baseline else []
+            trees.append(("after" if args.baseline else "this tree", None))
+            for label, root in trees:
+                r = run_stages(
+                    mirror, tmp / f"stages-{size}-{pack}-{label}", chunk_size=chunk, root=root
+                )
+                print_stages(label, r)
+                print(f"    load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            shutil.rmtree(mirror, ignore_errors=True)
 
 
 def print_push(c: dict[str, Any]) -> None:

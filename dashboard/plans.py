@@ -25,7 +25,7 @@ from dashboard.runs import enqueue_after_commit, ensure_run
 from dashboard.summaries import repository_summary
 from dashboard.versions import served_fingerprint
 from workers.analyzer import queue_name
-from workers.chunks import chunk_key, plan_chunks
+from workers.chunks import chunk_key, iter_chunks
 
 OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
 
@@ -153,41 +153,66 @@ def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
     return found
 
 
+#: Chunk rows per INSERT while planning: the plan holds this many chunks' text at most.
+_ROWS_PER_INSERT = 25
+
+
 def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
-    """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``."""
+    """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``.
+
+    Streams (issue 14.3): the pending shas are filtered as the chunks are cut, and the
+    chunk rows are inserted ``_ROWS_PER_INSERT`` at a time, so a whole history costs
+    ``shas`` (a compact ``ShaList`` from the sync) plus a batch of chunks, not a list of
+    every pending sha and every chunk's text at once. The same rows as one INSERT: a
+    batch's keys exist before the next batch is cut, and keys are unique per chunk.
+    """
     stored = _stored(repo_id, fingerprint, shas)
     in_flight = _in_flight(repo_id, fingerprint)
-    pending = [s for s in shas if s not in stored and s not in in_flight]
-    planned = plan_chunks(pending, target=settings.CHUNK_SIZE)
+    pending = (s for s in shas if s not in stored and s not in in_flight)
     position = (
         Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint).aggregate(
             m=Max("position")
         )["m"]
         or 0
     )
-    keys = []
-    new_rows = []
-    for i, part in enumerate(planned, start=1):
-        key = chunk_key(part)
-        keys.append(key)
-        new_rows.append(
+    batch: list[Chunk] = []
+    for part in iter_chunks(pending, target=settings.CHUNK_SIZE):
+        position += 1
+        batch.append(
             Chunk(
                 repository_id=repo_id,
                 fingerprint=fingerprint,
-                key=key,
+                key=chunk_key(part),
                 shas="\n".join(part),
                 size=len(part),
-                position=position + i,
+                position=position,
             )
         )
-    Chunk.objects.bulk_create(new_rows, ignore_conflicts=True, batch_size=500)
-    Chunk.objects.filter(
-        repository_id=repo_id, fingerprint=fingerprint, key__in=keys, state=Chunk.State.FAILED
-    ).update(state=Chunk.State.QUEUED, error="")
+        if len(batch) >= _ROWS_PER_INSERT:
+            _insert_chunks(repo_id, fingerprint, batch)
+            batch = []
+    _insert_chunks(repo_id, fingerprint, batch)
+    # only what _runs_for reads: not every open chunk's list of shas
     open_chunks = list(
-        Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES)
+        Chunk.objects.filter(
+            repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
+        ).only("pk", "repository_id", "fingerprint", "key")
     )
     return _runs_for(open_chunks, fingerprint), bool(open_chunks)
+
+
+def _insert_chunks(repo_id: int, fingerprint: str, rows: list[Chunk]) -> None:
+    """Insert new chunk rows (a key that exists is kept) and reset a failed one of these
+    keys to queued: a re-submission retries it."""
+    if not rows:
+        return
+    Chunk.objects.bulk_create(rows, ignore_conflicts=True)
+    Chunk.objects.filter(
+        repository_id=repo_id,
+        fingerprint=fingerprint,
+        key__in=[r.key for r in rows],
+        state=Chunk.State.FAILED,
+    ).update(state=Chunk.State.QUEUED, error="")
 
 
 def _record_plan(repo: Repository, fingerprint: str, head: str, total: int, busy: bool) -> None:

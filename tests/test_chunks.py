@@ -4,10 +4,11 @@ is covered in tests/test_crashes.py and tests/test_pipeline.py)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 import pytest
 
-from workers.chunks import chunk_key, plan_chunks
+from workers.chunks import ShaList, chunk_key, iter_chunks, plan_chunks
 
 
 def _shas(n: int, salt: str = "") -> list[str]:
@@ -76,3 +77,84 @@ def test_chunk_key_scheme() -> None:
     assert chunk_key([a, b, c]) == f"{a}..{c}"
     with pytest.raises(ValueError):
         chunk_key([])
+
+
+# --------------------------------------------------------------------------- ShaList
+
+
+def test_a_sha_list_gives_back_the_hex_shas_and_holds_twenty_bytes_each() -> None:
+    shas = _shas(1000)
+    compact = ShaList(shas)
+    assert len(compact) == 1000 and compact.nbytes == 20_000
+    assert list(compact) == shas and compact == shas and compact == ShaList(shas)
+    assert compact[0] == shas[0] and compact[-1] == shas[-1] and compact[500] == shas[500]
+    assert compact[10:13] == shas[10:13] and compact[::-1] == shas[::-1]
+    assert shas[7] in compact and "0" * 40 not in compact
+    assert compact != shas[:-1] and compact != [*shas[:-1], "0" * 40]
+    with pytest.raises(IndexError):
+        compact[1000]
+    with pytest.raises(IndexError):
+        compact[-1001]
+
+
+def test_a_sha_list_takes_sha256_names_but_never_two_widths() -> None:
+    long = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(3)]
+    compact = ShaList(long)
+    assert compact == long and compact.nbytes == 96
+    with pytest.raises(ValueError):
+        compact.append(_shas(1)[0])
+    with pytest.raises(ValueError):
+        ShaList(_shas(1)).append(long[0])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "abc", "A" * 40, "g" * 40, " " + "a" * 39, "a" * 41, "a" * 39 + "\n", "aa " * 13 + "a"],
+)
+def test_a_sha_list_refuses_anything_but_a_full_lowercase_sha(bad: str) -> None:
+    compact = ShaList()
+    with pytest.raises(ValueError):
+        compact.append(bad)
+    with pytest.raises(ValueError):
+        compact.extend_lines(bad.encode() + b"\n")
+    assert len(compact) == 0 and list(compact) == [] and compact == []
+
+
+def test_sha_lines_are_taken_whole_and_checked() -> None:
+    shas = _shas(5)
+    compact = ShaList()
+    compact.extend_lines("".join(f"{s}\n" for s in shas[:2]).encode())
+    compact.extend_lines(b"")
+    compact.extend_lines("".join(f"{s}\n" for s in shas[2:]).encode())
+    assert compact == shas
+    for bad in (shas[0].encode(), f"{shas[0]}\n{shas[1]}".encode(), f"{shas[0]}\n\n".encode()):
+        with pytest.raises(ValueError):
+            ShaList().extend_lines(bad)
+    refused = ShaList()
+    with pytest.raises(ValueError):
+        refused.extend_lines(("f" * 64 + "\n").encode() + b"x\n")
+    refused.append(shas[0])  # a refused batch decided no width
+    assert refused == shas[:1]
+
+
+def test_planning_a_sha_list_yields_exactly_the_chunks_of_the_plain_list() -> None:
+    shas = _shas(3000, "w")
+    for target in (1, 7, 100, 1000):
+        assert plan_chunks(ShaList(shas), target=target) == plan_chunks(shas, target=target)
+
+
+def test_chunks_are_cut_while_the_pending_shas_are_read() -> None:
+    shas = _shas(400, "v")
+    read: list[int] = []
+
+    def pending() -> Iterator[str]:
+        for i, sha in enumerate(shas):
+            read.append(i)
+            yield sha
+
+    chunks = iter_chunks(pending(), target=5)
+    first = next(chunks)
+    assert len(read) == len(first)  # nothing beyond the first chunk was read yet
+    assert [first, *chunks] == plan_chunks(shas, target=5)
+    with pytest.raises(ValueError):
+        iter_chunks(shas, target=0)  # checked at once, not on the first next()

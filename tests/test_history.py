@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from workers import history, numstat
 from workers.analyzer import DEFAULT, AnalyzerConfig
+from workers.chunks import ShaList
 from workers.history import CommitRecord, HistoryError, list_commits, stream_commits
 from workers.languages import language_for
 
@@ -709,3 +710,23 @@ def test_path_cache_overflow_and_block_boundaries_do_not_change_results(
     monkeypatch.setattr(history, "READ_BLOCK", 7)
     assert [as_dict(c) for c in assert_matches_git(bare, RENAMES)] == expected
     assert [as_dict(c) for c in assert_matches_git(bare)][2]["files"] != expected[2]["files"]
+
+
+def test_list_commits_keeps_a_long_history_compact_across_read_blocks(tmp_path: Path) -> None:
+    bare = _fast_import_repo(tmp_path / "long.git", 2000)  # 82 KB of output: two reads
+    shas = list_commits(bare, "main")
+    expected = git(bare, "rev-list", "--reverse", "--topo-order", "main", git_dir=bare).split()
+    assert isinstance(shas, ShaList) and shas.nbytes == 20 * 2000
+    assert list(shas) == [s.decode() for s in expected]
+
+
+def test_list_commits_refuses_output_that_is_not_one_sha_a_line(tmp_path: Path) -> None:
+    bare = _fast_import_repo(tmp_path / "p.git", 3)
+
+    def with_parents(
+        args: list[str], *, cwd: str | Path, stdin: int | None
+    ) -> subprocess.Popen[bytes]:
+        return history.default_git_runner([*args, "--parents"], cwd=cwd, stdin=stdin)
+
+    with pytest.raises(HistoryError, match="rev-list output"):
+        list_commits(bare, "main", git=with_parents)

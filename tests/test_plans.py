@@ -3,9 +3,14 @@ and each chunk's start and finish, against the real database and Redis."""
 
 from __future__ import annotations
 
+import hashlib
+import tracemalloc
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from typing import Any, overload
 
 import pytest
+from django.db.models import Sum
 
 from dashboard import plans, queues
 from dashboard.commitcounts import add_stored
@@ -13,6 +18,7 @@ from dashboard.fencing import StaleToken, next_token
 from dashboard.models import Chunk, Commit, JobRun, Repository, Summary
 from tests.livetap import Tap
 from workers.analyzer import queue_name
+from workers.chunks import ShaList, chunk_key, plan_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +30,7 @@ def a_repo(status: str = Repository.Status.SYNCING) -> Repository:
     return Repository.objects.create(url="https://example.com/team/tool.git", status=status)
 
 
-def plan(repo: Repository, shas: list[str] = SHAS, token: int | None = None) -> list[int]:
+def plan(repo: Repository, shas: Sequence[str] = SHAS, token: int | None = None) -> list[int]:
     key = repo.lock_key()
     return plans.plan_repository(
         repo_id=repo.pk,
@@ -197,3 +203,67 @@ def test_an_incremental_plan_writes_nothing_unless_the_previous_plan_still_cover
     assert repo.head == SHAS[-1] and repo.commits_total == len(SHAS)
     new = Chunk.objects.filter(repository=repo).order_by("position")[chunks:]
     assert sorted(sha for c in new for sha in c.sha_list()) == SHAS[4:]
+
+
+class _Watched(Sequence[str]):
+    """A sync's shas that note, as each one is read, how many chunk rows exist."""
+
+    def __init__(self, shas: ShaList) -> None:
+        self.shas = shas
+        self.rows_seen: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.shas)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        return self.shas[index]
+
+    def __iter__(self) -> Iterator[str]:
+        for sha in self.shas:
+            self.rows_seen.append(Chunk.objects.count())
+            yield sha
+
+
+def _hex_shas(n: int) -> ShaList:
+    return ShaList(hashlib.sha1(str(i).encode()).hexdigest() for i in range(n))
+
+
+def test_a_long_history_is_planned_while_it_is_read_into_the_same_chunks(settings: Any) -> None:
+    settings.CHUNK_SIZE = 2
+    repo = a_repo()
+    shas = _Watched(_hex_shas(160))
+    plan(repo, shas)
+    expected = plan_chunks(list(shas.shas), target=2)
+    assert len(expected) > 2 * plans._ROWS_PER_INSERT
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [c.sha_list() for c in chunks] == expected
+    assert [c.key for c in chunks] == [chunk_key(part) for part in expected]
+    assert [c.position for c in chunks] == list(range(1, len(expected) + 1))
+    # rows were inserted before the last sha was read: not one list of every chunk
+    assert shas.rows_seen[0] == 0 and shas.rows_seen[-1] >= plans._ROWS_PER_INSERT
+    # a failed chunk of a later batch is queued again by the next plan
+    last = chunks[-1]
+    Chunk.objects.filter(pk=last.pk).update(state=Chunk.State.FAILED, error="boom")
+    plan(repo, shas)
+    last.refresh_from_db()
+    assert last.state == Chunk.State.QUEUED and Chunk.objects.count() == len(expected)
+
+
+def test_planning_a_whole_history_allocates_less_than_its_text_once(settings: Any) -> None:
+    """Issue 14.3: the sync horse's memory stays flat as histories grow. Planning
+    40,000 commits from a ShaList may not hold every sha as text (1.6 MB)."""
+    settings.CHUNK_SIZE = 400
+    repo = a_repo()
+    shas = _hex_shas(40_000)
+    tracemalloc.start()
+    try:
+        plan(repo, shas)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert Chunk.objects.filter(repository=repo).aggregate(n=Sum("size"))["n"] == 40_000
+    assert peak < 40_000 * 41, f"peak {peak} bytes"

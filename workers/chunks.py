@@ -1,4 +1,4 @@
-"""Deterministic chunk planning.
+"""Deterministic chunk planning, and a compact list of shas to plan from.
 
 Boundaries are content-defined: a chunk ends after a commit whose sha falls on a cut
 point (``int(sha[:8], 16) % target == 0``) or when it reaches ``2 * target`` commits,
@@ -7,28 +7,131 @@ themselves and on where the previous chunk ended, so re-planning the same pendin
 (after a crash, a redelivery or a duplicate submission) yields the same chunks, the
 same keys and the same job ids; and removing whole finished chunks from the list does
 not move the boundaries of the others.
+
+Memory (issue 14.3): a sync lists a repository's whole history. :class:`ShaList` holds
+it as raw bytes (20 a sha, 32 for SHA-256) in one ``bytearray`` instead of one Python
+``str`` per commit (~90 bytes each plus the list's pointer), and :func:`iter_chunks`
+yields one chunk at a time, so planning holds the compact list plus one chunk of text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import binascii
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
+
+#: Raw sizes of the object names git prints: SHA-1 and SHA-256.
+_WIDTHS = {40: 20, 64: 32}
+_HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_LINES = {20: re.compile(rb"(?:[0-9a-f]{40}\n)*"), 32: re.compile(rb"(?:[0-9a-f]{64}\n)*")}
 
 
-def plan_chunks(pending: Sequence[str], *, target: int) -> list[list[str]]:
-    """Split ``pending`` shas (oldest first) into chunks of about ``target`` commits."""
+class ShaList(Sequence[str]):
+    """Full lowercase hex shas, oldest first, stored as raw bytes in one buffer.
+
+    A ``Sequence[str]``: indexing and iterating give the hex strings back (made on
+    demand), a slice is a plain ``list[str]``, and it compares equal to any sequence of
+    the same strings in the same order. All shas share one width (the first decides);
+    anything but a full lowercase hex sha of that width raises ``ValueError``.
+    """
+
+    __slots__ = ("_buf", "_width")
+
+    def __init__(self, shas: Iterable[str] = ()) -> None:
+        self._buf = bytearray()
+        self._width = 0
+        for sha in shas:
+            self.append(sha)
+
+    def _width_of(self, hex_length: int) -> int:
+        width = _WIDTHS.get(hex_length, 0)
+        if not width or (self._width and width != self._width):
+            raise ValueError(f"not a sha of this list's width: {hex_length} hex digits")
+        return width
+
+    def append(self, sha: str) -> None:
+        if not _HEX.fullmatch(sha):
+            raise ValueError(f"not a full lowercase hex sha: {sha!r}")
+        self._width = self._width_of(len(sha))
+        self._buf += bytes.fromhex(sha)
+
+    def extend_lines(self, lines: bytes) -> None:
+        """Append ``sha\\n`` lines (``git rev-list`` output, whole lines only), checked
+        and converted at C speed: no Python object per sha."""
+        if not lines:
+            return
+        end = lines.find(b"\n")
+        width = self._width_of(len(lines) if end < 0 else end)
+        if not _LINES[width].fullmatch(lines):
+            raise ValueError("not sha lines of this list's width")
+        self._buf += binascii.unhexlify(lines.replace(b"\n", b""))
+        self._width = width
+
+    def __len__(self) -> int:
+        return len(self._buf) // self._width if self._width else 0
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("ShaList index out of range")
+        w = self._width
+        return self._buf[index * w : (index + 1) * w].hex()
+
+    def __iter__(self) -> Iterator[str]:
+        buf, w = self._buf, self._width
+        for start in range(0, len(buf), w or 1):
+            yield buf[start : start + w].hex()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ShaList):
+            return self._buf == other._buf and (not self._buf or self._width == other._width)
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like list
+
+    def __repr__(self) -> str:
+        return f"ShaList(<{len(self)} shas>)"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the shas occupy (the buffer's content, not its allocation)."""
+        return len(self._buf)
+
+
+def iter_chunks(pending: Iterable[str], *, target: int) -> Iterator[list[str]]:
+    """Split ``pending`` shas (oldest first) into chunks of about ``target`` commits,
+    yielded one at a time (``pending`` is read as the chunks are taken)."""
     if target < 1:
         raise ValueError("target must be >= 1")
-    chunks: list[list[str]] = []
+    return _chunks(pending, target)
+
+
+def _chunks(pending: Iterable[str], target: int) -> Iterator[list[str]]:
     current: list[str] = []
     limit = 2 * target
     for sha in pending:
         current.append(sha)
         if len(current) >= limit or int(sha[:8], 16) % target == 0:
-            chunks.append(current)
+            yield current
             current = []
     if current:
-        chunks.append(current)
-    return chunks
+        yield current
+
+
+def plan_chunks(pending: Iterable[str], *, target: int) -> list[list[str]]:
+    """Every chunk of :func:`iter_chunks` at once."""
+    return list(iter_chunks(pending, target=target))
 
 
 def chunk_key(shas: Sequence[str]) -> str:

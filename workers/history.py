@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from workers.analyzer import DEFAULT, AnalyzerConfig
+from workers.chunks import ShaList
 from workers.gitproc import command, death_prefix, hardened_env
 from workers.numstat import (
     _FORMAT,
@@ -319,13 +320,15 @@ def list_commits(
     *,
     exclude: Iterable[str] = (),
     git: GitRunner | None = None,
-) -> list[str]:
+) -> ShaList:
     """All commit shas reachable from ``ref`` but not from ``exclude``, oldest first.
 
     ``git rev-list --reverse --topo-order --stdin``; the exclusions are passed as ``^rev``
     lines on stdin (equivalent to ``--not``, and also supported by git < 2.42).
     Takes no analyzer config on purpose: which commits exist does not depend on the
     version (a commit touching only excluded paths is still analysed, with no files).
+    The result is a :class:`workers.chunks.ShaList` (20 bytes a commit, filled block
+    by block from git's output, no ``str`` per commit): a sync holds whole histories.
     """
     lines = [_check_rev(ref)] + [b"^" + _check_rev(x) for x in exclude]
     runner = git or default_git_runner
@@ -335,20 +338,22 @@ def list_commits(
         ),
         b"\n".join(lines) + b"\n",
     )
-    out: list[str] = []
+    out = ShaList()
     finished = False
     try:
         pending = b""
         for block in proc.blocks():
             if pending:
                 block = pending + block
-            parts = block.split(b"\n")
-            pending = parts.pop()
-            out.extend(p.decode("ascii") for p in parts if p)
-        if pending:
-            out.append(pending.decode("ascii"))
+            cut = block.rfind(b"\n") + 1
+            pending = block[cut:]
+            out.extend_lines(block[:cut])
         proc.finish()
+        if pending:
+            out.extend_lines(pending + b"\n")
         finished = True
+    except ValueError as exc:
+        raise HistoryError(f"unexpected git rev-list output: {exc}") from exc
     finally:
         if not finished:
             proc.kill()
