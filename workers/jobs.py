@@ -13,7 +13,7 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from django.conf import settings
@@ -136,7 +136,7 @@ def _plan(
     lock: Lock,
     *,
     since: str | None = None,
-) -> tuple[list[int] | None, list[str]]:
+) -> tuple[list[int] | None, Sequence[str]]:
     """List the commits reachable from ``head`` (only those ``since`` does not reach,
     when given), then plan them under the mirror ``lock``'s fencing token. Returns the
     planned run ids (None: an incremental plan declined, see ``plans.plan_repository``)
