@@ -17,6 +17,8 @@ from rq import SimpleWorker
 
 from dashboard import queues, telemetry
 from tests.gitrepo import GitRepo
+from tests.layerstate import reset_channel_layers
+from tests.threads import unreported
 from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
 from workers.redisnode import RedisNode
 
@@ -71,6 +73,27 @@ def _shared_queue_client_keeps_its_timeouts(redis_nodes: list[RedisNode]) -> Ite
         f"the shared queue client's socket timeout went from {expected} to {got}: "
         "give in-process RQ workers queues.worker_connection()"
     )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_channel_layers() -> None:
+    """Every test receives on a channel layer as if new: channels-redis keeps receive
+    state on the (cached) layer that a receive cancelled on an earlier test's event loop
+    leaves bound to that loop (``tests/layerstate.py``)."""
+    reset_channel_layers()
+
+
+@pytest.fixture(autouse=True)
+def _threads_report_their_failures() -> Iterator[None]:
+    """A ``CheckedThread`` that failed and was never joined fails its test here."""
+    unreported()  # an earlier test's, already reported or from a thread still running
+    yield
+    failures = unreported()
+    if failures:
+        raise AssertionError(
+            f"{len(failures)} checked thread(s) failed and were never joined: "
+            + ", ".join(f"{name}: {error!r}" for name, error in failures)
+        ) from failures[0][1]
 
 
 @pytest.fixture(autouse=True)

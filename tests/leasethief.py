@@ -3,20 +3,21 @@ holds it (its fencing token tagged in), as when all masters restart empty."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from dashboard import leases
+from tests.threads import CheckedThread
 from workers.redisnode import RedisNode
 
 
 def steal_when_held(
     key: str, nodes: list[RedisNode], seen: dict[str, Any] | None = None, *, timeout: float = 30
-) -> threading.Thread:
+) -> CheckedThread:
     """Start a thread that waits (up to ``timeout``) until a job holds ``key`` with its
     token, records the holder in ``seen["holder"]`` and deletes the key everywhere; the
-    job's heartbeat must then notice the loss. ``join()`` the thread after the job."""
+    job's heartbeat must then notice the loss. ``join()`` the thread after the job (it
+    raises what the thief raised)."""
     found = seen if seen is not None else {}
 
     def steal() -> None:
@@ -31,6 +32,6 @@ def steal_when_held(
                 return
             time.sleep(0.01)
 
-    thief = threading.Thread(target=steal, name=f"steal {key}")
+    thief = CheckedThread(target=steal, name=f"steal {key}")
     thief.start()
     return thief

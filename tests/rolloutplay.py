@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +39,7 @@ from dashboard.deploylock import RolloutDriver  # noqa: E402
 from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout  # noqa: E402
 from dashboard.runs import begin_attempt, ensure_run, fail_attempt  # noqa: E402
 from tests.rollout_support import analyse_as, report_worker  # noqa: E402
+from tests.threads import CheckedThread  # noqa: E402
 
 S = AnalyzerVersion.State
 DEADLINE = 180.0
@@ -96,14 +96,16 @@ def main(ro_id: int, go: Path) -> int:
         rollouts.DRIVER_QUEUE in w.queue_names()
         for w in Worker.all(connection=queues.worker_connection())
     )
-    player = threading.Thread(target=play, args=(ro_id, go), daemon=True)
+    player = CheckedThread(target=play, args=(ro_id, go), name="rolloutplay", daemon=True)
     player.start()
     if not served:
         driver = RolloutDriver(ro_id, poll=0.3)
         driver.acquire(actor="rolloutplay", reason="browser test driver")
         print(f"rolloutplay: driving rollout #{ro_id}", flush=True)
         print(f"rolloutplay: rollout ended {driver.run()}", flush=True)
-    player.join(DEADLINE)
+    player.join(DEADLINE)  # raises what the player raised: a non-zero exit for the test
+    if player.is_alive():
+        raise SystemExit(f"rolloutplay: the player was still playing after {DEADLINE:.0f}s")
     return 0
 
 

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from dashboard import activity
+from dashboard import activity, consumers
 from dashboard.audit import record_audit
 from dashboard.live import publish_event
 from dashboard.models import JobRun, Repository
@@ -25,7 +25,8 @@ from dashboard.repositories import submit_repository
 from dashboard.runs import begin_attempt, ensure_run, fail_attempt, succeed_attempt
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
-from tests.test_live import connect, make_user, session_headers
+from tests.sockets import ORIGIN, connect, make_user, session_headers
+from tests.threads import CheckedThread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 OPS = ("view_jobrun",)
@@ -93,8 +94,13 @@ def test_every_page_names_the_socket_that_keeps_it_live(git_repo: GitRepo) -> No
 
 
 def test_the_repository_list_socket_serves_any_logged_in_user(git_repo: GitRepo) -> None:
+    """Any signed-in user's socket gets the list's events; once the user logs out the open
+    socket is closed as unauthenticated (4401), the old cookie opens nothing, and a
+    socket from one of our pages without a session is refused with 4401 too."""
     viewer = make_user("viewer")
-    headers = session_headers(viewer)
+    browser = Client()
+    browser.force_login(viewer)
+    headers = [(b"cookie", f"sessionid={browser.cookies['sessionid'].value}".encode()), ORIGIN]
     seen: list[dict] = []
     connected = threading.Event()
 
@@ -107,11 +113,17 @@ def test_the_repository_list_socket_serves_any_logged_in_user(git_repo: GitRepo)
             msg = await comm.receive_json_from(timeout=30)
             if msg["type"] == "events":
                 seen.extend(msg["events"])
+        await sync_to_async(browser.post)("/logout/")
+        while (out := await comm.receive_output(timeout=10))["type"] == "websocket.send":
+            pass  # events flushed before the close
+        assert out == {"type": "websocket.close", "code": consumers.CLOSE_UNAUTHENTICATED}
         await comm.disconnect()
-        _anon, ok_anon, code = await connect("/ws/repos/", [])
-        assert not ok_anon and code == 4401
+        _old, ok_old, code = await connect("/ws/repos/", headers)
+        assert not ok_old and code == consumers.CLOSE_UNAUTHENTICATED
+        _anon, ok_anon, code = await connect("/ws/repos/", [ORIGIN])
+        assert not ok_anon and code == consumers.CLOSE_UNAUTHENTICATED
 
-    watcher = threading.Thread(target=lambda: asyncio.run(watch()))
+    watcher = CheckedThread(target=lambda: asyncio.run(watch()), name="repository-list watcher")
     watcher.start()
     assert connected.wait(20)
     submit_repository(url=str(git_repo.path))

@@ -15,6 +15,7 @@ from dashboard.fencing import StaleToken, check_token, next_token
 from dashboard.models import Chunk, Commit, FenceToken, FileChange, Repository
 from dashboard.repositories import current_fingerprint
 from tests.gitrepo import GitRepo
+from tests.threads import CheckedThread
 from workers.history import stream_commits
 from workers.locks import Lock, LockNotAcquired, Redlock
 from workers.redisnode import RedisNode
@@ -37,7 +38,7 @@ def test_tokens_strictly_increase_per_resource_under_concurrency() -> None:
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=take) for _ in range(8)]
+    threads = [CheckedThread(target=take) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -122,7 +123,7 @@ def test_a_token_fetched_after_the_lease_lapsed_does_not_fence_out_the_next_hold
             b_holds.set()
             connection.close()
 
-    thief = threading.Thread(target=take_over)
+    thief = CheckedThread(target=take_over)
     thief.start()
     try:
         with pytest.raises(LockNotAcquired) as failure:

@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from tests.threads import CheckedThread
 from workers.forkguard import ForkGuard
 
 
@@ -36,10 +37,10 @@ def test_it_makes_fork_wait_for_the_guarded_round(tmp_path: Path) -> None:
             inside.set()
             leave.wait(30)
 
-    worker = threading.Thread(target=round_of_work)
+    worker = CheckedThread(target=round_of_work)
     worker.start()
     assert inside.wait(30)
-    forker = threading.Thread(target=_fork_and_query, args=(db, forked, status))
+    forker = CheckedThread(target=_fork_and_query, args=(db, forked, status))
     forker.start()
     # While the round runs the fork cannot happen: the at-fork hook waits on the guard.
     assert not forked.wait(0.5)

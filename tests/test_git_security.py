@@ -29,6 +29,7 @@ from dashboard.repositories import InvalidRemote, current_fingerprint, submit_re
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo, reference_commits
 from tests.storedcommits import assert_matches_reference
+from tests.threads import CheckedThread
 from workers import history
 from workers.gitproc import GitError, GitTimeout, ProcessGroups, Runner
 from workers.history import CommitTooLarge, HistoryError, list_commits, stream_commits
@@ -428,7 +429,7 @@ def test_symlinks_in_content_are_recorded_as_changes_and_never_followed(
                 os.close(fd)  # EOF for the reader: unblock it
             time.sleep(0.02)
 
-    t = threading.Thread(target=watchdog, daemon=True)
+    t = CheckedThread(target=watchdog, name="FIFO watchdog", daemon=True)
     t.start()
     try:
         repo = analyse(origin.path)
@@ -501,7 +502,7 @@ def hanging_server() -> Iterator[int]:
             except OSError:
                 continue
 
-    t = threading.Thread(target=accept, daemon=True)
+    t = CheckedThread(target=accept, name="hanging server", daemon=True)
     t.start()
     yield srv.getsockname()[1]
     stop.set()
@@ -528,7 +529,7 @@ def test_hanging_remote_is_killed_at_the_timeout_with_its_whole_process_group(
                 peak.append(members)
             time.sleep(0.05)
 
-    t = threading.Thread(target=monitor, daemon=True)
+    t = CheckedThread(target=monitor, name="process-group monitor", daemon=True)
     t.start()
     started = time.monotonic()
     try:

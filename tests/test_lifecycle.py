@@ -33,6 +33,7 @@ from dashboard.repositories import submit_repository
 from dashboard.runs import normalise_message
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
+from tests.threads import CheckedThread
 from workers.mirror import mirror_path, packs_intact
 from workers.redisnode import RedisNode
 
@@ -98,7 +99,7 @@ def test_retrying_a_dead_letter_twice_concurrently_runs_it_once(
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=retry) for _ in range(4)]
+    threads = [CheckedThread(target=retry) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:

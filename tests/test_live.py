@@ -21,6 +21,7 @@ from dashboard.snapshots import repository_live
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.sockets import ORIGIN, connect, make_user, session_headers
+from tests.threads import CheckedThread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,7 +125,7 @@ def test_any_logged_in_user_can_watch_a_repository_and_events_stay_text(tmp_path
         assert not ok_missing and code == 4404
         await comm.disconnect()
 
-    watcher = threading.Thread(target=lambda: asyncio.run(watch()))
+    watcher = CheckedThread(target=lambda: asyncio.run(watch()), name="repository watcher")
     watcher.start()
     assert connected.wait(20)
     assert snapshots[0]["status"] == "queued" and snapshots[0]["waiting"]

@@ -21,6 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.threads import CheckedThread
 from workers.locks import Lock, LockLost, LockNotAcquired, LockNotOwned, Redlock
 from workers.redisnode import RedisNode
 
@@ -479,7 +480,7 @@ def test_a_slow_master_is_outvoted_without_waiting_for_it(
     redlock: Redlock, masters: list[RedisNode]
 ) -> None:
     sleep = 2.0  # long enough to be seen busy even on a loaded machine
-    sleeper = threading.Thread(
+    sleeper = CheckedThread(
         target=lambda: masters[0].client().execute_command("DEBUG", "SLEEP", sleep)
     )
     sleeper.start()
@@ -499,7 +500,7 @@ def test_two_slow_masters_time_out_within_the_node_timeout(
 ) -> None:
     rl = make(masters, node_timeout=0.05)
     sleepers = [
-        threading.Thread(target=lambda n=n: n.client().execute_command("DEBUG", "SLEEP", 0.6))
+        CheckedThread(target=lambda n=n: n.client().execute_command("DEBUG", "SLEEP", 0.6))
         for n in masters[:2]
     ]
     for t in sleepers:
@@ -686,7 +687,7 @@ def test_extend_and_release_from_many_threads_are_serialised(redlock: Redlock) -
             except LockLost as exc:
                 outcomes.append(type(exc).__name__)
 
-    threads = [threading.Thread(target=extend_a_lot) for _ in range(4)]
+    threads = [CheckedThread(target=extend_a_lot) for _ in range(4)]
     for t in threads:
         t.start()
     assert eventually(lambda: len(outcomes) >= 4)  # extensions are under way

@@ -9,7 +9,6 @@ master 1. The node is SIGKILLed (down) or SIGSTOPped (stalled, sockets kept open
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.conftest import _own_node, run_workers
 from tests.gitrepo import GitRepo
 from tests.rollout_support import DRIVERS, verify
 from tests.rollout_support import start as start_driven_rollout
+from tests.threads import CheckedThread
 from workers import lockkeys
 from workers.redisnode import RedisNode
 
@@ -236,9 +236,9 @@ def test_submissions_while_down_are_enqueued_when_the_queue_server_returns(
 def _bounded(call: Callable[[], Any], limit: float) -> Any:
     """Run ``call`` in a thread; fail (instead of hanging the suite) past ``limit``."""
     box: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: box.update(result=call()), daemon=True)
+    thread = CheckedThread(target=lambda: box.update(result=call()), daemon=True)
     thread.start()
-    thread.join(limit)
+    thread.join(limit)  # raises what ``call`` raised
     assert not thread.is_alive(), f"request still waiting after {limit}s"
     return box["result"]
 

@@ -5,7 +5,6 @@ and it rolls back by itself when the canary's health check fails."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from tests.rollout_support import (  # noqa: F401 (fixture)
     report_worker,
     wait_for,
 )
+from tests.threads import CheckedThread
 from workers import lockkeys
 from workers.analyzer import AnalyzerConfig
 from workers.jobs import load_versions
@@ -72,13 +72,14 @@ def test_an_automatic_rollout_runs_through_the_rollouts_queue_to_current(tmp_pat
             load_versions([])
             connection.close()
 
-    helper = threading.Thread(target=play_the_new_versions_workers, daemon=True)
+    helper = CheckedThread(target=play_the_new_versions_workers, daemon=True)
     helper.start()
     # The RQ worker (main thread: it installs signal handlers) runs the driver job to
     # its end: burst mode returns once the rollout is over and the queue is empty.
     w = SimpleWorker([q], connection=queues.worker_connection())
     w.work(burst=True, logging_level="WARNING")
-    helper.join(30)
+    helper.join(30)  # raises what the helper raised
+    assert not helper.is_alive()
     job = Job.fetch(f"rollout-{ro.pk}-start", connection=queues.worker_connection())
     assert job.get_status() == "finished" and job.return_value() == "completed"
     # The driver took the lock and chose the warm set by itself.

@@ -23,6 +23,7 @@ from dashboard.rollouts import ensure_baseline, reconcile_drains
 from dashboard.summaries import repository_summary
 from tests.processes import worker_env
 from tests.rollout_support import analysed, wait_for
+from tests.threads import CheckedThread
 from workers.pool import Pool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,7 @@ def test_a_rollout_and_its_rollback_from_the_cli_through_a_real_pool(
             pool.check()
 
     pool.start()
-    thread = threading.Thread(target=supervise, daemon=True)
+    thread = CheckedThread(target=supervise, name="pool supervisor", daemon=True)
     thread.start()
     client.force_login(User.objects.create_user("viewer", password="pw-viewer-123"))
     try:
