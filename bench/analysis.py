@@ -985,7 +985,7 @@ def main() -> None:
         )
         c_rate = c["stored"] / c["wall_s"]
         print(
-            f"(c) gitward end to end, {args.workers} workers, chunk {default_chunk}: "
+            f"(c) gitward end to end, {args.workers} workers, GITWARD_CHUNK_SIZE {default_chunk}: "
             f"{c['wall_s']:.2f} s  {c_rate:,.0f} commits/s  "
             f"({c['stored']} commits, {c['file_rows']} file rows, {c['chunks']} chunks)"
         )
