@@ -130,6 +130,10 @@ def run_one_worker(
             # inherited heap once per job. Only the parent unfreezes (right after the
             # fork), so nothing of its own is kept out of its collections for longer; the
             # horse never returns from ``super()`` (RQ ends it with ``os._exit``).
+            # Race: the heartbeat thread runs between the freeze and the fork (the fork
+            # itself waits for its round, ForkGuard) and after it. What it allocates
+            # meanwhile is young and collected as usual; frozen objects are only skipped
+            # by collections, never freed or moved, so nothing it holds changes.
             gc.freeze()
             try:
                 return super().fork_work_horse(*args, **kwargs)
