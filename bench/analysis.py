@@ -21,8 +21,10 @@ Builds (or takes) one repository and measures, in one run and side by side:
 
 Worker peak memory is also measured at the ``--rss-sizes`` history sizes (a smaller one is a
 ``--shared`` bare clone of the repository whose branch points at an older commit), to show
-it stays flat as the history grows. ``--chunk-sizes`` repeats (c) with other
-``GITWARD_CHUNK_SIZE`` values. Not a test: nothing is asserted.
+it stays flat as the history grows. ``--chunk-sizes`` repeats (c) with other fixed chunk
+targets (``GITWARD_CHUNK_SIZE`` and ``GITWARD_CHUNK_MAX`` both that value); the main run uses
+the settings' defaults, so its target grows with the history
+(``workers.chunks.chunk_target``). Not a test: nothing is asserted.
 
 ``--clone`` measures a fresh submission instead: no mirror beforehand, so the clock runs
 from ``submit_repository()`` through the sync job's clone (with all of gitward's git
@@ -38,7 +40,7 @@ false and true. Every run prints the load average.
     .venv/bin/python bench/analysis.py [--commits 20000] [--repo PATH] [--workers 2]
         [--skip-pydriller] [--pydriller-commits 3000] [--rss-sizes 5000,20000]
         [--chunk-sizes 500,2000] [--seed 1] [--clone] [--database-url postgres://…/gw_x_bench]
-        [--metrics-ab 3]
+        [--metrics-ab 3] [--env GITWARD_CHUNK_MAX=1000 …]
 """
 
 from __future__ import annotations
@@ -939,6 +941,11 @@ def _recreate_postgres(url: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+#: ``--env NAME=VALUE``: set for every gitward run (the baseline's too), e.g.
+#: ``GITWARD_CHUNK_MAX=1000`` for fixed-size chunk targets.
+EXTRA_ENV: dict[str, str] = {}
+
+
 def run_gitward(
     origin: Path,
     work: Path,
@@ -953,7 +960,7 @@ def run_gitward(
     push: int = 0,
 ) -> dict[str, Any]:
     cfg = {
-        "extra_env": extra_env or {},
+        "extra_env": {**EXTRA_ENV, **(extra_env or {})},
         "push": push,
         "origin": str(origin),
         "dir": str(work),
@@ -1095,8 +1102,21 @@ def main() -> None:
         help="with --stages: 'fetched' (the clone as transferred) and/or 'repacked' (the "
         "clone after git repack -adf), comma-separated",
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for every gitward run, baseline included (repeatable; "
+        "e.g. GITWARD_CHUNK_MAX=1000 for fixed chunk targets)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--env wants NAME=VALUE, got {item!r}")
+        EXTRA_ENV[name] = value
     if args.child:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
         cfg = json.loads(args.child)
@@ -1192,7 +1212,7 @@ def main() -> None:
         )
         c_rate = c["stored"] / c["wall_s"]
         print(
-            f"(c) gitward end to end, {args.workers} workers, chunk {default_chunk}: "
+            f"(c) gitward end to end, {args.workers} workers, GITWARD_CHUNK_SIZE {default_chunk}: "
             f"{c['wall_s']:.2f} s  {c_rate:,.0f} commits/s  "
             f"({c['stored']} commits, {c['file_rows']} file rows, {c['chunks']} chunks)"
         )
@@ -1266,14 +1286,21 @@ def main() -> None:
 
         extra = [int(s) for s in args.chunk_sizes.split(",") if s.strip()]
         for size in extra:
-            r = run_gitward(
-                origin, tmp / f"run-chunk-{size}", workers=args.workers, chunk_size=size
+            r = run_gitward(  # a fixed target: the floor and the ceiling both ``size``
+                origin,
+                tmp / f"run-chunk-{size}",
+                workers=args.workers,
+                chunk_size=size,
+                database_url=args.database_url,
+                extra_env={"GITWARD_CHUNK_MAX": str(size)},
             )
             print(
                 f"chunk size {size}: {r['wall_s']:.2f} s  {r['stored'] / r['wall_s']:,.0f} "
-                f"commits/s  c/a {r['wall_s'] / a_s:.2f}x  ({r['chunks']} chunks; git+parse "
-                f"{r['analyze_git_parse_s']:.1f} s, db write {r['analyze_db_write_s']:.1f} s, "
-                f"max python {r['max_python_hwm_mb']:.0f} MB)"
+                f"commits/s  c/a {r['wall_s'] / a_s:.2f}x  CPU {r['cpu_s']:.2f} s = "
+                f"{r['cpu_s'] / LAST_CPU['git_log']:.2f}x git log's  ({r['chunks']} chunks; "
+                f"git+parse {r['analyze_git_parse_s']:.1f} s, db write "
+                f"{r['analyze_db_write_s']:.1f} s, max python {r['max_python_hwm_mb']:.0f} MB; "
+                f"load {os.getloadavg()[0]:.2f})"
             )
 
 

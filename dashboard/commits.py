@@ -198,7 +198,7 @@ def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
     return inserted
 
 
-def _stored(repo_id: int, fp: str, shas: list[str]) -> set[str]:
+def stored_shas(repo_id: int, fp: str, shas: Sequence[str]) -> set[str]:
     """The shas of ``shas`` already stored for (repository, fingerprint): one query on the
     unique index, its 1,000 shas passed as one array (PostgreSQL) or as a JSON array read
     by ``json_each`` (SQLite) instead of 1,000 bound parameters quoted one by one."""
@@ -208,14 +208,14 @@ def _stored(repo_id: int, fp: str, shas: list[str]) -> set[str]:
             cursor.cursor.execute(
                 f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
                 "WHERE repository_id = %s AND fingerprint = %s AND sha = ANY(%s)",
-                [repo_id, fp, shas],
+                [repo_id, fp, list(shas)],
             )
         else:
             cursor.cursor.execute(
                 f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
                 "WHERE repository_id = ? AND fingerprint = ? "
                 "AND sha IN (SELECT value FROM json_each(?))",
-                [repo_id, fp, json.dumps(shas)],
+                [repo_id, fp, json.dumps(list(shas))],
             )
         return {row[0] for row in cursor.cursor.fetchall()}
 
@@ -250,7 +250,7 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
         # commit. COPY and executemany are statements of this same transaction: if the
         # check fails, or anything after it, nothing of the chunk becomes visible.
         check_token(chunk.lock_key(), token)
-        existing = _stored(repo_id, fp, planned)
+        existing = stored_shas(repo_id, fp, planned)
         fresh = [i for i, sha in enumerate(rows.shas) if sha not in existing]
         inserted = 0
         if fresh:

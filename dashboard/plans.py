@@ -17,6 +17,7 @@ from django.utils import timezone
 from dashboard import queues
 from dashboard.canary import planned_fingerprints, repository_key
 from dashboard.commitcounts import stored_commits
+from dashboard.commits import stored_shas
 from dashboard.fencing import check_token
 from dashboard.live import publish_event
 from dashboard.models import Chunk, Commit, JobRun, Repository
@@ -25,7 +26,7 @@ from dashboard.runs import enqueue_after_commit, ensure_run
 from dashboard.summaries import repository_summary
 from dashboard.versions import served_fingerprint
 from workers.analyzer import queue_name
-from workers.chunks import chunk_key, iter_chunks
+from workers.chunks import chunk_key, chunk_target, iter_chunks
 
 OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
 
@@ -169,6 +170,15 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
     stored = _stored(repo_id, fingerprint, shas)
     in_flight = _in_flight(repo_id, fingerprint)
     pending = (s for s in shas if s not in stored and s not in in_flight)
+    # The target is the listed history's (``shas``), not the pending part's: a re-plan
+    # of the same history (a re-submission after a failed chunk) cuts the same chunks,
+    # whatever is stored by now, so a failed chunk gets its own key (and run) back.
+    target = chunk_target(
+        len(shas),
+        floor=settings.CHUNK_SIZE,
+        ceiling=settings.CHUNK_MAX,
+        spread=settings.CHUNK_SPREAD,
+    )
     position = (
         Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint).aggregate(
             m=Max("position")
@@ -176,7 +186,7 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
         or 0
     )
     batch: list[Chunk] = []
-    for part in iter_chunks(pending, target=settings.CHUNK_SIZE):
+    for part in iter_chunks(pending, target=target):
         position += 1
         batch.append(
             Chunk(
@@ -278,9 +288,8 @@ def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
         _complete(chunk)
         return chunk, "already done"
     shas = chunk.sha_list()
-    stored = Commit.objects.filter(
-        repository_id=chunk.repository_id, fingerprint=chunk.fingerprint, sha__in=shas
-    ).count()
+    # one parameter for the chunk's shas (not one bound parameter per sha)
+    stored = len(stored_shas(chunk.repository_id, chunk.fingerprint, shas))
     if stored == len(shas):
         Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE, finished_at=timezone.now())
         _complete(chunk)

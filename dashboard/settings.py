@@ -283,6 +283,14 @@ ADMIN_PASSWORD = env_str("GITWARD_ADMIN_PASSWORD", "")
 
 # ---------------------------------------------------------------------------- analysis
 CHUNK_SIZE = env_int("GITWARD_CHUNK_SIZE", 1000, minimum=1)
+#: Chunk targets grow with the history, from CHUNK_SIZE up to CHUNK_MAX, while the history
+#: still splits into CHUNK_SPREAD targets (workers/chunks.chunk_target).
+CHUNK_MAX = env_int("GITWARD_CHUNK_MAX", 4000, minimum=1)
+if CHUNK_MAX < CHUNK_SIZE:
+    if os.environ.get("GITWARD_CHUNK_MAX"):
+        raise _invalid("GITWARD_CHUNK_MAX", f">= GITWARD_CHUNK_SIZE ({CHUNK_SIZE})", str(CHUNK_MAX))
+    CHUNK_MAX = CHUNK_SIZE  # a larger GITWARD_CHUNK_SIZE alone: fixed-size targets
+CHUNK_SPREAD = env_int("GITWARD_CHUNK_SPREAD", 4, minimum=1)
 GIT_TIMEOUT = env_float("GITWARD_GIT_TIMEOUT", 900.0, minimum=1.0)
 JOB_TIMEOUT = env_int("GITWARD_JOB_TIMEOUT", 1800, minimum=10)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)

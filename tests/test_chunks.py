@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.chunks import ShaList, chunk_key, iter_chunks, plan_chunks
+from workers.chunks import ShaList, chunk_key, chunk_target, iter_chunks, plan_chunks
 
 
 def _shas(n: int, salt: str = "") -> list[str]:
@@ -158,3 +158,51 @@ def test_chunks_are_cut_while_the_pending_shas_are_read() -> None:
     assert [first, *chunks] == plan_chunks(shas, target=5)
     with pytest.raises(ValueError):
         iter_chunks(shas, target=0)  # checked at once, not on the first next()
+
+
+# ---------------------------------------------------------------- targets that grow
+
+
+def test_the_target_doubles_from_the_floor_while_the_history_spans_spread_targets() -> None:
+    targets = {
+        n: chunk_target(n, floor=1000, ceiling=4000, spread=4)
+        for n in (0, 1, 999, 7_999, 8_000, 15_999, 16_000, 20_000, 10**6)
+    }
+    assert targets == {
+        0: 1000,
+        1: 1000,
+        999: 1000,
+        7_999: 1000,
+        8_000: 2000,
+        15_999: 2000,
+        16_000: 4000,
+        20_000: 4000,
+        10**6: 4000,  # the ceiling
+    }
+    # never below the floor, whatever the ceiling; a ceiling between powers stops below it
+    assert chunk_target(10**6, floor=1000, ceiling=500, spread=4) == 1000
+    assert chunk_target(10**6, floor=1000, ceiling=7000, spread=4) == 4000
+    assert chunk_target(10**6, floor=1000, ceiling=1000, spread=4) == 1000  # fixed
+    assert chunk_target(10**6, floor=3, ceiling=10**9, spread=1) == 3 * 2**18
+    with pytest.raises(ValueError):
+        chunk_target(10, floor=0, ceiling=10, spread=1)
+    with pytest.raises(ValueError):
+        chunk_target(10, floor=1, ceiling=10, spread=0)
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 2_500, 20_000, 70_000])
+def test_a_grown_target_still_covers_every_commit_once_in_order_and_replans_the_same(
+    n: int,
+) -> None:
+    shas = _shas(n, f"h{n}")
+    target = chunk_target(n, floor=50, ceiling=3200, spread=4)
+    assert target == chunk_target(n, floor=50, ceiling=3200, spread=4)
+    chunks = plan_chunks(shas, target=target)
+    assert [s for c in chunks for s in c] == shas  # each commit exactly once, in order
+    assert all(1 <= len(c) <= 2 * target for c in chunks)
+    assert plan_chunks(list(shas), target=target) == chunks
+    if n >= 2 * 4 * 50:  # long enough to grow: fewer chunks than at the floor
+        assert target > 50
+        assert len(chunks) < len(plan_chunks(shas, target=50))
+        # still split for the workers: at least spread targets, each chunk <= 2 targets
+        assert n >= 4 * target and len(chunks) >= 2

@@ -380,6 +380,7 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
         GITWARD_SECRET_KEY="multi-host-test-secret-key-" + "x" * 40,
         GITWARD_LOCAL_ROOTS=str(origins),
         GITWARD_CHUNK_SIZE="4",
+        GITWARD_CHUNK_MAX="4",  # fixed targets: several chunks for every repository
         GITWARD_LOCK_TTL="5",
         GITWARD_WORKER_DEAD_AFTER="4",
         GITWARD_RECONCILE_INTERVAL="1",

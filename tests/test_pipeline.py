@@ -65,6 +65,27 @@ def test_it_splits_history_into_chunks_each_under_its_own_lock(git_repo: GitRepo
     assert_matches_git(repo, git_repo.path)
 
 
+def test_a_longer_history_gets_larger_chunks_and_still_matches_git(
+    git_repo: GitRepo, settings
+) -> None:
+    # 48 commits, floor 2, spread 2: the target doubles to 4 and to 8 (the ceiling)
+    settings.CHUNK_SIZE, settings.CHUNK_MAX, settings.CHUNK_SPREAD = 2, 8, 2
+    for i in range(45):
+        git_repo.commit(f"change {i}", {f"d{i % 4}/f{i % 7}.txt": f"line {i}\n" * (i % 9 + 1)})
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [s for c in chunks for s in c.sha_list()] == git_repo.git(
+        "rev-list", "--reverse", "--topo-order", "HEAD"
+    ).split()  # every commit in exactly one chunk, oldest first
+    assert max(c.size for c in chunks) > 2 * 2  # larger than the floor's cap allows
+    assert all(c.size <= 2 * 8 for c in chunks) and len(chunks) > 1
+    assert all(c.state == Chunk.State.DONE for c in chunks)
+    assert_matches_git(repo, git_repo.path)
+
+
 def test_it_analyses_only_new_commits_on_resubmission(git_repo: GitRepo) -> None:
     repo, _ = submit_repository(url=str(git_repo.path))
     run_workers()

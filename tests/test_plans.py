@@ -18,7 +18,7 @@ from dashboard.fencing import StaleToken, next_token
 from dashboard.models import Chunk, Commit, JobRun, Repository, Summary
 from tests.livetap import Tap
 from workers.analyzer import queue_name
-from workers.chunks import ShaList, chunk_key, plan_chunks
+from workers.chunks import ShaList, chunk_key, chunk_target, plan_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,6 +113,38 @@ def test_a_failed_chunk_planned_again_is_queued_with_a_fresh_budget() -> None:
     run = JobRun.objects.get(chunk=chunk)
     assert chunk.state == Chunk.State.QUEUED and chunk.error == ""
     assert run.state == JobRun.State.QUEUED and run.budget_used == 0
+
+
+def test_a_grown_target_cuts_the_same_chunks_when_the_same_history_is_planned_again(
+    settings: Any,
+) -> None:
+    """The target comes from the listed history, not from what is still pending: after
+    most chunks are stored and one failed, re-planning the history finds that chunk's
+    key again (queued with its run), instead of cutting its commits anew."""
+    settings.CHUNK_SIZE, settings.CHUNK_MAX, settings.CHUNK_SPREAD = 2, 16, 2
+    shas = [hashlib.sha1(b"grown %d" % i).hexdigest() for i in range(200)]
+    repo = a_repo()
+    plan(repo, shas)
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [s for c in chunks for s in c.sha_list()] == shas  # each commit once, in order
+    assert all(c.size <= 2 * 16 for c in chunks)
+    assert max(c.size for c in chunks) > 2 * 2  # the target grew past the floor's cap
+    failed = next(c for c in chunks if 16 < c.size < 32)
+    # planned on its own, it would get a smaller target whose cap would split it
+    assert failed.size > 2 * chunk_target(failed.size, floor=2, ceiling=16, spread=2)
+    for chunk in chunks:
+        if chunk.pk == failed.pk:
+            Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.FAILED, error="boom")
+            JobRun.objects.filter(chunk=chunk).update(state=JobRun.State.DEAD, attempts=3)
+            continue
+        for sha in chunk.sha_list():
+            store(repo, sha)
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE)
+    run_ids = plan(repo, shas)
+    failed.refresh_from_db()
+    assert failed.state == Chunk.State.QUEUED
+    assert Chunk.objects.filter(repository=repo).count() == len(chunks)  # no new cut
+    assert run_ids == [JobRun.objects.get(chunk=failed).pk]
 
 
 def test_beginning_a_chunk_marks_it_running_unless_its_work_is_done() -> None:
@@ -233,7 +265,7 @@ def _hex_shas(n: int) -> ShaList:
 
 
 def test_a_long_history_is_planned_while_it_is_read_into_the_same_chunks(settings: Any) -> None:
-    settings.CHUNK_SIZE = 2
+    settings.CHUNK_SIZE = settings.CHUNK_MAX = 2  # a fixed target: many small chunks
     repo = a_repo()
     shas = _Watched(_hex_shas(160))
     plan(repo, shas)
@@ -256,7 +288,7 @@ def test_a_long_history_is_planned_while_it_is_read_into_the_same_chunks(setting
 def test_planning_a_whole_history_allocates_less_than_its_text_once(settings: Any) -> None:
     """Issue 14.3: the sync horse's memory stays flat as histories grow. Planning
     40,000 commits from a ShaList may not hold every sha as text (1.6 MB)."""
-    settings.CHUNK_SIZE = 400
+    settings.CHUNK_SIZE = settings.CHUNK_MAX = 400
     repo = a_repo()
     shas = _hex_shas(40_000)
     tracemalloc.start()

@@ -313,3 +313,26 @@ def test_every_worker_of_the_worker_command_ends_with_its_pool(
             proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left
+
+
+def report_gc_freeze(path: str) -> None:
+    """An RQ job: write how many objects the work horse's collector ignores."""
+    import gc
+
+    Path(path).write_text(str(gc.get_freeze_count()))
+
+
+def test_a_work_horse_never_collects_what_it_inherited_and_its_worker_still_does(
+    tmp_path: Path,
+) -> None:
+    import gc
+
+    out = tmp_path / "freeze-count"
+    queues.queue(queues.SYNC_QUEUE).enqueue(
+        "tests.test_pool.report_gc_freeze", str(out), job_id="gc-freeze"
+    )
+    run_one_worker([queues.SYNC_QUEUE], burst=True)  # a forking RQ worker, in this process
+    # the horse inherited this process's objects frozen: a full collection in it walks
+    # (and copies, page by page) none of them
+    assert int(out.read_text()) > 10_000
+    assert gc.get_freeze_count() == 0  # the worker unfroze them right after the fork

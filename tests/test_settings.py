@@ -67,6 +67,11 @@ BAD_VALUES = [
         "GITWARD_LOCK_DRIFT_FACTOR must be a fraction of the TTL below 1, got '1.5'",
     ),
     ({"GITWARD_MAX_ATTEMPTS": "0"}, "GITWARD_MAX_ATTEMPTS must be >= 1, got 0"),
+    (
+        {"GITWARD_CHUNK_SIZE": "2000", "GITWARD_CHUNK_MAX": "1000"},
+        "GITWARD_CHUNK_MAX must be >= GITWARD_CHUNK_SIZE (2000), got '1000'",
+    ),
+    ({"GITWARD_CHUNK_SPREAD": "0"}, "GITWARD_CHUNK_SPREAD must be >= 1, got 0"),
     ({"WORKERS": "two"}, "WORKERS must be an integer, got 'two'"),
     ({"PORT": "70000"}, "PORT must be <= 65535, got 70000"),
     ({"GITWARD_DEBUG": "maybe"}, "GITWARD_DEBUG must be a boolean (true/false), got 'maybe'"),
@@ -255,3 +260,20 @@ def test_failpoint_specs_parse_or_name_the_bad_item() -> None:
     for bad in ("a=explode", "a=sleep:", "a=sleep:x", "a=raise*0", "=kill", "a b=kill"):
         with pytest.raises(ValueError, match="malformed item"):
             parse_failpoints(bad)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "1000 4000 4"),
+        ({"GITWARD_CHUNK_SIZE": "5000"}, "5000 5000 4"),  # a larger floor alone: fixed
+        ({"GITWARD_CHUNK_MAX": "1000"}, "1000 1000 4"),  # fixed targets, as before
+        ({"GITWARD_CHUNK_SIZE": "500", "GITWARD_CHUNK_SPREAD": "8"}, "500 4000 8"),
+    ],
+)
+def test_chunk_targets_range_from_the_chunk_size_to_its_maximum(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    code = "from django.conf import settings as s; print(s.CHUNK_SIZE, s.CHUNK_MAX, s.CHUNK_SPREAD)"
+    result = manage(tmp_path, "shell", "--no-imports", "-c", code, **env)
+    assert result.stdout.strip().splitlines()[-1] == expected, result.stderr

@@ -12,6 +12,15 @@ Memory (issue 14.3): a sync lists a repository's whole history. :class:`ShaList`
 it as raw bytes (20 a sha, 32 for SHA-256) in one ``bytearray`` instead of one Python
 ``str`` per commit (~90 bytes each plus the list's pointer), and :func:`iter_chunks`
 yields one chunk at a time, so planning holds the compact list plus one chunk of text.
+
+The target itself grows with the history (``chunk_target``): per-chunk costs (an RQ job
+and its forked work horse with fresh connections, a lease, a git process, the bookkeeping
+rows) are fixed, so a long history is cut into fewer, larger chunks — while it still
+spans ``spread`` targets (so at least ``spread / 2`` chunks: the workers share it, progress
+moves, a lease is held for a bounded time) — between a floor and a ceiling. It is a
+function of the length of the listed history only, and takes only the values
+``floor × 2^k``: re-planning the same history finds the same target, and so the same
+chunks; a history must double before its target changes.
 """
 
 from __future__ import annotations
@@ -107,6 +116,19 @@ class ShaList(Sequence[str]):
     def nbytes(self) -> int:
         """Bytes the shas occupy (the buffer's content, not its allocation)."""
         return len(self._buf)
+
+
+def chunk_target(total: int, *, floor: int, ceiling: int, spread: int) -> int:
+    """The chunk target for a history of ``total`` commits: ``floor × 2^k`` for the
+    largest ``k`` that keeps the target at most ``ceiling`` (never below ``floor``) and
+    ``total`` at least ``spread`` targets long. ``floor`` for anything shorter than
+    ``2 × spread × floor`` commits."""
+    if floor < 1 or spread < 1:
+        raise ValueError("floor and spread must be >= 1")
+    target = floor
+    while target * 2 <= ceiling and total >= target * 2 * spread:
+        target *= 2
+    return target
 
 
 def iter_chunks(pending: Iterable[str], *, target: int) -> Iterator[list[str]]:

@@ -23,6 +23,7 @@ on writing. Its run is then retried as a crash once the worker's heartbeat is st
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -123,7 +124,21 @@ def run_one_worker(
             # only uses the database between jobs, so close it before each fork.
             connections.close_all()
             self.parent_pid = os.getpid()
-            return super().fork_work_horse(*args, **kwargs)
+            # The horse inherits every object of this process. Frozen, its garbage
+            # collector never walks them: a full collection in the horse would otherwise
+            # traverse (and, by writing their GC headers, copy page by page) the whole
+            # inherited heap once per job. Only the parent unfreezes (right after the
+            # fork), so nothing of its own is kept out of its collections for longer; the
+            # horse never returns from ``super()`` (RQ ends it with ``os._exit``).
+            # Race: the heartbeat thread runs between the freeze and the fork (the fork
+            # itself waits for its round, ForkGuard) and after it. What it allocates
+            # meanwhile is young and collected as usual; frozen objects are only skipped
+            # by collections, never freed or moved, so nothing it holds changes.
+            gc.freeze()
+            try:
+                return super().fork_work_horse(*args, **kwargs)
+            finally:
+                gc.unfreeze()
 
         def setup_work_horse_signals(self) -> None:
             super().setup_work_horse_signals()
