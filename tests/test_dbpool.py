@@ -106,9 +106,10 @@ def test_many_concurrent_requests_to_one_web_process_hold_at_most_the_pool_size(
 ) -> None:
     # The role may hold 3 connections: before the pool, each in-flight request held one
     # of its own, and the 4th concurrent request was refused ("too many connections for
-    # role"; /readyz then says the database is unreachable, other pages were a 500).
+    # role": a 500, now a 503). (/readyz checks on a direct connection of its own.)
     extra = {"GITWARD_DB_POOL_SIZE": "3", "GITWARD_DB_POOL_TIMEOUT": "30"}
     with serving(tmp_path, database["url"], None, extra_env=extra, migrate=False) as srv:
+        bad_token = (srv["base"] + "/api/status", {"Authorization": "Bearer not-a-token"})
         seen: list[int] = []
         done = threading.Event()
 
@@ -122,11 +123,11 @@ def test_many_concurrent_requests_to_one_web_process_hold_at_most_the_pool_size(
         watcher.start()
         try:
             with ThreadPoolExecutor(max_workers=40) as pool:
-                codes = list(pool.map(lambda _: _status(srv["base"] + "/readyz")[0], range(160)))
+                codes = list(pool.map(lambda _: _status(*bad_token)[0], range(160)))
         finally:
             done.set()
             watcher.join(30)
-        assert codes == [200] * 160
+        assert codes == [401] * 160  # each looked its token up in the database
         assert seen and max(seen) <= 3
 
 
