@@ -30,7 +30,7 @@ ready (bounded by ``--drain-timeout``) with exactly the commits git reports, eac
 (paged through ``/api/repos/{id}/commits``).
 
     .venv/bin/python bench/load.py [--users 200] [--minutes 3] [--submitters 20]
-        [--workers 4] [--web-workers 1] [--commits 40] [--submit-every 10]
+        [--workers 4] [--web-workers N] [--commits 40] [--submit-every 10]
         [--client fast|requests] [--no-websockets]
 """
 
@@ -288,7 +288,7 @@ def start_server(var: Path, port: int, args: argparse.Namespace) -> subprocess.P
         env["DATABASE_URL"] = f"sqlite:///{var / 'db.sqlite3'}"
     cmd = [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port),
            "--workers", str(args.workers)]  # fmt: skip
-    if args.web_workers > 1:
+    if args.web_workers:
         cmd += ["--web-workers", str(args.web_workers)]
     var.mkdir(parents=True, exist_ok=True)
     log = open(var / "up.log", "wb")  # noqa: SIM115 - open for the server's lifetime
@@ -357,7 +357,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--submitters", type=int, default=20)
     parser.add_argument("--workers", type=int, default=4, help="worker processes")
-    parser.add_argument("--web-workers", type=int, default=1, help="web server processes")
+    parser.add_argument("--web-workers", type=int, default=0,
+                        help="web server processes (default: what `up` runs by default, 2 per"
+                        " core, at least 2)")  # fmt: skip
     parser.add_argument("--commits", type=int, default=40, help="commits per repository")
     parser.add_argument("--submit-every", type=float, default=10.0, help="s per submitter")
     parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per s")
@@ -386,8 +388,9 @@ def main() -> int:
         port = free_port()
         Shared.base = f"http://127.0.0.1:{port}"
         proc = start_server(tmp / "var", port, args)
+        web = args.web_workers or "the default number of"
         print(f"server up on {Shared.base} (pid {proc.pid}) with {args.workers} workers; "
-              f"{args.web_workers} web process(es)", flush=True)  # fmt: skip
+              f"{web} web process(es)", flush=True)  # fmt: skip
 
         Shared.sessions = log_in_sessions(args.logins)
         Shared.websockets = not args.no_websockets

@@ -1,14 +1,18 @@
-"""Small middleware: security headers, and the last-resort 503 for Redis failures."""
+"""Small middleware: security headers, and the last-resort 503s for Redis and database
+failures."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import redis
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.html import escape
+from django.views import defaults
 
 from dashboard import queues
 from dashboard.queues import RedisUnavailable
@@ -50,16 +54,40 @@ class QueueUnavailableMiddleware:
             return None
         log.error("Redis failure not handled by its adapter on %s: %s", request.path, exc)
         message = queues.QUEUE_DOWN if isinstance(exc, queues.QueueUnavailable) else str(exc)
-        if request.path.startswith("/api/"):
-            response: HttpResponse = JsonResponse({"error": message}, status=503)
-        else:
-            response = HttpResponse(
-                f"<!doctype html><title>unavailable</title><p>{escape(message)}; "
-                "try again in a moment.</p>",
-                status=503,
-            )
-        response["Retry-After"] = "5"
-        return response
+        return unavailable(request, message)
+
+
+def unavailable(request: HttpRequest, message: str) -> HttpResponse:
+    """A 503 saying ``message`` (no detail of ours beyond it): JSON ``{error}`` under
+    ``/api/``, a short page elsewhere, with ``Retry-After``."""
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"error": message}, status=503)
+    else:
+        response = HttpResponse(
+            f"<!doctype html><title>unavailable</title><p>{escape(message)}; "
+            "try again in a moment.</p>",
+            status=503,
+        )
+    response["Retry-After"] = "5"
+    return response
+
+
+#: What users are told while the database refuses connections.
+DATABASE_DOWN = "the database is not answering"
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: a database that refuses or drops connections (PostgreSQL's "too
+    many clients", a stopped server, a full pool's timeout; SQLite's "database is
+    locked") is a 503 the client may retry, not a 500. Django calls this for any
+    uncaught exception, in a view or in a middleware (the session and authentication
+    middleware query first), from inside its ``except`` block, so ``sys.exc_info()`` is
+    the exception; it has already been logged with its traceback (``django.request``),
+    and the user sees none of it. Anything else keeps Django's plain 500 page."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, OperationalError | InterfaceError):
+        return unavailable(request, DATABASE_DOWN)
+    return defaults.server_error(request)
 
 
 def queue_server_context(request: HttpRequest) -> dict[str, Any]:

@@ -10,20 +10,23 @@ Ready means all four of:
 4. ``queue``: the queue Redis (``REDIS_URL``) answers PING — without it nothing is enqueued.
 
 Read-only: nothing is written to the database or Redis, so probing a live cluster every
-few seconds is free. Each Redis PING uses a fresh connection bounded by ``timeout`` (no
+few seconds is free. Where the process pools its PostgreSQL connections, the database
+checks use a direct connection of their own, bounded by ``timeout`` too. Each Redis PING
+uses a fresh connection bounded by ``timeout`` (no
 pool shared with the app: a stalled master must not hold a request thread longer than
 that), and messages name hosts and ports, never a password.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from dashboard import queues
@@ -72,7 +75,7 @@ class Readiness:
 
 def check_readiness(*, timeout: float = 1.0) -> Readiness:
     """Run every check (none short-circuits: the answer names everything that failed)."""
-    database, migrations = _database_checks()
+    database, migrations = _database_checks(timeout=timeout)
     return Readiness(
         (
             database,
@@ -83,17 +86,37 @@ def check_readiness(*, timeout: float = 1.0) -> Readiness:
     )
 
 
-def _database_checks() -> tuple[Check, Check]:
+def _probe_connection(timeout: float) -> Any:
+    """The connection the database checks use: the request's own, or, where this
+    process pools its PostgreSQL connections, a direct one of the probe's own with a
+    connect timeout — like the Redis PINGs, a stopped database must answer the probe
+    within ``timeout``, not after the pool's wait for a connection
+    (``GITWARD_DB_POOL_TIMEOUT``), and a full pool is not an unready database."""
+    own = connections[DEFAULT_DB_ALIAS]
+    options = own.settings_dict.get("OPTIONS", {})
+    if not options.get("pool"):
+        return own
+    direct = {k: v for k, v in options.items() if k != "pool"}
+    direct["connect_timeout"] = max(1, math.ceil(timeout))
+    settings_dict = {**own.settings_dict, "OPTIONS": direct, "CONN_HEALTH_CHECKS": False}
+    return type(own)(settings_dict, alias=DEFAULT_DB_ALIAS)
+
+
+def _database_checks(*, timeout: float = 1.0) -> tuple[Check, Check]:
+    probe = _probe_connection(timeout)
     try:
-        executor = MigrationExecutor(connection)
+        executor = MigrationExecutor(probe)
         plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     except DatabaseError as exc:
         detail = f"database unreachable: {_first_line(exc)}"
         # A probe on a broken connection must not poison the next one.
-        connection.close_if_unusable_or_obsolete()
+        probe.close_if_unusable_or_obsolete()
         return Check("database", False, detail), Check(
             "migrations", False, "migrations: unknown (database unreachable)"
         )
+    finally:
+        if probe is not connections[DEFAULT_DB_ALIAS]:
+            probe.close()
     database = Check("database", True, "database answers")
     if plan:
         first = plan[0][0]

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import secrets
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -223,6 +224,30 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not :memory:) so that worker subprocesses in fault tests share it; one per
     # test process so that two suites in one checkout never share a database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Which process holds each connection, in pg_stat_activity (a forked child renames
+    # its own: dashboard/dbpool.py).
+    _command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
+        f"gitward {os.getpid()} {_command}".strip()[:63]
+    )
+#: Connections one process may hold on PostgreSQL (a psycopg pool; 0: no pool, a new
+#: connection per request as before). Workers never pool (dashboard/dbpool.py).
+DB_POOL_SIZE = env_int("GITWARD_DB_POOL_SIZE", 8, minimum=0)
+#: How long a request waits for a free pooled connection before it is answered 503.
+DB_POOL_TIMEOUT = env_float("GITWARD_DB_POOL_TIMEOUT", 10.0, minimum=0.1)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and DB_POOL_SIZE:
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_SIZE,
+        "timeout": DB_POOL_TIMEOUT,
+        # Idle connections above min_size are closed after this (the pool shrinks
+        # back once a burst is over).
+        "max_idle": 60.0,
+    }
+    # The pool checks a connection before handing it out (one empty query): after a
+    # database restart, requests get fresh connections rather than broken ones.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ---------------------------------------------------------------------------- redis
@@ -278,6 +303,10 @@ LOCK_NODE_TIMEOUT = env_float("GITWARD_LOCK_NODE_TIMEOUT", 0.05, minimum=0.001)
 HOST = env_str("HOST", "127.0.0.1")
 PORT = env_int("PORT", 8000, minimum=0, maximum=65535)
 WORKERS = env_int("WORKERS", 2, minimum=0)
+#: Web server processes ``up`` runs on the port: two per core this process may run on,
+#: at least two (the views are Python-bound, one interpreter lock per process; on the
+#: 2-core machine 4 processes served the load test best: BENCHMARKS.md, "Load").
+WEB_WORKERS = env_int("GITWARD_WEB_WORKERS", max(2, 2 * len(os.sched_getaffinity(0))), minimum=1)
 WORKSPACE = Path(env_str("GITWARD_WORKSPACE", str(VAR_DIR / "workspace"))).resolve()
 ADMIN_PASSWORD = env_str("GITWARD_ADMIN_PASSWORD", "")
 

@@ -11,7 +11,7 @@ read in one ``HGETALL`` at scrape time by a custom prometheus-client Collector.
 
 Recording never does I/O: ``count``/``observe`` add to a bounded in-process buffer
 (thread-safe; the lock heartbeat thread records through it). The buffer is flushed to
-Redis (one pipelined ``MULTI``/``HINCRBY…``/``EXEC``) by ``flush()`` — called at the start
+Redis (one pipelined ``MULTI``/``HINCRBYFLOAT…``/``EXEC``) by ``flush()`` — called at the start
 and end of every job attempt (``dashboard.traces``), so a killed work horse loses at most
 what it counted since its last flush — and by a daemon thread every ``FLUSH_INTERVAL``
 seconds in long-lived processes (web, worker main processes). A buffer that grows past
@@ -287,10 +287,12 @@ def flush() -> bool:
     try:
         pipe = queues.connection().pipeline(transaction=True)
         for field, n in values.items():
-            if float(n).is_integer():
-                pipe.hincrby(HASH, field, int(n))
-            else:
-                pipe.hincrbyfloat(HASH, field, n)
+            # Always HINCRBYFLOAT: a series that ever got a fraction (seconds, sums) holds
+            # a float, and HINCRBY on it is refused ("hash value is not an integer") —
+            # which failed the whole flush whenever such a series' increment happened to
+            # be whole (0.0 s of master time), every flush after it too. HINCRBYFLOAT
+            # also adds to an integer field, exactly below 2**53.
+            pipe.hincrbyfloat(HASH, field, n)
         pipe.execute()
     except (redis.RedisError, OSError) as exc:
         if not _buffer.failing:  # once per outage, not every FLUSH_INTERVAL

@@ -65,3 +65,5 @@ urlpatterns = [
 ]
 
 handler404 = "dashboard.api.not_found"
+#: A database refusing connections is a 503, anything else a plain 500 (no traceback).
+handler500 = "dashboard.middleware.server_error"

@@ -55,9 +55,16 @@ def _fresh_database(path: Path | None, env: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def serving(tmp_path: Path, database_url: str, db: Path | None) -> Iterator[dict[str, Any]]:
-    """A uvicorn process on ``database_url`` (migrated), with three lock masters and a
-    queue Redis of its own."""
+def serving(
+    tmp_path: Path,
+    database_url: str,
+    db: Path | None,
+    *,
+    extra_env: dict[str, str] | None = None,
+    migrate: bool = True,
+) -> Iterator[dict[str, Any]]:
+    """A uvicorn process on ``database_url`` (migrated unless ``migrate`` is false),
+    with three lock masters and a queue Redis of its own, and ``extra_env``."""
     masters = [RedisNode(tmp_path / f"lock{i}").start() for i in range(3)]
     queue = RedisNode(tmp_path / "queue").start()
     port = free_port()
@@ -67,10 +74,12 @@ def serving(tmp_path: Path, database_url: str, db: Path | None) -> Iterator[dict
         REDIS_URLS=",".join(n.url for n in masters),
         REDIS_URL=queue.url,
         GITWARD_VAR_DIR=str(tmp_path / "var"),
+        **(extra_env or {}),
     )
     proc = None
     try:
-        _fresh_database(db, env)
+        if migrate:
+            _fresh_database(db, env)
         proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(port)],
             cwd=ROOT,

@@ -149,6 +149,32 @@ def test_values_are_parsed_once_at_start_up_into_their_types(tmp_path: Path) -> 
     assert result.stdout.strip() == "[0.5, 3.0] ['10.0.0.0/8', 'fd00::/8'] DEBUG sync.fetched=kill"
 
 
+def test_up_runs_two_web_processes_per_core_unless_told(tmp_path: Path) -> None:
+    code = "from django.conf import settings as s; print(s.WEB_WORKERS)"
+    result = manage(tmp_path, "shell", "--no-imports", "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == max(2, 2 * len(os.sched_getaffinity(0)))
+    result = manage(tmp_path, "shell", "--no-imports", "-c", code, GITWARD_WEB_WORKERS="3")
+    assert int(result.stdout) == 3
+
+
+def test_postgresql_gets_a_bounded_pool_unless_turned_off(tmp_path: Path) -> None:
+    code = (
+        "from django.conf import settings as s; d = s.DATABASES['default'];"
+        "print(d['OPTIONS'].get('pool'), d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS'])"
+    )
+    url = "postgres://u@127.0.0.1:5432/x"
+    result = manage(tmp_path, "shell", "--no-imports", "-c", code, DATABASE_URL=url,
+                    GITWARD_DB_POOL_SIZE="5", GITWARD_DB_POOL_TIMEOUT="2.5")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "{'min_size': 1, 'max_size': 5, 'timeout': 2.5, 'max_idle': 60.0} 0 True"
+    )
+    result = manage(tmp_path, "shell", "--no-imports", "-c", code, DATABASE_URL=url,
+                    GITWARD_DB_POOL_SIZE="0")  # fmt: skip
+    assert result.stdout.strip() == "None 0 False"
+
+
 CROSS_SETTING_ERRORS = [
     (
         {"GITWARD_LOCK_TTL": "1", "GITWARD_LOCK_NODE_TIMEOUT": "0.4"},

@@ -15,6 +15,7 @@ from dashboard.telemetry import (
     DROPPED,
     JOB_RUN_SECONDS,
     JOBS_ENQUEUED,
+    MASTER_SECONDS,
     count,
     flush,
     observe,
@@ -136,3 +137,16 @@ def test_a_detached_flusher_ends_without_flushing_again(monkeypatch: pytest.Monk
     assert not thread.is_alive()
     count(JOBS_ENQUEUED, queue="sync", version="v1")  # a later record starts a new one
     assert telemetry._buffer.flusher not in (None, thread)
+
+
+def test_a_whole_increment_to_a_fractional_series_is_flushed() -> None:
+    # A seconds counter holds fractions in the hash; an increment that happens to be a
+    # whole number (0.0, 1.0) once went out as HINCRBY, which Redis refuses on a float
+    # ("hash value is not an integer"), and the whole flush was retried forever.
+    count(MASTER_SECONDS, 0.25, master="m1")
+    assert flush()
+    count(MASTER_SECONDS, 1.0, master="m1")
+    count(JOBS_ENQUEUED, queue="sync", version="abc")
+    assert flush()
+    assert _series(MASTER_SECONDS.name) == {(("master", "m1"),): 1.25}
+    assert _series(JOBS_ENQUEUED.name) == {(("queue", "sync"), ("version", "abc")): 1.0}

@@ -42,6 +42,7 @@ from django.db import close_old_connections, connections
 from rq import Queue, Worker
 
 from dashboard import leases, queues, runs, versions, workerbeats
+from dashboard.dbpool import close_thread_connections, use_direct_connections
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts import DRIVER_QUEUE
 from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
@@ -213,6 +214,8 @@ def run_one_worker(
         raise ValueError(
             f"this worker loaded {', '.join(sorted(own))} and refuses {', '.join(foreign)}"
         )
+    # No pool in a worker: its work horses are forked (dashboard/dbpool.py).
+    use_direct_connections()
     load_versions(wanted)
     connections.close_all()
     conn = queues.worker_connection()  # RQ raises its read timeout; not the shared one
@@ -348,6 +351,10 @@ class Pool:
         except Exception:  # database trouble: keep what runs
             log.exception("could not read the analyzer versions; keeping the pool as is")
             return [spec for spec, _ in self.children]
+        finally:
+            # Called every ``poll`` seconds from a supervising thread (``up``'s runs in
+            # a web process, whose pool must get the connection back between checks).
+            close_thread_connections()
 
     def _spawn(self, spec: Spec) -> subprocess.Popen[bytes]:
         env = dict(os.environ if self.env is None else self.env)

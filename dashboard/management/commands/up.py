@@ -25,6 +25,7 @@ from uvicorn.supervisors import Multiprocess
 
 from dashboard import embedded
 from dashboard.accounts import ensure_admin
+from dashboard.dbpool import close_thread_connections
 from dashboard.plurals import count
 from dashboard.reconciler import reconcile
 from dashboard.samples import record_samples
@@ -42,14 +43,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--web-workers",
             type=int,
-            default=1,
-            help="web server processes sharing the port (uvicorn workers; default 1)",
+            default=None,
+            help="web server processes sharing the port (uvicorn workers; default "
+            "$GITWARD_WEB_WORKERS: 2 per core, at least 2)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host = options["host"] or settings.HOST
         port = options["port"] if options["port"] is not None else settings.PORT
         workers = options["workers"] if options["workers"] is not None else settings.WORKERS
+        if options["web_workers"] is None:
+            options["web_workers"] = settings.WEB_WORKERS
         if options["web_workers"] < 1:
             raise CommandError("--web-workers must be at least 1")
         settings.PORT = port  # the websocket Origin check accepts pages served from here
@@ -117,6 +121,10 @@ class Command(BaseCommand):
             # (workers, Redis nodes) always runs.
             signal.signal(signal.SIGTERM, _note_signal)
             signal.signal(signal.SIGINT, _note_signal)
+            # This thread now serves (or supervises the web processes) and queries no
+            # more: its connection from the set-up above goes back (a pool slot, else
+            # an idle server backend for the server's lifetime).
+            close_thread_connections()
             if options["web_workers"] > 1:
                 # Spawned processes read the settings afresh from the environment: the
                 # port (for the Origin check) and the Redis URLs (set by use_redis) too.
@@ -152,6 +160,11 @@ def _reconcile_periodically(stop: threading.Event) -> None:
             record_samples()
         except Exception:  # the next round retries; the error is logged
             logging.getLogger(__name__).exception("reconciler round failed")
+        finally:
+            # Hand this thread's connection back between rounds: with the pool of a web
+            # process (dashboard/dbpool.py) an idle thread would hold one of its slots
+            # for the whole interval; without it, an idle server backend.
+            close_thread_connections()
 
 
 def _supervise(pool: Pool | None, nodes: list[RedisNode], stop: threading.Event) -> None:
