@@ -348,6 +348,8 @@ def _every_route_with(
         "run_id": str(run.pk),
         "job_id": run.job_id,
         "rollout_id": str(rollout.pk),
+        "version_id": str(rollout.version_id),
+        "fingerprint": rollout.version.fingerprint,
         "verb": "pause",
         "action": "pause",
         "group": "none",
