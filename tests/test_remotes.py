@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from workers.remotes import (
@@ -1058,6 +1058,7 @@ _remote_like = st.one_of(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(raw=_remote_like)
+@example(raw="HTTP://GITHUB.COM/0.git.git")  # found by this test: one ".git" stripped, not both
 def test_fuzz_parse_remote_only_raises_invalid_remote(raw: str) -> None:
     pol = RemotePolicy(resolve=FakeResolver(_FUZZ_DNS), local_roots=(Path("/tmp"),))
     try:

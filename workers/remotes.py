@@ -147,11 +147,14 @@ def _check_url_path(path: str, *, scp: bool) -> str:
 
 
 def _strip_dot_git(path: str) -> str:
-    last = path.rsplit("/", 1)[-1]
+    # Every trailing ".git" goes, not just one: the canonical form must be a fixed point
+    # (parsing it again gives it back), and "x.git.git" → "x.git" would parse to "x".
     # Keep "x.git" when stripping would leave "", "." or ".." (not a name).
-    if last.endswith(".git") and last[: -len(".git")] not in ("", ".", ".."):
-        return path[: -len(".git")]
-    return path
+    while True:
+        last = path.rsplit("/", 1)[-1]
+        if not (last.endswith(".git") and last[: -len(".git")] not in ("", ".", "..")):
+            return path
+        path = path[: -len(".git")]
 
 
 def _local_remote(path_text: str, policy: RemotePolicy) -> Remote:
