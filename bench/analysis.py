@@ -785,10 +785,9 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_stages(
-    origin: Path, work: Path, *, chunk_size: int, root: Path | None = None
-) -> dict[str, Any]:
-    cfg = {"origin": str(origin), "dir": str(work), "chunk_size": chunk_size, "stages": True}
+def _child_env(root: Path | None) -> dict[str, str]:
+    """The environment of a measuring child: ours without gitward's settings (the child
+    sets its own), plus the tree to measure when it is not this one."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -796,6 +795,14 @@ def run_stages(
     }
     if root is not None:
         env["GITWARD_BENCH_ROOT"] = str(root)
+    return env
+
+
+def run_stages(
+    origin: Path, work: Path, *, chunk_size: int, root: Path | None = None
+) -> dict[str, Any]:
+    cfg = {"origin": str(origin), "dir": str(work), "chunk_size": chunk_size, "stages": True}
+    env = _child_env(root)
     out = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(cfg)],
         env=env,
@@ -970,13 +977,7 @@ def run_gitward(
         "clone": clone,
         "database_url": database_url,
     }
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL", "DJANGO_"))
-    }
-    if root is not None:
-        env["GITWARD_BENCH_ROOT"] = str(root)
+    env = _child_env(root)
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", json.dumps(cfg)],
         env=env,
