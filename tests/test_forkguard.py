@@ -64,3 +64,60 @@ def test_a_guard_is_usable_again_in_the_child(tmp_path: Path) -> None:
     assert os.waitpid(pid, 0)[1] == 0
     with guard:
         pass
+
+
+def _child_writes_around_the_parents_close(db: Path, *, keep_open: bool) -> list[str]:
+    """A thread of this process opens an SQLite (WAL) connection; we fork; the child
+    commits "before", waits until the parent has closed that connection, commits
+    "after". Returns what the database holds once the child is gone."""
+    setup = sqlite3.connect(db, isolation_level=None)
+    setup.execute("pragma journal_mode=wal")
+    setup.execute("create table t (x)")
+    setup.close()
+    held: list[sqlite3.Connection] = []
+
+    def open_one() -> None:
+        conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        conn.execute("select count(*) from t").fetchone()
+        held.append(conn)
+
+    opener = CheckedThread(target=open_one)
+    opener.start()
+    opener.join()
+    if not keep_open:
+        held[0].close()
+    wrote, closed = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: leave without running the parent's cleanup
+        try:
+            own = sqlite3.connect(db, isolation_level=None)
+            own.execute("insert into t values ('before')")
+            os.write(wrote[1], b"1")
+            os.read(closed[0], 1)
+            own.execute("insert into t values ('after')")
+            own.close()
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    os.read(wrote[0], 1)
+    if keep_open:
+        held[0].close()  # SQLite thinks this is the last connection: checkpoint, delete WAL
+    os.write(closed[1], b"1")
+    assert os.waitpid(pid, 0)[1] == 0
+    return [row[0] for row in sqlite3.connect(db).execute("select x from t order by rowid")]
+
+
+def test_an_sqlite_connection_open_across_a_fork_loses_the_childs_commits(
+    tmp_path: Path,
+) -> None:
+    """Why a worker forks its work horse with no SQLite connection open in any thread
+    (workers/pool.py, the heartbeat): sqlite.org/howtocorrupt.html §2.6. The child
+    inherits SQLite's record that its process holds the shared lock, so its own
+    connection takes none; the parent's close then sees itself as the last connection,
+    checkpoints and deletes the WAL file, and the child's next commit goes to the
+    deleted file: reported committed, never seen again."""
+    assert _child_writes_around_the_parents_close(tmp_path / "a.db", keep_open=True) == ["before"]
+    assert _child_writes_around_the_parents_close(tmp_path / "b.db", keep_open=False) == [
+        "before",
+        "after",
+    ]

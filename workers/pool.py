@@ -229,22 +229,34 @@ def run_one_worker(
     guard = ForkGuard().install()
 
     def heartbeat() -> None:
-        """Beat every ``interval``; promote due scheduled jobs every second."""
+        """Beat every ``interval``; promote due scheduled jobs every second.
+
+        Race: the work horse is forked between two rounds (the guard), and every round
+        ends with this thread's database connection closed. An SQLite connection open
+        in any thread of the worker at the fork silently loses the horse's writes
+        (sqlite.org/howtocorrupt.html §2.6): the horse inherits SQLite's record that
+        this process holds the database's shared lock, so its own connection takes no
+        real lock; a process that then closes what it sees as the last connection
+        checkpoints and deletes the WAL file the horse goes on committing to. Seen in
+        the chaos run: an attempt logged "stored 2 commits" and none of its writes
+        survived. One connection per beat (every few seconds) is the price.
+        """
         next_beat = 0.0
         while not stop.is_set():
             try:
                 with guard:
-                    if time.monotonic() >= next_beat:
-                        close_old_connections()
-                        workerbeats.beat(name=name, queues_=list(queue_names), version=version)
-                        next_beat = time.monotonic() + interval
-                    queues.promote_due_jobs(list(queue_names))
+                    try:
+                        if time.monotonic() >= next_beat:
+                            workerbeats.beat(name=name, queues_=list(queue_names), version=version)
+                            next_beat = time.monotonic() + interval
+                        queues.promote_due_jobs(list(queue_names))
+                    finally:
+                        connections.close_all()  # this thread's only: see the docstring
             except queues.QueueUnavailable as exc:  # promotion waits; the beat went on
                 log.warning("worker heartbeat: %s", exc)
             except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)
-        connections.close_all()
 
     workerbeats.beat(name=name, queues_=list(queue_names), version=version)
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
