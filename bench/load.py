@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.live import make_repo, pct  # noqa: E402
+from bench.proccpu import by_role, snapshot  # noqa: E402
 from tests.sysproc import wait_http  # noqa: E402
 from workers.redisnode import free_port  # noqa: E402
 
@@ -416,9 +417,11 @@ def main() -> int:
         Shared.ws_delays.clear()
         Shared.measuring = True
         redis_before = redis_commands(tmp / "var")
+        tree_before = snapshot(proc.pid)
         started, cpu_before = time.monotonic(), time.process_time()
         gevent.sleep(args.minutes * 60)
         elapsed, bench_cpu = time.monotonic() - started, time.process_time() - cpu_before
+        server_cpu = by_role(tree_before, snapshot(proc.pid))
         Shared.measuring = False
         redis_after = redis_commands(tmp / "var")
         stats = env.stats
@@ -433,6 +436,9 @@ def main() -> int:
         print(f"load generator ({args.client} client, {sockets} websockets): {bench_cpu:.1f} CPU s"
               f" = {100 * bench_cpu / elapsed:.0f} % of a core, "
               f"{1e6 * bench_cpu / max(1, requests_total):.0f} µs per request")  # fmt: skip
+        print("server CPU over the window, by role (cores of 2 busy):", ", ".join(
+            f"{role} {sec / elapsed:.2f}" for role, sec in sorted(
+                server_cpu.items(), key=lambda kv: -kv[1]) if sec > 0))  # fmt: skip
         print(f"{'page':<14}{'requests':>9}{'errors':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
         for e in rows:
             if not e.num_requests:
