@@ -5,13 +5,6 @@ then events, coalesced per group and web process and flushed every
 ``broadcasts.FLUSH_SECONDS``: a burst of 10,000 events per second becomes at most one
 message per flush with the newest state of each lock, run, repository and worker, the
 same text for every socket of the process (``dashboard.broadcasts``).
-
-The live pages ask for a snapshot about once a second while job events arrive (their
-aggregates come only from snapshots). The operations socket answers such a request
-with the host's shared copy (at most ``GITWARD_SNAPSHOT_TTL`` old) followed by the
-events since that copy may have been built (``OpsConsumer.replays``): before, it asked
-for a copy built after the last event it had sent, and with events flushed ten times a
-second that was a new build for nearly every request (BENCHMARKS.md, "Live view").
 """
 
 from __future__ import annotations
@@ -19,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 
 from dashboard import broadcasts, live
 from dashboard.models import Repository
@@ -50,9 +41,6 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
     only the user's own group (a logout closes the socket) is joined on the layer."""
 
     feed_groups: list[str]
-    #: Whether a snapshot the client asks for may be an older shared copy followed by
-    #: the events since (``_send_answer``): for snapshots that are shared copies.
-    replays = False
 
     async def _start(self, groups: list[str]) -> None:
         self.feed_groups = groups
@@ -61,12 +49,6 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
         self.last_snapshot = 0.0
         self.backlog = broadcasts.Backlog()
         self.wake = asyncio.Event()
-        #: Batches offered in the last ``GITWARD_SNAPSHOT_TTL`` (``replays`` only), with
-        #: when (``time.monotonic``); the copy being read for a client's request, and
-        #: the one read, for the sender (``_read_asked_snapshot``).
-        self.recent: deque[tuple[float, broadcasts.Batch]] = deque()
-        self.reading: asyncio.Task[None] | None = None
-        self.answer: tuple[float, dict[str, Any]] | None = None
         self.sender: asyncio.Task[None] | None = None
         self.rejoiner: asyncio.Task[None] | None = None
         self.joined = await self._join_groups()
@@ -107,85 +89,21 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
     def offer(self, batch: broadcasts.Batch) -> None:
         """A feed's batch for this socket: kept, sent by ``_send_forever`` (never
         awaited here, so a slow client does not hold up the feed)."""
-        now = time.monotonic()
-        self.fresh_after = now
+        self.fresh_after = time.monotonic()
         self.backlog.add(batch)
-        if self.replays:
-            self.recent.append((now, batch))
-            # Only what a copy may lack is kept (see ``_send_answer``).
-            horizon = now - float(settings.SNAPSHOT_TTL)
-            while self.recent[0][0] < horizon:
-                self.recent.popleft()
         self.wake.set()
 
     async def _send_forever(self) -> None:
-        """The one task that sends events and, with ``replays``, asked-for snapshots:
-        one sender, so a snapshot and the events replayed after it are never
-        interleaved with older events."""
         while True:
             await self.wake.wait()
             self.wake.clear()
-            if self.answer is not None:
-                begun, data = self.answer
-                self.answer = None
-                await self._send_answer(begun, data)
             text = self.backlog.take()
             if text is not None:
                 # While this awaits a slow client, offers merge into the backlog.
                 await self.send(text_data=text)
 
-    async def _read_asked_snapshot(self) -> None:
-        """Read a shared copy for a client's request (``replays``) in a task of its own,
-        so events keep flowing while it is read, then hand it to the sender."""
-        begun = time.monotonic()
-        try:
-            data = await self.snapshot(not_before=0.0)
-        except Exception as exc:  # the page asks again with its next events
-            log.warning("snapshot for a socket failed: %s", exc)
-            return
-        finally:
-            self.reading = None
-        self.answer = (begun, data)
-        self.wake.set()
-
-    async def _send_answer(self, begun: float, data: dict[str, Any]) -> None:
-        """Send a shared copy, then the events it may lack.
-
-        1. The copy was read from ``begun`` on, so it was built after ``begun - TTL``
-           (the rule of ``snapshots.shared_snapshot``) and holds the effect of every
-           event offered before that (an event is published after its change commits).
-           Every socket's request within a TTL shares one build: the host builds about
-           once per TTL whatever the sockets, where a copy newer than this socket's last
-           event (as on connect) is a new build for nearly every request.
-        2. The backlog becomes every batch offered since ``begun - TTL``, sent right
-           after the snapshot, including those sent while the copy was read. Each event
-           is the newest state of its lock, run or worker, so one the copy already holds
-           (or one sent twice) changes nothing; the pending backlog is dropped: it is
-           among those, or older. (Offer times are monotonic and the copy's wall-clock:
-           a clock step could shift the horizon by the step, as for every cached copy.)
-        3. The snapshot's recent activity loses the events replayed after it, so the
-           page's feed lists each once, in arrival order.
-        """
-        horizon = begun - float(settings.SNAPSHOT_TTL)
-        backlog = broadcasts.Backlog()
-        replayed: set[tuple[Any, ...]] = set()
-        for offered, batch in self.recent:
-            if offered >= horizon:
-                backlog.add(batch)
-                replayed.update(_identity(event) for _, event in batch.items)
-        self.backlog = backlog
-        if replayed and isinstance(data.get("activity"), list):
-            # A new top-level dict: the shared copy itself is never changed.
-            data = {
-                **data,
-                "activity": [e for e in data["activity"] if _identity(e) not in replayed],
-            }
-        self.last_snapshot = asyncio.get_running_loop().time()
-        await self.send_json({"type": "snapshot", "data": data})
-
     async def disconnect(self, code: int) -> None:
-        tasks = ("sender", "rejoiner", "reading")
-        for task in (getattr(self, name, None) for name in tasks):
+        for task in (getattr(self, "sender", None), getattr(self, "rejoiner", None)):
             if task is not None:
                 task.cancel()
         hub = getattr(self, "hub", None)
@@ -216,26 +134,18 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
             now = asyncio.get_running_loop().time()
             if now - self.last_snapshot >= SNAPSHOT_MIN_INTERVAL:
                 self.last_snapshot = now
-                if self.replays:
-                    if self.reading is None:  # else the copy being read answers this too
-                        self.reading = asyncio.create_task(self._read_asked_snapshot())
-                else:
-                    await self.send_snapshot()
+                await self.send_snapshot()
 
     async def session_ended(self, message: dict[str, Any]) -> None:
         """The user logged out: this socket must not outlive the session."""
         await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def send_snapshot(self) -> None:
-        """A snapshot built after ``fresh_after``: on connect, after a re-join, and when
-        asked by sockets without ``replays``."""
-        data = await self.snapshot(not_before=self.fresh_after)
+        data = await self.snapshot()
         self.last_snapshot = asyncio.get_running_loop().time()
         await self.send_json({"type": "snapshot", "data": data})
 
-    async def snapshot(self, *, not_before: float) -> dict[str, Any]:
-        """The page's state; a cached copy must have been built after ``not_before``
-        (``time.monotonic``; 0: any copy fresh by the cache's own rule)."""
+    async def snapshot(self) -> dict[str, Any]:
         raise NotImplementedError
 
     async def _allowed(self, permission: str | None = None) -> bool:
@@ -255,18 +165,16 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
 class OpsConsumer(_Coalescing):
     """Operators' live view: locks, queues, workers, Redis nodes, dead letters."""
 
-    replays = True
-
     async def connect(self) -> None:
         if await self._allowed("dashboard.view_jobrun"):
             await self._start([live.OPS_GROUP])
 
-    async def snapshot(self, *, not_before: float) -> dict[str, Any]:
+    async def snapshot(self) -> dict[str, Any]:
         # Only the dead-letter page asks for the grouping (?dlq=groups): it is the
         # costliest part of the snapshot at 100,000 dead letters.
         groups = b"dlq=groups" in self.scope.get("query_string", b"")
         data: dict[str, Any] = await database_sync_to_async(ops_snapshot)(
-            user=self.scope["user"], dlq_groups=groups, not_before=not_before
+            user=self.scope["user"], dlq_groups=groups, not_before=self.fresh_after
         )
         return data
 
@@ -284,7 +192,7 @@ class RepositoryConsumer(_Coalescing):
             return
         await self._start([live.repo_group(self.repo_id)])
 
-    async def snapshot(self, *, not_before: float) -> dict[str, Any]:
+    async def snapshot(self) -> dict[str, Any]:
         data: dict[str, Any] = await database_sync_to_async(repository_live)(self.repo_id)
         return data
 
@@ -312,11 +220,6 @@ class RolloutsConsumer(_Coalescing):
         if await self._allowed("dashboard.view_jobrun"):
             await self._start([live.ROLLOUTS_GROUP])
 
-    async def snapshot(self, *, not_before: float) -> dict[str, Any]:
+    async def snapshot(self) -> dict[str, Any]:
         data: dict[str, Any] = await database_sync_to_async(live_snapshot)()
         return data
-
-
-def _identity(event: dict[str, Any]) -> tuple[Any, ...]:
-    """One event, whichever copy of it (the layer's or the activity list's)."""
-    return (event.get("type"), event.get("at"), live.coalesce_key(event))

@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.test import Client
 
-from dashboard import activity, consumers, live, queues
+from dashboard import consumers, live, queues
 from dashboard.live import publish_event
 from dashboard.models import Repository
 from dashboard.settings import channel_layer_host
@@ -248,51 +248,5 @@ def test_a_joined_socket_does_not_join_again(
             message = await comm.receive_json_from(timeout=10)
             assert message["type"] == "events", message
         await comm.disconnect()
-
-    run(scenario())
-
-
-def test_an_asked_for_ops_snapshot_is_a_shared_copy_followed_by_the_events_since(
-    settings: Any,
-) -> None:
-    """A page asks for a snapshot about once a second while job events arrive. The
-    operations socket answers with the copy another socket's connect built, not a new
-    build newer than its own last event, then replays what came since (so the copy
-    undoes nothing), and the copy's activity list leaves out what is replayed (so the
-    feed lists each event once)."""
-    settings.SNAPSHOT_TTL = 3600.0  # no copy expires during the test
-    op = make_user("op", perms=OPERATOR)
-    layer = get_channel_layer()
-    first = {"type": "job.queued", "at": 1.5, "run": 41}
-    second = {"type": "job.started", "at": 2.5, "run": 42}
-    headers = [session_headers(op), session_headers(op)]  # two sessions: two pages
-
-    async def scenario() -> None:
-        a, ok, _ = await connect("/ws/ops/", headers[0])
-        assert ok and (await a.receive_json_from(timeout=10))["type"] == "snapshot"
-        # Kept in the feed as publish_event keeps it, and sent to the group.
-        await sync_to_async(activity.record)(first)
-        await layer.group_send(live.OPS_GROUP, {"type": "live.event", "event": first})
-        assert (await a.receive_json_from(timeout=10))["events"] == [first]
-        # A second socket's connect builds a copy that has the first event in its feed.
-        b, ok, _ = await connect("/ws/ops/", headers[1])
-        shared = (await b.receive_json_from(timeout=10))["data"]
-        assert ok and first in shared["activity"]
-        await layer.group_send(live.OPS_GROUP, {"type": "live.event", "event": second})
-        assert (await a.receive_json_from(timeout=10))["events"] == [second]
-        assert (await b.receive_json_from(timeout=10))["events"] == [second]
-        consumers.SNAPSHOT_MIN_INTERVAL, before = 0.0, consumers.SNAPSHOT_MIN_INTERVAL
-        try:
-            await a.send_json_to({"type": "snapshot"})
-            answer = await a.receive_json_from(timeout=10)
-            assert answer["type"] == "snapshot"
-            assert answer["data"]["at"] == shared["at"]  # that copy: no build of its own
-            assert first not in answer["data"]["activity"]  # it comes next, once
-            replay = await a.receive_json_from(timeout=10)
-            assert replay == {"type": "events", "events": [first, second]}
-        finally:
-            consumers.SNAPSHOT_MIN_INTERVAL = before
-        await a.disconnect()
-        await b.disconnect()
 
     run(scenario())
