@@ -132,3 +132,46 @@ def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
             assert b"Log in" in res.read()
     finally:
         _stop(proc)
+
+
+def test_live_sockets_are_not_compressed(tmp_path: Path) -> None:
+    """Browsers offer permessage-deflate; the web server declines it, so a frame the
+    feed serialised once for every socket is not compressed again per socket
+    (``up.WEBSOCKET_OPTIONS``)."""
+    import http.cookiejar
+    import urllib.parse
+
+    from websockets.sync.client import connect
+
+    port = free_port()
+    proc = _start(_env(tmp_path), port, workers=0)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        opener.open(f"{base}/login/", timeout=30).read()
+        csrf = next(c.value for c in jar if c.name == "csrftoken")
+        form = {"username": "admin", "password": "admin-pass-123", "csrfmiddlewaretoken": csrf}
+        opener.open(
+            urllib.request.Request(
+                f"{base}/login/",
+                data=urllib.parse.urlencode(form).encode(),
+                headers={"Referer": f"{base}/login/"},
+            ),
+            timeout=30,
+        ).read()
+        cookie = "; ".join(f"{c.name}={c.value}" for c in jar)
+        with connect(
+            f"ws://127.0.0.1:{port}/ws/ops/",
+            additional_headers={"Cookie": cookie},
+            origin=base,  # type: ignore[arg-type]
+            compression="deflate",  # offered, as a browser does
+        ) as ws:
+            assert ws.request is not None and "permessage-deflate" in str(
+                ws.request.headers.get("Sec-WebSocket-Extensions")
+            )
+            assert ws.response is not None
+            assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+            assert json.loads(ws.recv(timeout=30))["type"] == "snapshot"
+    finally:
+        _stop(proc)

@@ -32,6 +32,24 @@ from dashboard.samples import record_samples
 from workers.pool import Pool
 from workers.redisnode import RedisNode
 
+#: The web processes' websocket options (uvicorn's defaults otherwise).
+WEBSOCKET_OPTIONS: dict[str, Any] = {
+    # No permessage-deflate. Uvicorn offers it and browsers accept it, and then every
+    # frame is compressed once per socket, each socket holding zlib contexts of its
+    # own: the text a feed serialised once for all its sockets (``dashboard.broadcasts``)
+    # was compressed again for each of them (BENCHMARKS.md, "Live view": the web
+    # process's CPU per frame). The live view's frames are small, ~10 a second a socket.
+    "ws_per_message_deflate": False,
+    # A ping every 20 s as uvicorn does, but a minute for the pong, not 20 s: a client
+    # answers from its own event loop, behind every frame still queued for it, and on
+    # a CPU-starved host (the load test: 2 cores for 4 web processes, 4 workers, 3 Redis
+    # servers and the load generator) a late pong dropped live sockets, each an error.
+    # A peer that is really gone is dropped within 80 s; until then its backlog is
+    # bounded (``broadcasts.MAX_PENDING``).
+    "ws_ping_interval": 20.0,
+    "ws_ping_timeout": 60.0,
+}
+
 
 class Command(BaseCommand):
     help = "Start gitward: web server, worker pool and (by default) embedded Redis nodes."
@@ -107,6 +125,7 @@ class Command(BaseCommand):
                 lifespan="off",
                 log_level="warning",
                 ws_max_size=1 << 20,
+                **WEBSOCKET_OPTIONS,
                 # Idle keep-alive connections are closed after this. Uvicorn's 5 s
                 # default races clients that reuse a connection after a pause of about
                 # that long: the request is already on its way when the server's close
