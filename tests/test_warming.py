@@ -19,6 +19,7 @@ from dashboard.models import (
     Repository,
     WorkerBeat,
 )
+from dashboard.pageviews import flush_views
 from dashboard.rollouts import ensure_baseline
 from dashboard.warming import diff_results, record_view, select_warm_set, verify_warm_set
 from tests.gitrepo import GitRepo
@@ -163,6 +164,7 @@ def test_views_are_counted_per_day_without_losing_any() -> None:
     repo = Repository.objects.create(url="https://example.com/x.git")
     for _ in range(5):
         record_view(repo.pk)
+    flush_views()  # counted in memory, written in batches (tests/test_pageviews.py)
     assert RepositoryView.objects.get(repository=repo).views == 5
 
 
