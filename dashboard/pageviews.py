@@ -4,10 +4,10 @@ The rollout warm set starts from the most-viewed repositories (``warming.select_
 ranks them by ``RepositoryView`` rows: views per repository and day, over 7 days). It
 needs counts per day, not per second. Writing one ``UPDATE`` per repository page view
 made every such page a database write: on SQLite a write waits for the file's single
-write lock, which the analysing workers hold for each chunk they store, and it waits on
-the web process's one thread for sync views, so every request queued behind it waited
-too. Now :func:`record_view` adds to a counter in this process, and :func:`flush_views`
-writes what was counted as one upsert per (repository, day), all in one transaction:
+write lock, which the analysing workers hold for each chunk they store, and it cost the
+page ~2.5 ms of CPU (bench/webcost.py). Now :func:`record_view` adds to a counter in
+this process, and :func:`flush_views` writes what was counted as one upsert per
+(repository, day), all in one transaction:
 
 * when a view finds the last flush ``FLUSH_SECONDS`` or more ago (that request pays one
   batched write for every view of the interval, instead of each paying its own);
@@ -48,9 +48,9 @@ _last_flush = [time.monotonic()]
 def record_view(repository_id: int) -> None:
     """Count one page view of a repository today (in memory; see the module docstring).
 
-    Race: the views of one process are counted under ``_lock`` (Django runs sync views
-    on one thread per process under ASGI, but the lock keeps a counter exact whatever
-    calls it); the process that finds the flush due takes the whole counter at once
+    Race: the views of one process are counted under ``_lock`` (concurrent requests run
+    on threads of their own); the thread that finds the flush due takes the whole
+    counter at once
     (:func:`flush_views`), so a view is either in the batch being written or in the
     next one, never both.
     """
