@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels.
+"""ASGI entry point: HTTP through Django (on pooled request threads:
+``dashboard.requestthreads``), websockets through Channels.
 
 Websockets are authenticated from the session cookie and their Origin must be ours
 (``dashboard.origins``: a page on another site cannot use our user's cookie);
@@ -9,10 +10,18 @@ from __future__ import annotations
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-django_asgi = get_asgi_application()
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application
+
+from django.conf import settings  # noqa: E402
+
+from dashboard.requestthreads import PooledASGIHandler, keep_sqlite_connections  # noqa: E402
+
+# Django's ASGI handler, with each request's sync code on a pooled thread rather than a
+# new thread per request (dashboard/requestthreads.py).
+django_asgi = PooledASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
@@ -39,3 +48,12 @@ application = ProtocolTypeRouter(
         "websocket": StrictOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urls))),
     }
 )
+
+
+def serving() -> ProtocolTypeRouter:
+    """The application as ``manage.py up`` serves it (uvicorn's factory: called once in
+    each web process before it serves): ``application``, with the request threads'
+    SQLite connections kept between requests (``dashboard.requestthreads``). Importing
+    this module changes no setting; only a process that serves does."""
+    keep_sqlite_connections(settings.DATABASES)
+    return application

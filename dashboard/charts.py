@@ -160,7 +160,25 @@ def spark_samples(values: list[int | None], minutes: list[str], unit: str) -> li
     ]
 
 
+#: The last ``sparklines`` call: ``(series, its sparklines)``.
+_LAST_SPARKS: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+
 def sparklines(series: dict[str, Any]) -> dict[str, Any]:
+    """The overview's and the Workers page's two sparklines of ``series`` (a snapshot's).
+    The same series object (a snapshot copy is never changed once built) gives the same
+    result object, computed once: the pages share it, and ``{% shared %}`` can key the
+    queues fragment on it. Race: two threads with different series both compute and
+    one's result stays; each checks the series is its own before reusing it."""
+    last = _LAST_SPARKS[-1] if _LAST_SPARKS else None
+    if last is not None and last[0] is series:
+        return last[1]
+    sparks = _sparklines(series)
+    _LAST_SPARKS[:] = [(series, sparks)]
+    return sparks
+
+
+def _sparklines(series: dict[str, Any]) -> dict[str, Any]:
     thr = series["throughput"]
     backlog = series["backlog"]
     minutes = series.get("minutes", [])

@@ -211,6 +211,51 @@ def shared_part(name: Hashable, build: Callable[[], T]) -> T:
     return value
 
 
+#: ``{fragment: (the inputs it was rendered from, its HTML)}``: the latest rendering of
+#: each fragment only (a template node's, so the set is the templates' fragments).
+_FRAGMENTS: dict[Hashable, tuple[tuple[Any, ...], str]] = {}
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _same_inputs(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    """The same objects (a snapshot's lists and dicts, a shared part), or equal plain
+    values (a permission, a filter text). Identity, not equality, for the rest: a copy
+    is never changed after it is built (see ``ops_snapshot``), so the same object means
+    the same content, and comparing it whole would cost what rendering costs. The
+    stored entry keeps its inputs alive, so a new object cannot take an old one's id."""
+    return len(old) == len(new) and all(
+        a is b or (type(a) is type(b) and isinstance(a, _PLAIN) and a == b)
+        for a, b in zip(old, new, strict=True)
+    )
+
+
+def shared_render(fragment: Hashable, inputs: tuple[Any, ...], render: Callable[[], str]) -> str:
+    """A page fragment rendered once for as long as ``inputs`` stay the same objects:
+    the tables drawn from a snapshot copy (locks, workers, queues, masters), the shared
+    parts (``shared_part``), with the viewer's permissions among the inputs when the
+    fragment draws buttons. Every operator's page then reuses the HTML of the copy it
+    shows instead of rendering the same rows again (the ``{% shared %}`` template tag).
+
+    Only with a snapshot TTL (``GITWARD_SNAPSHOT_TTL`` > 0; 0 renders every time), and
+    the HTML is exactly what rendering would give for those inputs, with one
+    exception: a relative time in it ("3 s ago") is as of the first rendering, so up to
+    the copy's life (the TTL) older, as the copy's data is; the page's script keeps
+    those texts current anyway. Never around anything of the request itself (the CSRF
+    token, messages, the user) unless it is among the inputs.
+
+    Race: two threads rendering one fragment at once both render and the last stores;
+    a reader compares the stored inputs with its own before using the HTML, so it never
+    gets another copy's rows."""
+    if float(settings.SNAPSHOT_TTL) <= 0:
+        return render()
+    hit = _FRAGMENTS.get(fragment)
+    if hit is not None and _same_inputs(hit[0], inputs):
+        return hit[1]
+    html = render()
+    _FRAGMENTS[fragment] = (inputs, html)
+    return html
+
+
 def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
     """Everything the operations pages show but the user's ``can``. ``dlq_groups=False``
     (pages that only show the dead-letter totals) skips grouping every dead letter.

@@ -2,7 +2,8 @@
 
 * :func:`select_warm_set` — the most-viewed repositories' most recent commits, read
   under the current version's fingerprint (``RepositoryView`` counts page views per
-  day; repositories nobody viewed follow, most recently analysed first).
+  day, counted by ``dashboard.pageviews``; repositories nobody viewed follow, most
+  recently analysed first).
 * :func:`verify_warm_set` — the gate's verdict for a new version on that set.
 * :func:`diff_results` — per-commit numbers of two fingerprints on that set.
 
@@ -28,10 +29,11 @@ from dashboard.models import (
     FileChange,
     JobRun,
     Repository,
-    RepositoryView,
     Rollout,
     WorkerBeat,
 )
+from dashboard.pageviews import flush_views
+from dashboard.pageviews import record_view as record_view  # the page's call, counted there
 from dashboard.plans import plan_warm_set
 from workers import lockkeys
 from workers.locks import LockNotAcquired
@@ -40,24 +42,6 @@ DEFAULT_REPOSITORIES = 20
 DEFAULT_COMMITS_PER_REPOSITORY = 50
 DEFAULT_THRESHOLD = 0.95
 VIEW_WINDOW = timedelta(days=7)
-
-
-def record_view(repository_id: int) -> None:
-    """Count one page view of a repository today.
-
-    Race: two first views of a day; the unique (repository, day) constraint keeps one
-    row, the loser's ``get_or_create`` reads it back and its conditional UPDATE adds its
-    view: no view is lost and none is counted twice.
-    """
-    today = timezone.localdate()
-    if not RepositoryView.objects.filter(repository_id=repository_id, day=today).update(
-        views=F("views") + 1
-    ):
-        row, created = RepositoryView.objects.get_or_create(
-            repository_id=repository_id, day=today, defaults={"views": 1}
-        )
-        if not created:
-            RepositoryView.objects.filter(pk=row.pk).update(views=F("views") + 1)
 
 
 def select_warm_set(
@@ -81,6 +65,9 @@ def select_warm_set(
         raise ValueError("a warm set needs at least one repository and one commit")
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], not {threshold}")
+    # Views this process counted and has not written yet count too (those of the web
+    # processes reach the table within ``pageviews.FLUSH_SECONDS`` of their next view).
+    flush_views()
     with_results = Repository.objects.filter(
         pk__in=Commit.objects.filter(fingerprint=fingerprint).values("repository_id")
     )

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from rq import SimpleWorker
 
-from dashboard import queues, telemetry
+from dashboard import pageviews, queues, telemetry
 from tests.gitrepo import GitRepo
 from tests.layerstate import reset_channel_layers
 from tests.threads import unreported
@@ -94,6 +94,15 @@ def _threads_report_their_failures() -> Iterator[None]:
             f"{len(failures)} checked thread(s) failed and were never joined: "
             + ", ".join(f"{name}: {error!r}" for name, error in failures)
         ) from failures[0][1]
+
+
+@pytest.fixture(autouse=True)
+def _no_page_views_pending() -> Iterator[None]:
+    """Page views are counted in memory until flushed (``dashboard.pageviews``): none
+    counted by an earlier test may be written under a later test's repository ids."""
+    pageviews.discard_pending()
+    yield
+    pageviews.discard_pending()
 
 
 @pytest.fixture(autouse=True)

@@ -5,13 +5,19 @@ user of the cookie; a foreign page never reaches them)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from channels.testing import HttpCommunicator, WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
+from django.core.signals import request_started
+from django.db import connection
+from django.db.backends.signals import connection_created
 from django.test import Client
 
-from dashboard.asgi import application, websocket_urls
+from dashboard import requestthreads
+from dashboard.asgi import application, serving, websocket_urls
 from dashboard.consumers import (
     OpsConsumer,
     RepositoryConsumer,
@@ -111,3 +117,65 @@ def test_an_unknown_websocket_path_is_refused() -> None:
             await comm.connect(timeout=10)
 
     asyncio.run(scenario())
+
+
+def test_requests_run_on_pooled_threads_not_a_new_thread_each() -> None:
+    """``dashboard.requestthreads``: a request's sync code runs on a thread of its own
+    (Django's rule: its signals, middleware and view on one thread), but later requests
+    reuse that thread instead of starting a new one each; concurrent requests are all
+    served."""
+    # The thread objects themselves (kept alive, so no two can look alike), not their
+    # idents, which the system reuses once a thread has ended.
+    threads: list[threading.Thread] = []
+
+    def record(sender: object, **kwargs: object) -> None:
+        threads.append(threading.current_thread())
+
+    async def one() -> None:
+        comm = HttpCommunicator(application, "GET", "/healthz", headers=HOST)
+        assert (await comm.get_response(timeout=10))["status"] == 200
+
+    async def scenario() -> None:
+        for _ in range(5):
+            await one()
+        await asyncio.gather(*(one() for _ in range(4)))
+
+    request_started.connect(record)
+    try:
+        asyncio.run(scenario())
+    finally:
+        request_started.disconnect(record)
+    sequential, concurrent = threads[:5], threads[5:]
+    assert threading.main_thread() not in threads
+    assert len({id(t) for t in sequential}) == 1  # one thread, reused
+    assert len(concurrent) == 4
+    assert requestthreads.idle_executors() >= 1
+
+
+def test_on_sqlite_a_request_thread_keeps_its_database_connection() -> None:
+    """Served as ``up`` serves it (``asgi.serving``), sequential logged-in pages open one
+    SQLite connection between them (the pooled thread's), not one per request."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL web processes draw from a pool instead")
+    cookie = operator_cookie()
+    opened: list[object] = []
+
+    def count(sender: object, connection: object, **kwargs: object) -> None:
+        opened.append(connection)
+
+    async def scenario() -> None:
+        for _ in range(5):
+            comm = HttpCommunicator(application, "GET", "/repos/", headers=[*HOST, cookie])
+            assert (await comm.get_response(timeout=10))["status"] == 200
+
+    saved = settings.DATABASES["default"]["CONN_MAX_AGE"]
+    served = serving()  # what `up`'s web processes run
+    assert served is application
+    connection_created.connect(count)
+    try:
+        assert settings.DATABASES["default"]["CONN_MAX_AGE"] == requestthreads.SQLITE_CONN_MAX_AGE
+        asyncio.run(scenario())
+    finally:
+        connection_created.disconnect(count)
+        settings.DATABASES["default"]["CONN_MAX_AGE"] = saved  # this process only serves tests
+    assert len(opened) == 1

@@ -51,6 +51,7 @@ TESTED_UNDER = {
     "dashboard.rolloutoffers": "test_rolloutboard",
     "dashboard.rolloutdriver": "test_rollout_driver",
     "dashboard.rolloutsteps": "test_rollout_driver",
+    "dashboard.requestthreads": "test_asgi",  # the ASGI handler's request threads
     "workers.branches": "test_remotes",  # the URL grammar's parts, tested through it
     "workers.hosts": "test_remotes",
     "workers.redaction": "test_remotes",

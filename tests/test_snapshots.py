@@ -3,18 +3,24 @@ from real Redis masters, queues and the database."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.template import Context, Template, TemplateSyntaxError
+from django.test import Client
 from django.utils import timezone
 
 from dashboard import leases, live, queues, snapshots
+from dashboard.charts import sparklines
 from dashboard.live import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository
 from dashboard.repositories import current_fingerprint, submit_repository
 from dashboard.snapshots import ops_snapshot, repository_live, user_can, why_waiting
 from tests.gitrepo import GitRepo
+from workers import lockkeys
+from workers.locks import LockNotOwned
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -183,3 +189,71 @@ def test_a_shared_page_part_is_reused_for_the_ttl_and_dropped_by_an_event_here(s
     assert snapshots.shared_part("t.on", build) == 5
     settings.SNAPSHOT_TTL = 1e-9  # everything older than that has expired
     assert snapshots.shared_part("t.on", build) == 6
+
+
+def _locks_page(client: Client) -> str:
+    res = client.get("/locks/")
+    assert res.status_code == 200
+    body = res.content.decode()
+    return body[body.index('<table class="grid" id="locks-table"') :].split("</table>", 1)[0]
+
+
+def test_a_fragment_of_one_copy_is_rendered_once_and_each_viewer_keeps_their_buttons(
+    settings, client: Client
+) -> None:
+    """``{% shared %}`` (``snapshots.shared_render``): the locks table of one snapshot
+    copy is rendered once and reused by every page showing that copy — a change to the
+    copy's rows (which nothing may make: copies are read-only) does not show, which is
+    how the test sees the reuse — while a viewer with other permissions gets the table
+    with their own buttons, and a new copy its own rows. With no TTL it is rendered
+    every time."""
+    settings.SNAPSHOT_TTL = 3600.0
+    repo = Repository.objects.create(url="https://example.com/t/frag.git")
+    lock = leases.redlock().acquire(lockkeys.mirror(repo.pk), ttl=60, holder={"job": "j-frag"})
+    try:
+        ops = User.objects.create_superuser("ops-frag", password="pw-frag-123456")
+        plain = User.objects.create_user("plain-frag", is_staff=True)
+        plain.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
+        client.force_login(ops)
+        fresh = ops_snapshot(dlq_groups=False, not_before=time.monotonic())  # a new copy
+        first = _locks_page(client)
+        assert "j-frag" in first and 'data-can-release="1"' in first
+        fresh["locks"][0]["job"] = "j-changed"  # the copy's own row, changed in place
+        assert _locks_page(client) == first  # the rendered fragment, reused
+        client.force_login(plain)
+        theirs = _locks_page(client)
+        assert 'data-can-release=""' in theirs and "j-changed" in theirs  # rendered anew
+        client.force_login(ops)
+        lock.release()
+        ops_snapshot(dlq_groups=False, not_before=time.monotonic())  # the next copy
+        assert "No locks held." in _locks_page(client)
+        settings.SNAPSHOT_TTL = 0.0
+        assert "No locks held." in _locks_page(client)
+    finally:
+        with contextlib.suppress(LockNotOwned):  # released above unless a step failed
+            lock.release()
+
+
+def test_a_fragment_with_an_input_missing_is_rendered_every_time(settings) -> None:
+    settings.SNAPSHOT_TTL = 3600.0
+    loop = "{% for r in rows %}{{ r }}{% endfor %}"
+    page = Template("{% shared rows missing %}" + loop + "{% endshared %}")
+    rows = ["a"]
+    assert page.render(Context({"rows": rows})) == "a"
+    rows.append("b")
+    assert page.render(Context({"rows": rows})) == "ab"  # nothing to key on: not kept
+    keyed = Template("{% shared rows %}" + loop + "{% endshared %}")
+    assert keyed.render(Context({"rows": rows})) == "ab"
+    rows.append("c")
+    assert keyed.render(Context({"rows": rows})) == "ab"  # same object: kept
+    assert keyed.render(Context({"rows": list(rows)})) == "abc"  # another object: anew
+    with pytest.raises(TemplateSyntaxError):
+        Template("{% shared %}x{% endshared %}")
+
+
+def test_the_sparklines_of_one_series_are_computed_once() -> None:
+    series = {"throughput": [1, 2, 3], "backlog": [5, None, 7], "minutes": []}
+    first = sparklines(series)
+    assert sparklines(series) is first
+    again = sparklines(dict(series))
+    assert again is not first and again == first

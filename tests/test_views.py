@@ -7,6 +7,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from dashboard.models import Repository, RepositoryView
+from dashboard.pageviews import flush_views
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 
@@ -89,4 +90,5 @@ def test_viewing_a_repository_counts_toward_the_rollout_warm_set(logged_in: Clie
     repo = Repository.objects.create(url="https://example.com/team/tool.git")
     for _ in range(3):
         assert logged_in.get(f"/repos/{repo.pk}/").status_code == 200
+    flush_views()  # counted in memory, written in batches (dashboard.pageviews)
     assert RepositoryView.objects.get(repository=repo).views == 3

@@ -19,6 +19,7 @@ from dashboard.models import (
     Repository,
     WorkerBeat,
 )
+from dashboard.pageviews import flush_views
 from dashboard.rollouts import ensure_baseline
 from dashboard.warming import diff_results, record_view, select_warm_set, verify_warm_set
 from tests.gitrepo import GitRepo
@@ -61,6 +62,18 @@ def test_the_warm_set_is_the_most_viewed_repositories_newest_commits(tmp_path: P
     assert select_warm_set(fingerprint="0" * 16)["items"] == []
     with pytest.raises(ValueError):
         select_warm_set(fingerprint=base.fingerprint, threshold=0)
+
+
+def test_views_not_yet_written_count_toward_the_warm_set(tmp_path: Path) -> None:
+    """Views are counted in memory and written in batches (``dashboard.pageviews``):
+    choosing the warm set writes this process's first, so a repository viewed a moment
+    ago ranks above one analysed later and never viewed."""
+    base = ensure_baseline(actor="t")
+    viewed, _ = analysed(tmp_path, "viewed")
+    later, _ = analysed(tmp_path, "later")  # analysed last: first when nobody viewed any
+    record_view(viewed.pk)
+    spec = select_warm_set(fingerprint=base.fingerprint, repositories=2, commits_per_repository=1)
+    assert [pk for pk, _ in spec["items"]] == [viewed.pk, later.pk]
 
 
 def test_the_gate_verdict_checks_coverage_errors_fingerprints_and_workers(tmp_path: Path) -> None:
@@ -163,6 +176,7 @@ def test_views_are_counted_per_day_without_losing_any() -> None:
     repo = Repository.objects.create(url="https://example.com/x.git")
     for _ in range(5):
         record_view(repo.pk)
+    flush_views()  # counted in memory, written in batches (tests/test_pageviews.py)
     assert RepositoryView.objects.get(repository=repo).views == 5
 
 

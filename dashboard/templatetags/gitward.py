@@ -15,6 +15,7 @@ from django import template
 from django.utils.safestring import SafeString
 
 from dashboard import plurals, tablerows
+from dashboard.snapshots import shared_render
 from dashboard.timestamps import ago_html
 from dashboard.timestamps import parse_time as _parse
 
@@ -102,3 +103,33 @@ def audit_rows(entries: Any, filters: Any = "") -> SafeString:
 def commit_rows(commits: Any, link: str = "") -> SafeString:
     """``{% commit_rows commits commit_link %}``: the repository page's commit ``<tr>``s."""
     return tablerows.commit_rows(commits or (), link)
+
+
+class SharedNode(template.Node):
+    """``{% shared a b … %}…{% endshared %}``: see :func:`shared`."""
+
+    def __init__(self, nodelist: template.NodeList, inputs: list[Any]) -> None:
+        self.nodelist = nodelist
+        self.inputs = inputs
+
+    def render(self, context: template.Context) -> str:
+        values = tuple(f.resolve(context, ignore_failures=True) for f in self.inputs)
+        if any(v is None for v in values):  # an input missing: nothing to key on
+            return self.nodelist.render(context)
+        return shared_render(self, values, lambda: self.nodelist.render(context))
+
+
+@register.tag
+def shared(parser: template.base.Parser, token: template.base.Token) -> SharedNode:
+    """``{% shared snapshot.locks snapshot.can.force_release %}…{% endshared %}``: the
+    block is rendered once for as long as every input is the same object (or an equal
+    plain value) and reused by later pages (``snapshots.shared_render``). The inputs
+    must be everything the block reads: the snapshot copy's parts, a shared part, the
+    viewer's permissions it draws buttons for. An input that does not resolve renders
+    the block every time."""
+    inputs = [parser.compile_filter(bit) for bit in token.split_contents()[1:]]
+    if not inputs:
+        raise template.TemplateSyntaxError("{% shared %} needs the inputs of its block")
+    nodelist = parser.parse(("endshared",))
+    parser.delete_first_token()
+    return SharedNode(nodelist, inputs)

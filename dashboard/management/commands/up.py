@@ -119,7 +119,9 @@ class Command(BaseCommand):
                 f"gitward is up on http://{host}:{port}/ with {count(workers, 'worker')}"
             )
             config = uvicorn.Config(
-                "dashboard.asgi:application",
+                # A factory: each web process sets up its serving (dashboard.asgi).
+                "dashboard.asgi:serving",
+                factory=True,
                 host=host,
                 port=port,
                 lifespan="off",
