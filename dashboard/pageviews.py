@@ -72,10 +72,12 @@ def pending_views() -> int:
 
 
 def discard_pending() -> None:
-    """Forget the views counted here and not written (tests: each starts with none, and
+    """Forget the views counted here and not written, and restart the flush clock
+    (tests: each starts with none and a full ``FLUSH_SECONDS`` before a view flushes;
     none is written into a later test's database at exit)."""
     with _lock:
         _pending.clear()
+        _last_flush[0] = time.monotonic()
 
 
 def flush_views() -> int:
