@@ -12,7 +12,8 @@ from django.http import QueryDict
 def positive_int(raw: str | None, default: int | None) -> Any:
     """A positive integer query parameter; ``default`` when absent or malformed (a
     hand-edited cursor shows the first page rather than an error page)."""
-    if raw and raw.isdigit() and 0 < int(raw) < 2**62:
+    # ASCII only: str.isdigit() also accepts "²", which int() refuses.
+    if raw and raw.isascii() and raw.isdigit() and 0 < int(raw) < 2**62:
         return int(raw)
     return default
 
