@@ -180,7 +180,7 @@ def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
     of one table's rows."""
     from django.template import Context, Template
 
-    from dashboard import tablerows, views
+    from dashboard import opsviews, tablerows
     from dashboard.audit import audit_page, run_links
     from dashboard.commits import commit_page
     from dashboard.models import Repository
@@ -189,7 +189,7 @@ def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
     fixtures = ROOT / "tests" / "fixtures" / "tablerows"
     repos, _ = repository_list()
     entries, _ = audit_page()
-    views._link_targets(entries)
+    opsviews._link_targets(entries)
     for e in entries:
         e.runs = run_links(e)
     repo = Repository.objects.get(pk=repo_id)

@@ -4,33 +4,47 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import api, commitviews, views
+from dashboard import (
+    api,
+    commitviews,
+    opsviews,
+    repositoryviews,
+    rolloutviews,
+    runviews,
+    views,
+)
 
 urlpatterns = [
-    path("", views.overview, name="overview"),
+    path("", opsviews.overview, name="overview"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("repos/", views.repositories, name="repositories"),
-    path("repos/<int:repo_id>/", views.repository, name="repository"),
+    path("repos/", repositoryviews.repositories, name="repositories"),
+    path("repos/<int:repo_id>/", repositoryviews.repository, name="repository"),
     path("repos/<int:repo_id>/commits/<str:sha>/", commitviews.commit, name="commit"),
-    path("runs/<int:run_id>/", views.run, name="run"),
-    path("runs/job/<str:job_id>/", views.run_by_job, name="run-by-job"),
-    path("locks/", views.locks, name="locks"),
-    path("workers/", views.workers, name="workers"),
-    path("dead-letters/", views.dead_letters, name="dead-letters"),
-    path("rollouts/", views.rollouts_index, name="rollouts"),
-    path("rollouts/start/", views.rollout_start, name="rollout-start"),
-    path("rollouts/offers/", views.rollout_offers, name="rollout-offers"),
-    path("rollouts/versions/<int:version_id>/retire/", views.version_retire, name="version-retire"),
-    path("rollouts/<int:rollout_id>/", views.rollout_detail, name="rollout"),
+    path("runs/<int:run_id>/", runviews.run, name="run"),
+    path("runs/job/<str:job_id>/", runviews.run_by_job, name="run-by-job"),
+    path("locks/", opsviews.locks, name="locks"),
+    path("workers/", opsviews.workers, name="workers"),
+    path("dead-letters/", opsviews.dead_letters, name="dead-letters"),
+    path("rollouts/", rolloutviews.rollouts_index, name="rollouts"),
+    path("rollouts/start/", rolloutviews.rollout_start, name="rollout-start"),
+    path("rollouts/offers/", rolloutviews.rollout_offers, name="rollout-offers"),
+    path(
+        "rollouts/versions/<int:version_id>/retire/",
+        rolloutviews.version_retire,
+        name="version-retire",
+    ),
+    path("rollouts/<int:rollout_id>/", rolloutviews.rollout_detail, name="rollout"),
     path(
         "rollouts/<int:rollout_id>/checklist.md",
-        views.rollout_checklist_md,
+        rolloutviews.rollout_checklist_md,
         name="rollout-checklist",
     ),
-    path("rollouts/<int:rollout_id>/<str:verb>/", views.rollout_action, name="rollout-action"),
-    path("audit/", views.audit, name="audit"),
-    path("runs/", views.runs, name="runs"),
+    path(
+        "rollouts/<int:rollout_id>/<str:verb>/", rolloutviews.rollout_action, name="rollout-action"
+    ),
+    path("audit/", opsviews.audit, name="audit"),
+    path("runs/", runviews.runs, name="runs"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),

@@ -7,7 +7,12 @@ also the only local roots submissions may use.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +23,69 @@ from rq import SimpleWorker
 from dashboard import pageviews, queues, telemetry
 from tests.gitrepo import GitRepo
 from tests.layerstate import reset_channel_layers
+from tests.sysproc import OWNER_VARIABLE, processes_of
 from tests.threads import unreported
 from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
 from workers.redisnode import RedisNode
+
+#: Every process this test process starts carries its pid (see ``sysproc.processes_of``).
+#: Under pytest-xdist each worker sets its own.
+os.environ[OWNER_VARIABLE] = str(os.getpid())
+
+#: Started once by multiprocessing for the rest of the session (spawn start method).
+LONG_LIVED = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+#: How long a test's processes may take to exit after it ended (a SIGTERMed pool's warm
+#: shutdown, a killed process's children getting their death signal).
+LEFTOVER_GRACE = 10.0
+#: Command lines of the processes alive when a test started: the session- and module-
+#: scoped fixtures' (the Redis masters). One of them restarted during a test (a killed
+#: master brought back, on its own port) has a new pid but the same command line.
+_SHARED: set[str] = set()
+
+
+def _leftovers(before: set[int], *, shared_too: bool = False) -> dict[int, str]:
+    """This session's running processes but ``before`` and the long-lived ones (and,
+    unless ``shared_too``, the fixtures' shared servers)."""
+    mine = processes_of(str(os.getpid()), os.getpid())
+    return {
+        pid: cmd
+        for pid, cmd in mine.items()
+        if pid not in before
+        and (shared_too or cmd not in _SHARED)
+        and not any(name in cmd for name in LONG_LIVED)
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """A test that leaves a process running (a worker pool, its workers, a horse, a
+    server) fails here, and what it left is SIGKILLed by pid, so one failure cannot leave
+    an orphaned pool behind for the rest of the session and beyond.
+
+    Defined first, so it is set up before any other function-scoped fixture and torn
+    down after them all: processes of the session- and module-scoped fixtures (the Redis
+    masters) were started before the test and are in ``before``, and once restarted
+    they are known by their command line (``_SHARED``); those of function fixtures are
+    ended by their own teardown before this check. Race: a process may still be exiting
+    when the test ends; it gets ``LEFTOVER_GRACE`` to go."""
+    running = processes_of(str(os.getpid()), os.getpid())
+    before = set(running)
+    _SHARED.update(running.values())
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    left = _leftovers(before)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _leftovers(before)
+    if not left:
+        return
+    for pid in left:  # started by this test (our marker, not there before it): ours to end
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    raise AssertionError(
+        f"the test left {len(left)} process(es) running (now SIGKILLed): "
+        + "; ".join(f"{pid}: {cmd[:160]}" for pid, cmd in sorted(left.items()))
+    )
 
 
 def _own_node(data_dir: Path) -> RedisNode:
@@ -166,5 +231,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """pytest closes its capture streams after this: the metrics flusher thread, which
     would log a flush failure against nodes already killed, is detached first (its
-    "--- Logging error ---" tracebacks ended every run)."""
+    "--- Logging error ---" tracebacks ended every run).
+
+    Every fixture is torn down by now: a process of this session still running (a
+    fixture's, which no per-test check sees) is reported on stderr and SIGKILLed."""
     telemetry.stop_flushing()
+    if session.config.pluginmanager.getplugin("dsession") is not None:
+        return  # the pytest-xdist controller: its children are the workers, still running
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    left = _leftovers(set(), shared_too=True)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _leftovers(set(), shared_too=True)
+    for pid, cmd in sorted(left.items()):
+        sys.stderr.write(f"\nleft running at the end of the session (SIGKILLed): {pid}: {cmd}\n")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

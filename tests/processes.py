@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.db import connection
+
+from workers.proctree import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +47,31 @@ def run_burst_worker(env: dict[str, str], timeout: float = 120) -> subprocess.Co
         text=True,
         timeout=timeout,
     )
+
+
+def end_tree(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """SIGKILL ``proc``, every process below it and its process group, then reap it.
+
+    Only while ``proc`` is not reaped yet (``returncode`` is None): until then its pid,
+    a zombie's included, and so its process group id, cannot belong to anyone else. Once
+    reaped, what it left is for the leftover check in tests/conftest.py to find."""
+    if proc.returncode is not None:
+        return
+    kill_tree(proc.pid)  # stopped first, so it cannot fork between the scan and the kill
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # members no longer below it (re-parented)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def ended(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:  # type: ignore[type-arg]
+    """``proc`` for the block; however the block ends (an assertion, an exception,
+    pytest-timeout's), ``end_tree`` ends whatever of it still runs. Start ``proc`` with
+    ``start_new_session=True`` so its group is its own."""
+    try:
+        yield proc
+    finally:
+        end_tree(proc)
 
 
 from tests.sysproc import children, git_processes_under, proc_field, proc_state  # noqa: E402, F401

@@ -86,3 +86,47 @@ def proc_field(pid: int, index: int) -> str | None:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[index]
     except (OSError, IndexError):
         return None
+
+
+#: Set by tests/conftest.py in the pytest process's environment (to its pid): every
+#: process a test starts inherits it, and so do theirs, unless given an environment made
+#: without it. Not ``GITWARD_``-prefixed: ``worker_env`` drops those.
+OWNER_VARIABLE = "PYTEST_GITWARD_OWNER"
+
+
+def processes_of(owner: str, root: int) -> dict[int, str]:
+    """``{pid: command line}`` of the live (not zombie) processes started by the test
+    process ``root``: below it in the process tree, or carrying ``OWNER_VARIABLE=owner``
+    in their environment, which finds those re-parented to init (their parent gone) or
+    put in sessions of their own too. Other users' processes are skipped unread."""
+    marker = f"{OWNER_VARIABLE}={owner}".encode()
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            parents[pid] = int(fields[1])
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                marked.add(pid)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    below: set[int] = set()
+    todo = [root]
+    while todo:
+        parent = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == parent and p not in below]
+        below.update(kids)
+        todo += kids
+    found = {}
+    for pid in (below | marked) - {root}:
+        try:
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        found[pid] = cmd.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found

@@ -18,7 +18,14 @@ from dashboard.reconciler import reconcile
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
-from tests.processes import ROOT, children, git_processes_under, run_burst_worker, worker_env
+from tests.processes import (
+    ROOT,
+    children,
+    end_tree,
+    git_processes_under,
+    run_burst_worker,
+    worker_env,
+)
 from workers.mirror import mirror_path
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -144,9 +151,7 @@ def test_a_whole_worker_killed_mid_job_is_detected_by_its_heartbeat(
                 pass
         worker.wait(timeout=10)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+        end_tree(worker)  # still running when the test failed: its whole tree
     # git died with its parent (no orphan keeps streaming or fetching).
     deadline = time.monotonic() + 10
     while git_processes_under(Path(settings.WORKSPACE)) and time.monotonic() < deadline:

@@ -21,7 +21,7 @@ from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.leasethief import steal_when_held
-from tests.processes import children, proc_state, worker_env
+from tests.processes import children, end_tree, proc_state, worker_env
 from workers.history import stream_commits
 from workers.locks import LockLost
 from workers.mirror import mirror_path
@@ -145,5 +145,4 @@ def test_a_worker_frozen_past_its_ttl_has_its_write_rejected(
         try:
             worker.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+            end_tree(worker)  # the worker, its (stopped) horse and anything below

@@ -62,6 +62,10 @@ TESTED_UNDER = {
     "dashboard.management": "test_cli",  # the commands, run as a user runs them
     "dashboard.templatetags": "test_pages",  # the filters, through the pages using them
     "dashboard.timestamps": "test_pages",  # |ago and relative(); the rows in test_tablerows
+    "dashboard.opsviews": "test_pages",  # the operations pages, as operators read them
+    "dashboard.runviews": "test_pages",
+    "dashboard.repositoryviews": "test_views",
+    "dashboard.rolloutviews": "test_rollout_views",
 }
 
 

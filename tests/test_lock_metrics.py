@@ -32,7 +32,9 @@ class Broken:
 def test_an_observer_sees_every_increment_and_acquire_latency(
     redis_nodes: list[RedisNode],
 ) -> None:
-    rl = Redlock([n.url for n in redis_nodes], retry_count=1, retry_delay=0.01)
+    # 0.5 s node timeouts, not the 50 ms default: a loaded machine must not turn a healthy
+    # master's refusal into a timeout (the refusals are counted below).
+    rl = Redlock([n.url for n in redis_nodes], retry_count=1, retry_delay=0.01, node_timeout=0.5)
     seen = Observer()
     rl.metrics.observe(seen)
     rl.metrics.observe(seen)  # idempotent: counted once
@@ -51,7 +53,7 @@ def test_an_observer_sees_every_increment_and_acquire_latency(
 
 
 def test_a_broken_observer_never_breaks_a_lock_operation(redis_nodes: list[RedisNode]) -> None:
-    rl = Redlock([n.url for n in redis_nodes])
+    rl = Redlock([n.url for n in redis_nodes], node_timeout=0.5)
     rl.metrics.observe(Broken())
     lock = rl.acquire("locks:broken-observer", ttl=5.0)
     lock.release()

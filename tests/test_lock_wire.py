@@ -137,11 +137,13 @@ def test_a_round_replaces_kept_connections_of_a_restarted_master_without_an_erro
     masters = [RedisNode(tmp_path / f"m{i}").start() for i in range(3)]
     rl = Redlock([m.url for m in masters], retry_count=0, node_timeout=2.0)
     try:
-        rl.acquire("locks:wire", ttl=5.0).release()
+        # Long node timeouts and TTLs: neither is the point, and a first round on a loaded
+        # machine (new connections, scripts loaded) was seen to take 4 s of a 5 s TTL.
+        rl.acquire("locks:wire", ttl=30.0).release()
         assert all(node.idle for node in rl.nodes), "every master's connection is kept"
         masters[0].restart(empty=True)  # its kept socket is now closed by the server
         assert eventually(lambda: stale(rl.nodes[0].idle) == {0})
-        lock = rl.acquire("locks:wire", ttl=5.0)
+        lock = rl.acquire("locks:wire", ttl=30.0)
         lock.release()
         first = rl.stats()["nodes"][rl.nodes[0].name]
         # Without the check the round would write on the dead socket: an error vote.
@@ -167,13 +169,13 @@ def test_rounds_through_redis_py_work_as_the_raw_ones(tmp_path: Path) -> None:
     for node in rl.nodes:
         node.raw = False
     try:
-        lock = rl.acquire("locks:tls", ttl=5.0)
+        lock = rl.acquire("locks:tls", ttl=30.0)
         with pytest.raises(LockNotAcquired):
-            other.acquire("locks:tls", ttl=5.0)
+            other.acquire("locks:tls", ttl=30.0)
         lock.extend()
         lock.release()
         masters[1].restart(empty=True)  # stale connection and no scripts on master 1
-        lock = rl.acquire("locks:tls", ttl=5.0)
+        lock = rl.acquire("locks:tls", ttl=30.0)
         assert eventually(lambda: (rl.inspect("locks:tls") or {}).get("agreeing") == 3)
         lock.release()
         assert rl.inspect("locks:tls") is None

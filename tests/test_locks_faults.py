@@ -17,6 +17,7 @@ import pytest
 
 from tests.tcpproxy import TcpProxy
 from tests.test_locks import (  # noqa: F401  (fixtures)
+    HEALTHY_NODE_TIMEOUT,
     SqliteCounter,
     counter,
     eventually,
@@ -125,16 +126,21 @@ def test_the_first_heartbeat_comes_within_half_of_the_validity_left(
 def test_one_slow_reply_while_another_master_is_down_costs_a_round_not_the_lock(
     masters: list[RedisNode], proxy: TcpProxy
 ) -> None:
-    rl = Redlock([proxy.url, masters[1].url, masters[2].url], retry_count=0, node_timeout=0.05)
+    # The healthy masters' timeout (not 50 ms: a loaded machine can take longer to answer),
+    # and a stall four times as long: the first round still times master 0 out.
+    node_timeout = HEALTHY_NODE_TIMEOUT
+    rl = Redlock(
+        [proxy.url, masters[1].url, masters[2].url], retry_count=0, node_timeout=node_timeout
+    )
     try:
         rl.inspect("locks:slow")  # a pooled connection to every master
-        lock = rl.acquire("locks:slow", ttl=5.0)
+        lock = rl.acquire("locks:slow", ttl=10.0)
         assert eventually(lambda: (rl.inspect("locks:slow") or {}).get("agreeing") == 3)
         masters[1].kill()
-        proxy.stall(0.2)  # master 0's next reply comes four node timeouts late
+        proxy.stall(4 * node_timeout)  # master 0's next reply comes four node timeouts late
         rounds = rl.stats()["extension_rounds"]
         lock.extend()
-        assert not lock.lost.is_set() and lock.valid_for() > 4.0
+        assert not lock.lost.is_set() and lock.valid_for() > 8.0
         assert rl.stats()["extension_rounds"] >= rounds + 2  # a later round got the quorum
         lock.release()
     finally:
@@ -144,16 +150,19 @@ def test_one_slow_reply_while_another_master_is_down_costs_a_round_not_the_lock(
 def test_an_extension_gives_up_only_near_the_end_of_the_validity(
     masters: list[RedisNode],
 ) -> None:
-    rl = make(masters, node_timeout=0.05)
+    # The healthy masters' node timeout, and a TTL long enough for several rounds of it
+    # before the margin (2 node timeouts) is reached.
+    rl = make(masters)
+    ttl = 12 * HEALTHY_NODE_TIMEOUT
     try:
-        lock = rl.acquire("locks:end", ttl=1.0)
+        lock = rl.acquire("locks:end", ttl=ttl)
         masters[1].kill()
         masters[2].pause()
         with pytest.raises(LockLost):
             lock.extend()
         # It kept trying until only its margin was left, and stopped before the lease ended.
         left = lock.valid_until - time.monotonic()
-        assert 0 < left <= rl.extend_margin(1.0) + rl.node_timeout
+        assert 0 < left <= rl.extend_margin(ttl) + rl.node_timeout
         assert lock.lost.is_set()
         assert rl.stats()["extension_rounds"] >= 3
     finally:
@@ -190,13 +199,18 @@ def test_a_lock_left_with_less_than_the_minimum_validity_is_released_not_returne
 def test_a_set_delayed_past_a_failed_attempt_is_deleted_right_behind_it(
     masters: list[RedisNode], proxy: TcpProxy
 ) -> None:
-    rl = Redlock([proxy.url, masters[1].url, masters[2].url], retry_count=0, node_timeout=0.05)
+    # The healthy masters' timeout (with 50 ms a loaded machine could time out the pooling
+    # inspect below, and the SET would go on a fresh, unstalled connection or none at all).
+    node_timeout = HEALTHY_NODE_TIMEOUT
+    rl = Redlock(
+        [proxy.url, masters[1].url, masters[2].url], retry_count=0, node_timeout=node_timeout
+    )
     try:
         rl.inspect("locks:late")  # a pooled connection to every master
         masters[2].client().set("locks:late", "someone else", px=10_000)
         masters[1].kill()
         before = set_calls(masters[0])
-        proxy.stall(0.3)  # our SET to master 0 is held back past the attempt
+        proxy.stall(6 * node_timeout)  # our SET to master 0 is held back past the attempt
         with pytest.raises(LockNotAcquired):
             rl.acquire("locks:late", ttl=10.0)
         assert masters[0].client().get("locks:late") is None  # not arrived yet

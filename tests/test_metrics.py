@@ -35,7 +35,7 @@ from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.leasethief import steal_when_held
-from tests.processes import ROOT, worker_env
+from tests.processes import ROOT, end_tree, worker_env
 from tests.sockets import make_user
 from workers import lockkeys
 from workers.analyzer import queue_name
@@ -325,9 +325,13 @@ def test_two_worker_processes_and_a_killed_work_horse_add_up(tmp_path: Path, set
                      GITWARD_FAILPOINTS_ONCE=str(once))  # fmt: skip
     cmd = [sys.executable, str(ROOT / "manage.py"), "worker", "--burst"]
     procs = [subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:  # one failed or timed out: the other is not left draining
+            end_tree(p)
     # A crash found by a worker that exited before retrying leaves the retry queued.
     run_workers()
     assert set(JobRun.objects.values_list("state", flat=True)) == {"succeeded"}

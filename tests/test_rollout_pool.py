@@ -19,7 +19,7 @@ from dashboard.deploylock import RolloutDriver
 from dashboard.models import AnalyzerVersion, Commit, JobRun, WorkerBeat
 from dashboard.rollouts import ensure_baseline
 from dashboard.warming import warm_rollout
-from tests.processes import worker_env
+from tests.processes import ended, worker_env
 from tests.rollout_support import (  # noqa: F401 (fixture)
     DRIVERS,
     RENAMES,
@@ -176,5 +176,6 @@ def test_a_drain_stops_jobs_running_past_the_timeout(tmp_path: Path, settings: A
         assert not Commit.objects.filter(fingerprint=new.fingerprint).exists()
         assert worker.poll() is None  # only the job's horse was stopped
     finally:
-        worker.terminate()
-        worker.wait(timeout=60)
+        with ended(worker):  # a worker that outlives its 60 s is killed with its tree
+            worker.terminate()
+            worker.wait(timeout=60)

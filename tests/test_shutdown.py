@@ -22,6 +22,8 @@ from tests.gitrepo import GitRepo
 from tests.processes import (
     ROOT,
     children,
+    end_tree,
+    ended,
     git_processes_under,
     proc_state,
     run_burst_worker,
@@ -59,16 +61,19 @@ def start_frozen_pool(tmp_path: Path, settings: object) -> tuple[subprocess.Pope
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        horses = [h for w in children(pool.pid) for h in children(w)]
-        if horses and (once / "analyze.before_write").exists():
-            (horse,) = horses
-            return pool, horse
-        assert pool.poll() is None, "the pool died"
-        time.sleep(0.05)
-    pool.kill()
-    raise AssertionError("no work horse reached the failpoint")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            horses = [h for w in children(pool.pid) for h in children(w)]
+            if horses and (once / "analyze.before_write").exists():
+                (horse,) = horses
+                return pool, horse
+            assert pool.poll() is None, "the pool died"
+            time.sleep(0.05)
+        raise AssertionError("no work horse reached the failpoint")
+    except BaseException:  # a failed wait, or pytest-timeout: the pool ends with it
+        end_tree(pool)
+        raise
 
 
 def stop_pool(pool: subprocess.Popen[bytes], tree: list[int]) -> float:
@@ -105,9 +110,10 @@ def test_a_job_still_running_after_the_grace_is_handed_back_and_run_once_more(
     tmp_path: Path, settings
 ) -> None:
     pool, horse = start_frozen_pool(tmp_path, settings)
-    tree = [pool.pid, *descendants(pool.pid)]
-    assert horse in tree and len(children(pool.pid)) == 3  # 2 workers + the rollouts driver
-    stop_pool(pool, tree)
+    with ended(pool):  # whatever fails before stop_pool, no pool is left behind
+        tree = [pool.pid, *descendants(pool.pid)]
+        assert horse in tree and len(children(pool.pid)) == 3  # 2 workers + rollouts driver
+        stop_pool(pool, tree)
     # The worker handed the job back itself after its 2 s grace; the pool had no need
     # to kill anything (its own deadline is grace + STOP_MARGIN). Read from the pool's
     # log, not from the wall clock (a loaded machine may take longer than the margin).
@@ -134,10 +140,11 @@ def test_a_wedged_worker_is_killed_with_its_work_horse_after_the_grace_and_margi
     its own) once grace + STOP_MARGIN is over; the job is retried as a crash."""
     settings.WORKER_DEAD_AFTER = 2.0
     pool, horse = start_frozen_pool(tmp_path, settings)
-    (worker,) = [p for p in children(pool.pid) if horse in children(p)]
-    os.kill(worker, signal.SIGSTOP)
-    tree = [pool.pid, *descendants(pool.pid)]
-    took = stop_pool(pool, tree)
+    with ended(pool):  # whatever fails before stop_pool, no pool is left behind
+        (worker,) = [p for p in children(pool.pid) if horse in children(p)]
+        os.kill(worker, signal.SIGSTOP)
+        tree = [pool.pid, *descendants(pool.pid)]
+        took = stop_pool(pool, tree)
     assert took >= 2 + STOP_MARGIN  # the pool waited out the grace and its margin
     assert KILLED_PAST_GRACE in (tmp_path / "pool.log").read_text()
     # Dead: gone, or a zombie the container's init has not reaped yet (the horse's

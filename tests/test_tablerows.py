@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from dashboard import tablerows, timestamps, views
+from dashboard import opsviews, tablerows, timestamps
 from dashboard.audit import audit_page, run_links
 from dashboard.commits import commit_page
 from dashboard.models import AuditEntry, Commit, CommitCount, Repository
@@ -139,7 +139,7 @@ def _entries() -> list[AuditEntry]:
             created_at=now - timedelta(minutes=10 * i) + timedelta(days=2 if i == 3 else 0)
         )
     entries, _ = audit_page()
-    views._link_targets(entries)  # the audit view's own preparation
+    opsviews._link_targets(entries)  # the audit view's own preparation
     for e in entries:
         e.runs = run_links(e)
     assert any(e.target_link for e in entries) and any(not e.target_link for e in entries)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.gitrepo import GitRepo
+from tests.processes import end_tree, ended
 from tests.sysproc import wait_http
 from workers.redisnode import free_port
 
@@ -76,8 +77,13 @@ def _start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[str
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its group is its own: ended as one if the test fails
     )
-    _wait_http(f"http://127.0.0.1:{port}/login/", proc)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/login/", proc)
+    except BaseException:  # never answered, or pytest-timeout: nothing of it stays
+        end_tree(proc)
+        raise
     return proc
 
 
@@ -97,13 +103,13 @@ def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
     state_file = tmp_path / "var" / "state.json"
 
     # 1. Up with no workers: the submission waits in the (persistent) embedded Redis.
-    proc = _start(env, port, workers=0)
-    state = json.loads(state_file.read_text())
-    assert len(state["redis_urls"]) == 3
-    sub = _manage(env, "submit", str(origin.path), "--json")  # beside `up`, no settings
-    assert sub.returncode == 0, sub.stderr
-    repo_id = json.loads(sub.stdout)["id"]
-    out = _stop(proc)
+    with ended(_start(env, port, workers=0)) as proc:  # ended if anything below fails
+        state = json.loads(state_file.read_text())
+        assert len(state["redis_urls"]) == 3
+        sub = _manage(env, "submit", str(origin.path), "--json")  # beside `up`, no settings
+        assert sub.returncode == 0, sub.stderr
+        repo_id = json.loads(sub.stdout)["id"]
+        out = _stop(proc)
     assert "gitward stopped" in out
     assert not state_file.exists()
     for url in state["redis_urls"]:  # the nodes it started are gone
@@ -131,7 +137,8 @@ def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as res:
             assert b"Log in" in res.read()
     finally:
-        _stop(proc)
+        with ended(proc):  # a stop that fails or times out still ends the tree
+            _stop(proc)
 
 
 def test_live_sockets_are_not_compressed(tmp_path: Path) -> None:
@@ -174,4 +181,5 @@ def test_live_sockets_are_not_compressed(tmp_path: Path) -> None:
             assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
             assert json.loads(ws.recv(timeout=30))["type"] == "snapshot"
     finally:
-        _stop(proc)
+        with ended(proc):  # a stop that fails or times out still ends the tree
+            _stop(proc)

@@ -7,7 +7,16 @@ import pytest
 from django.test import Client
 from django.urls import resolve, reverse
 
-from dashboard import api, commitviews, urls, views
+from dashboard import (
+    api,
+    commitviews,
+    opsviews,
+    repositoryviews,
+    rolloutviews,
+    runviews,
+    urls,
+    views,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -44,7 +53,8 @@ def test_a_named_route_round_trips(name: str, view: object, params: list[str]) -
 def test_the_api_routes_are_the_api_modules_views() -> None:
     for name, view, _ in named():
         is_api = name.startswith("api-") or name == "metrics"
-        modules = (api.__name__,) if is_api else (views.__name__, commitviews.__name__)
+        pages = (views, commitviews, opsviews, repositoryviews, rolloutviews, runviews)
+        modules = (api.__name__,) if is_api else tuple(m.__name__ for m in pages)
         assert getattr(view, "__module__", "").startswith(modules) or name in {
             "login", "logout"
         }, name  # fmt: skip

@@ -1,0 +1,148 @@
+"""The repository pages: the list with its search and submit form (rate-limited), and
+one repository (summary, history charts, commits, live panel, recent runs); thin over
+``dashboard.repositories``, ``dashboard.summaries`` and ``dashboard.commits``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from dashboard.charts import history_bars
+from dashboard.commitdetails import repository_mirror
+from dashboard.commits import BadCursor, commit_page
+from dashboard.forms import SubmitRepositoryForm
+from dashboard.listqueries import positive_int, query_prefix
+from dashboard.models import JobRun, Repository
+from dashboard.queues import RedisUnavailable
+from dashboard.ratelimits import check
+from dashboard.reanalysis import may_reanalyse
+from dashboard.repositories import (
+    InvalidRemote,
+    current_fingerprint,
+    repository_list,
+    repository_with_status,
+    submit_repository,
+)
+from dashboard.runs import search_runs
+from dashboard.snapshots import repository_live
+from dashboard.summaries import repository_summary
+from dashboard.warming import record_view
+
+
+def _repo_list_context(request: HttpRequest) -> dict[str, Any]:
+    filters = {k: request.GET.get(k, "").strip()[:200] for k in ("q", "status")}
+    if filters["status"] not in Repository.Status.values:
+        filters["status"] = ""
+    rows, nxt = repository_list(
+        text=filters["q"],
+        status=filters["status"],
+        before=positive_int(request.GET.get("before"), None),
+    )
+    return {
+        "repositories": rows,
+        "filters": filters,
+        "statuses": Repository.Status.values,
+        "next_cursor": nxt,
+        "first_page": not request.GET.get("before"),
+        "query": query_prefix(filters),
+    }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def repositories(request: HttpRequest) -> HttpResponse:
+    form = SubmitRepositoryForm(request.POST or None)
+    if request.method == "POST":
+        verdict = check("submit", request.user)
+        if not verdict.allowed:
+            form.is_valid()
+            form.add_error(
+                None,
+                f"Too many submissions: at most {verdict.limit} per minute. "
+                f"Try again in {verdict.retry_after} s.",
+            )
+            response = render(
+                request,
+                "repositories.html",
+                {"form": form, **_repo_list_context(request)},
+                status=429,
+            )
+            response["Retry-After"] = str(verdict.retry_after)
+            return response
+    if request.method == "POST" and form.is_valid():
+        try:
+            repo, created = submit_repository(
+                url=form.cleaned_data["url"], branch=form.cleaned_data["branch"], user=request.user
+            )
+        except InvalidRemote as exc:
+            form.add_error("url", str(exc))
+        except RedisUnavailable as exc:
+            form.add_error(None, str(exc))
+        else:
+            if created:
+                messages.success(request, f"Submitted {repo.name}; analysis queued.")
+            else:
+                messages.info(request, f"{repo.name} was already submitted.")
+            return redirect("repository", repo_id=repo.pk)
+    status_code = 400 if request.method == "POST" else 200
+    return render(
+        request,
+        "repositories.html",
+        {"form": form, **_repo_list_context(request)},
+        status=status_code,
+    )
+
+
+@login_required
+def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
+    fp = current_fingerprint()
+    # The row, its stored-commit count and chunk counts in one query; the summary's
+    # freshness check and the live panel reuse ``state`` (same fingerprint: one read).
+    found = repository_with_status(repo_id, fingerprint=fp)
+    if found is None:
+        raise Http404("repository not found")
+    repo, state = found
+    record_view(repo.pk)  # the rollout warm set starts from the most-viewed repositories
+    summary = repository_summary(repo, fp, stored=state["commits_analyzed"])
+    try:
+        commits, nxt = commit_page(repo, fingerprint=fp, limit=50, cursor=request.GET.get("cursor"))
+    except BadCursor:
+        commits, nxt = commit_page(repo, fingerprint=fp, limit=50)
+    return render(
+        request,
+        "repository.html",
+        {
+            "live_socket": f"/ws/repos/{repo.pk}/",
+            "live": repository_live(repo.pk, repo=repo, state=state),
+            "repo": repo,
+            "state": state,
+            "summary": summary,
+            "chart": history_bars(summary["weekly"]),
+            "lines_chart": history_bars(
+                [
+                    {"week": w["week"], "lines": w.get("insertions", 0) + w.get("deletions", 0)}
+                    for w in summary["weekly"]
+                ],
+                field="lines",
+                unit="line",
+            ),
+            "commits": commits,
+            "next_cursor": nxt,
+            "first_page": not request.GET.get("cursor"),
+            "recent_runs": _recent_runs(request, repo),
+            "mirror": repository_mirror(repo),  # this host's mirror, read by GitPython
+            "can_reanalyse": may_reanalyse(request.user),
+        },
+    )
+
+
+def _recent_runs(request: HttpRequest, repo: Repository) -> list[JobRun]:
+    """The repository's last runs, linked to their run pages (operators only)."""
+    if not request.user.has_perm("dashboard.view_jobrun"):
+        return []
+    return search_runs(repo=repo.pk, limit=10)[0]
