@@ -338,33 +338,38 @@ def test_a_work_horse_never_collects_what_it_inherited_and_its_worker_still_does
     assert gc.get_freeze_count() == 0  # the worker unfroze them right after the fork
 
 
-def pause(seconds: float) -> None:
-    """An RQ job: keep the work horse busy while the worker's heartbeat thread beats."""
-    import time
+#: Run in a fresh process (the test process's own threads, e.g. pooled request threads
+#: of earlier tests, may hold connections a real worker process never has): a forking RQ
+#: worker in burst mode, recording which database files are open at each fork.
+FORK_FILES = """
+import json, os, sys
+import django
+django.setup()
+from django.conf import settings
+from dashboard import queues
+from workers.pool import run_one_worker
 
-    time.sleep(seconds)
+db = os.path.realpath(str(settings.DATABASES["default"]["NAME"]))
+forks = []
 
-
-#: Database files open in this process at each fork, while a test records them.
-_AT_FORK: list[list[str]] | None = None
-
-
-def _record_database_files_at_fork() -> None:
-    if _AT_FORK is None:
-        return
-    from django.conf import settings
-
-    db = os.path.realpath(str(settings.DATABASES["default"]["NAME"]))
+def record():
     found = []
     for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
+        try:
             target = os.readlink(f"/proc/self/fd/{fd}")
-            if target in {db, f"{db}-wal", f"{db}-shm"}:
-                found.append(target)
-    _AT_FORK.append(found)
+        except OSError:
+            continue
+        if target in {db, db + "-wal", db + "-shm"}:
+            found.append(target)
+    forks.append(found)
 
-
-os.register_at_fork(before=_record_database_files_at_fork)
+os.register_at_fork(before=record)
+q = queues.queue(queues.SYNC_QUEUE)
+q.enqueue("time.sleep", 1.5, job_id="busy-while-beating")
+q.enqueue("time.sleep", 0.0, job_id="forked-after-the-beats")
+run_one_worker([queues.SYNC_QUEUE], burst=True)
+print(json.dumps(forks))
+"""
 
 
 def test_a_worker_forks_its_work_horses_with_no_sqlite_connection_open(
@@ -374,18 +379,15 @@ def test_a_worker_forks_its_work_horses_with_no_sqlite_connection_open(
     horse's committed writes vanish (tests/test_forkguard.py shows the loss itself).
     The heartbeat thread beats while a horse runs, so the next fork comes after some
     of its rounds: broken, the database's files are open in the worker at that fork."""
-    global _AT_FORK
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
         pytest.skip("the hazard is SQLite's: PostgreSQL connections hold no file locks")
-    settings.WORKER_DEAD_AFTER = 3.0  # a beat every 0.5 s
-    q = queues.queue(queues.SYNC_QUEUE)
-    q.enqueue("tests.test_pool.pause", 1.5, job_id="busy-while-beating")
-    q.enqueue("tests.test_pool.pause", 0.0, job_id="forked-after-the-beats")
-    _AT_FORK = []
-    try:
-        run_one_worker([queues.SYNC_QUEUE], burst=True)  # a forking RQ worker, here
-        forks = list(_AT_FORK)
-    finally:
-        _AT_FORK = None
+    env = worker_env(settings, tmp_path, GITWARD_WORKER_DEAD_AFTER="3")  # a beat every 0.5 s
+    env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_FILES], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    forks = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(forks) == 2
     assert forks == [[], []]
