@@ -196,7 +196,8 @@ def publish_repo_changed(repo_id: int) -> None:
 def resolve_repository(ref: str) -> Repository:
     """A repository by id or by URL (normalised); raises Repository.DoesNotExist."""
     ref = ref.strip()
-    if ref.isdigit():
+    # ASCII digits only ("²" is a digit to isdigit, not to int), and an id fits 64 bits
+    if ref.isascii() and ref.isdigit() and int(ref) < 2**62:
         return Repository.objects.get(pk=int(ref))
     try:
         url = validate_remote(ref).url

@@ -24,7 +24,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         filters["state"] = ""
     if filters["kind"] not in JobRun.Kind.values:
         filters["kind"] = ""
-    if not filters["repo"].isdigit():
+    if positive_int(filters["repo"], None) is None:  # "²" and 30 digits too
         filters["repo"] = ""
     rows, nxt = search_runs(
         state=filters["state"],

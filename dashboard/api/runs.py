@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, int_param, operator_refusal
 from dashboard.deadletters import run_dict
+from dashboard.listqueries import positive_int
 from dashboard.models import JobRun
 from dashboard.runs import search_runs
 from dashboard.traces import run_trace
@@ -25,7 +26,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         return error(f"kind must be one of {', '.join(JobRun.Kind.values)}", 400)
     for name in ("repo", "before"):
         raw = request.GET.get(name)
-        if raw and not raw.isdigit():
+        if raw and positive_int(raw, None) is None:  # "²", past 64 bits: not ids
             return error(f"{name} must be an integer", 400)
     repo, before = request.GET.get("repo"), request.GET.get("before")
     rows, nxt = search_runs(
