@@ -66,8 +66,8 @@ def user_can(user: Any) -> dict[str, bool]:
 #: ``{dlq_groups: (build started (wall clock), events published here by then, snapshot)}``
 _SHARED: dict[bool, tuple[float, int, dict[str, Any]]] = {}
 #: Single flight: one thread builds while the others wait for its copy rather than
-#: building the same one (Django runs sync views in one thread per process under ASGI,
-#: but the consumers' and the reconciler's threads ask too).
+#: building the same one (each HTTP request runs its sync view on a thread of its own,
+#: dashboard/requestthreads.py, and the consumers' and the reconciler's threads ask too).
 #: One per variant, so a slow dead-letter grouping does not hold up the other pages.
 _SHARED_LOCKS = {True: threading.Lock(), False: threading.Lock()}
 #: The host's latest copy of each variant on the queue server: a pickle of
