@@ -283,9 +283,16 @@ class RolloutDriver:
         request = ro.pending_action
         if request:
             # Claim the request: a conditional UPDATE, so a request is executed once even
-            # if a second driver (takeover) polls the same row.
-            if Rollout.objects.filter(pk=ro.pk, pending_action=request).update(pending_action=None):
-                self._run_action(ro, request, token)
+            # if a second driver (takeover) polls the same row. Claim and action commit
+            # together: whoever waits for ``pending_action`` to clear (the CLI, the
+            # buttons) then reads the action's result, never the state before it; and an
+            # action that fails outright leaves its request pending for the next tick.
+            with transaction.atomic():
+                claimed = Rollout.objects.filter(pk=ro.pk, pending_action=request).update(
+                    pending_action=None
+                )
+                if claimed:
+                    self._run_action(ro, request, token)
             ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
         if ro.state in {R.COMPLETED, R.ROLLED_BACK, R.FAILED, R.ABORTED}:
             return False

@@ -175,6 +175,48 @@ def test_a_failing_canary_is_rolled_back_by_its_driver(tmp_path: Path) -> None:
     assert AnalyzerVersion.objects.get(pk=ro.version_id).state == S.DRAINED
 
 
+class WatchedDriver(RolloutDriver):
+    """A driver that, just before it runs a claimed request, has another connection
+    read what a waiting operator would see: the request and the version's state."""
+
+    seen: list[tuple[bool, str]]
+
+    def _run_action(self, ro, request, token) -> None:  # type: ignore[no-untyped-def]
+        def look() -> None:
+            try:
+                pending = Rollout.objects.get(pk=ro.pk).pending_action is not None
+                state = AnalyzerVersion.objects.get(pk=ro.version_id).state
+                self.seen.append((pending, state))
+            finally:
+                connection.close()
+
+        reader = CheckedThread(target=look)
+        reader.start()
+        reader.join(10)
+        super()._run_action(ro, request, token)
+
+
+def test_a_claimed_request_clears_only_with_its_result_committed(tmp_path: Path) -> None:
+    """The CLI and the buttons wait for ``pending_action`` to clear, then read the
+    result: nobody may see the request gone while its action is still to come (the
+    CLI once printed ``verified 0%`` after a promote that went on to ramp)."""
+    ensure_baseline(actor="setup")
+    ro = rollouts.start_rollout(config=RENAMES, actor="ci", enqueue_driver=False, steps=[20, 100])
+    driver = WatchedDriver(ro.pk, ttl=5.0)
+    driver.seen = []
+    driver.acquire(actor="ci")
+    DRIVERS.append(driver)
+    token = int(driver.token or 0)
+    rollouts.begin_warming(rollout=ro, token=token, actor="ci")
+    rollouts.record_verdict(rollout=ro, verdict=PASSING, token=token, actor="ci")
+    rollouts.request_action(rollout=ro, action="promote", actor="erin")
+    assert driver.tick()
+    assert driver.seen == [(True, S.VERIFIED)]  # mid-action: the request still shows
+    version = AnalyzerVersion.objects.get(pk=ro.version_id)
+    assert Rollout.objects.get(pk=ro.pk).pending_action is None
+    assert (version.state, version.ramp_percent) == (S.RAMPING, 20)
+
+
 def test_warming_that_never_completes_fails_the_gate_after_its_timeout(tmp_path: Path) -> None:
     ensure_baseline(actor="setup")
     ro = rollouts.start_rollout(config=RENAMES, actor="ci", enqueue_driver=False)
