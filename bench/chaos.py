@@ -65,6 +65,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procstat import ProcStat, read_stat  # noqa: E402
 from tests.sysproc import git_processes_under, wait_http  # noqa: E402
 from workers.redisnode import RedisNode, free_port  # noqa: E402
 
@@ -121,15 +122,6 @@ def git_files(repo: Path, sha: str) -> list[tuple[str, int, int]]:
 # ------------------------------------------------------------------ processes
 
 
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) of a live process, None if gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0], int(fields[19])
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -137,20 +129,20 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def process_table() -> dict[int, tuple[int, str, int]]:
+def process_table() -> dict[int, ProcStat]:
     table = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            st = _stat(int(entry.name))
+            st = read_stat(int(entry.name))
             if st is not None:
                 table[int(entry.name)] = st
     return table
 
 
-def descendants(pid: int, table: dict[int, tuple[int, str, int]]) -> list[int]:
+def descendants(pid: int, table: dict[int, ProcStat]) -> list[int]:
     children: dict[int, list[int]] = {}
-    for p, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(p)
+    for p, st in table.items():
+        children.setdefault(st.ppid, []).append(p)
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -161,8 +153,8 @@ def descendants(pid: int, table: dict[int, tuple[int, str, int]]) -> list[int]:
 
 def kill_pid(pid: int, start: int) -> bool:
     """SIGKILL ``pid`` if it is still the process we saw (same start time)."""
-    st = _stat(pid)
-    if st is None or st[2] != start or st[1] == "Z":
+    st = read_stat(pid)
+    if st is None or st.start != start or st.state == "Z":
         return False
     try:
         os.kill(pid, signal.SIGKILL)
@@ -402,21 +394,21 @@ class Chaos:
 
     # -------------------------------------------------------------- processes of up
 
-    def snapshot(self) -> dict[int, tuple[int, str, int]]:
+    def snapshot(self) -> dict[int, ProcStat]:
         table = process_table()
         if self.up is not None and self.up.poll() is None:
             for pid in descendants(self.up.pid, table):
-                self.seen.setdefault((pid, table[pid][2]), table[pid][0])
+                self.seen.setdefault((pid, table[pid].start), table[pid].ppid)
         return table
 
-    def workers(self, table: dict[int, tuple[int, str, int]] | None = None) -> list[int]:
+    def workers(self, table: dict[int, ProcStat] | None = None) -> list[int]:
         """The ``manage.py worker`` children of up."""
         table = table or self.snapshot()
         assert self.up is not None
         return [
             p
-            for p, (ppid, state, _) in table.items()
-            if ppid == self.up.pid and state != "Z" and b"worker" in _cmdline(p)
+            for p, st in table.items()
+            if st.ppid == self.up.pid and st.state != "Z" and b"worker" in _cmdline(p)
         ]
 
     def busy_pids(self) -> set[int]:
@@ -433,7 +425,7 @@ class Chaos:
         if not workers:
             return
         worker = self.rng.choice(workers)
-        children = [c for c in descendants(worker, table) if table[c][0] == worker]
+        children = [c for c in descendants(worker, table) if table[c].ppid == worker]
         busy = self.busy_pids() & set(children)
         roll = self.rng.random()
         if roll < 0.55 and (busy or children):
@@ -445,7 +437,7 @@ class Chaos:
             victims, kind = [worker], "worker"
         else:  # the host dies: the worker and everything under it at once
             victims, kind = [worker, *descendants(worker, table)], "tree"
-        hit = [v for v in victims if v in table and kill_pid(v, table[v][2])]
+        hit = [v for v in victims if v in table and kill_pid(v, table[v].start)]
         if hit:
             self.counts["kills"] += 1
             self.kill_kinds[kind] = self.kill_kinds.get(kind, 0) + 1
@@ -692,7 +684,11 @@ class Chaos:
         left = []
         deadline = time.monotonic() + 10
         while True:
-            alive = [k for k in self.seen if (st := _stat(k[0])) and st[2] == k[1] and st[1] != "Z"]
+            alive = [
+                k
+                for k in self.seen
+                if (st := read_stat(k[0])) and st.start == k[1] and st.state != "Z"
+            ]
             if not alive or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -15,23 +15,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.procstat import ProcStat, read_stat
+
 #: (pid, start time) → (role, own CPU s, reaped children's CPU s)
 Snapshot = dict[tuple[int, int], tuple[str, float, float]]
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> tuple[int, int, float, float] | None:
-    """(ppid, start time, own CPU s, children's CPU s), or None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
-    ppid, start = int(fields[1]), int(fields[19])
-    own = (int(fields[11]) + int(fields[12])) / _TICK
-    children = (int(fields[13]) + int(fields[14])) / _TICK
-    return ppid, start, own, children
 
 
 def role_of(argv: list[str]) -> str:
@@ -60,13 +47,13 @@ def _argv(pid: int) -> list[str]:
 
 
 def snapshot(root: int) -> Snapshot:
-    table: dict[int, tuple[int, int, float, float]] = {}
+    table: dict[int, ProcStat] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (st := read_stat(int(entry.name))) is not None:
             table[int(entry.name)] = st
     children: dict[int, list[int]] = {}
-    for pid, (ppid, *_rest) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, st in table.items():
+        children.setdefault(st.ppid, []).append(pid)
     tree, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -75,11 +62,11 @@ def snapshot(root: int) -> Snapshot:
             todo.extend(children.get(pid, []))
     out: Snapshot = {}
     for pid in tree:
-        _, start, own, reaped = table[pid]
-        out[(pid, start)] = (role_of(_argv(pid)), own, reaped)
-    for pid, (_, start, own, reaped) in table.items():
-        if (pid, start) not in out and role_of(_argv(pid)) == "postgres":
-            out[(pid, start)] = ("postgres", own, reaped)
+        st = table[pid]
+        out[(pid, st.start)] = (role_of(_argv(pid)), st.own_cpu, st.children_cpu)
+    for pid, st in table.items():
+        if (pid, st.start) not in out and role_of(_argv(pid)) == "postgres":
+            out[(pid, st.start)] = ("postgres", st.own_cpu, st.children_cpu)
     return out
 
 

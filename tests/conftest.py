@@ -23,6 +23,7 @@ from rq import SimpleWorker
 from dashboard import pageviews, queues, telemetry
 from tests.gitrepo import GitRepo
 from tests.layerstate import reset_channel_layers
+from tests.locktiming import HEALTHY_NODE_TIMEOUT
 from tests.sysproc import OWNER_VARIABLE, processes_of
 from tests.threads import unreported
 from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
@@ -179,6 +180,15 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     # Every test sees the operations snapshot as of now (a test changes state and looks
     # again at once); the cache itself is tested in test_snapshots.py.
     settings.SNAPSHOT_TTL = 0.0  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def healthy_masters(settings: object) -> None:
+    """The process-wide Redlock (``leases.redlock()``) with the healthy masters' node
+    timeout (``tests/locktiming.py``) instead of the 50 ms default: for tests whose
+    masters all answer, so that a loaded machine cannot time one out. A test that
+    heartbeats a lease within seconds sets ``LOCK_TTL = LEASE_TTL`` itself."""
+    settings.LOCK_NODE_TIMEOUT = HEALTHY_NODE_TIMEOUT  # type: ignore[attr-defined]
 
 
 @pytest.fixture

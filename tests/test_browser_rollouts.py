@@ -46,7 +46,9 @@ def system(tmp_path: Path):
     for p in players:
         if p.poll() is None:
             p.kill()
-        p.communicate()
+        out, _ = p.communicate()
+        # Shown with a failed test's report (what the player waited for, or raised).
+        print(f"--- tests.rolloutplay (exit {p.returncode}):\n{out}")
     proc.send_signal(signal.SIGTERM)
     try:
         proc.communicate(timeout=60)

@@ -21,6 +21,7 @@ from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.leasethief import steal_when_held
+from tests.locktiming import HEALTHY_NODE_TIMEOUT, LEASE_TTL, LOST_LEASE_WORK
 from tests.processes import children, end_tree, proc_state, worker_env
 from workers.history import stream_commits
 from workers.locks import LockLost
@@ -28,7 +29,9 @@ from workers.mirror import mirror_path
 from workers.redisnode import RedisNode
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.django_db(transaction=True)
+#: Every master here answers (those killed refuse at once): the healthy masters'
+#: node timeout, not 50 ms a loaded machine can exceed (tests/locktiming.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("healthy_masters")]
 
 
 def synced_chunk(git_repo: GitRepo) -> Chunk:
@@ -73,8 +76,8 @@ def test_a_lease_lost_mid_job_aborts_it_and_a_retry_finishes_the_chunk(
 ) -> None:
     chunk = synced_chunk(git_repo)
     key = chunk.lock_key()
-    settings.LOCK_TTL = 0.6  # heartbeat every ~0.2 s
-    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.locked=sleep:1.2")
+    settings.LOCK_TTL = LEASE_TTL  # heartbeat every TTL/3 (1 s)
+    monkeypatch.setenv("GITWARD_FAILPOINTS", f"analyze.locked=sleep:{LOST_LEASE_WORK:g}")
     monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
     seen: dict[str, object] = {}
 
@@ -102,7 +105,8 @@ def test_a_worker_frozen_past_its_ttl_has_its_write_rejected(
 ) -> None:
     chunk = synced_chunk(git_repo)
     key = chunk.lock_key()
-    env = worker_env(settings, tmp_path, GITWARD_LOCK_TTL="1.0",
+    env = worker_env(settings, tmp_path, GITWARD_LOCK_TTL=f"{LEASE_TTL:g}",
+                      GITWARD_LOCK_NODE_TIMEOUT=f"{HEALTHY_NODE_TIMEOUT:g}",
                       GITWARD_FAILPOINTS="analyze.before_write=stop",
                       GITWARD_FAILPOINTS_ONCE=str(tmp_path))  # fmt: skip
     worker = subprocess.Popen(

@@ -24,12 +24,15 @@ from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
 from dashboard.repositories import submit_repository
 from tests.gitrepo import GitRepo
 from tests.leasethief import steal_when_held
+from tests.locktiming import LEASE_TTL, LOST_LEASE_WORK
 from workers import jobs
 from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
 from workers.locks import LockLost
 from workers.redisnode import RedisNode
 
-pytestmark = pytest.mark.django_db(transaction=True)
+#: Every master here answers (those killed refuse at once): the healthy masters'
+#: node timeout, not 50 ms a loaded machine can exceed (tests/locktiming.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("healthy_masters")]
 RENAMES = AnalyzerConfig.from_mapping({"detect_renames": True})
 
 
@@ -143,8 +146,8 @@ def test_a_lease_lost_during_sync_aborts_it_before_it_plans_anything(
     redis_nodes: list[RedisNode],
 ) -> None:  # fmt: skip
     repo, run = submitted(git_repo)
-    settings.LOCK_TTL = 0.6  # heartbeat every ~0.2 s
-    monkeypatch.setenv("GITWARD_FAILPOINTS", f"{point}=sleep:1.5")
+    settings.LOCK_TTL = LEASE_TTL  # heartbeat every TTL/3 (1 s)
+    monkeypatch.setenv("GITWARD_FAILPOINTS", f"{point}=sleep:{LOST_LEASE_WORK:g}")
     seen: dict[str, Any] = {}
     thief = steal_when_held(repo.lock_key(), redis_nodes, seen)
     with pytest.raises(LockLost):
@@ -172,8 +175,8 @@ def test_a_lease_lost_during_analysis_writes_nothing(
     redis_nodes: list[RedisNode],
 ) -> None:  # fmt: skip
     _, run = synced(git_repo)
-    settings.LOCK_TTL = 0.6
-    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.locked=sleep:1.5")
+    settings.LOCK_TTL = LEASE_TTL
+    monkeypatch.setenv("GITWARD_FAILPOINTS", f"analyze.locked=sleep:{LOST_LEASE_WORK:g}")
     seen: dict[str, Any] = {}
     thief = steal_when_held(run.chunk.lock_key(), redis_nodes, seen)  # type: ignore[union-attr]
     with pytest.raises(LockLost):

@@ -21,6 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.locktiming import HEALTHY_NODE_TIMEOUT
 from tests.threads import CheckedThread
 from workers.locks import Lock, LockLost, LockNotAcquired, LockNotOwned, Redlock
 from workers.redisnode import RedisNode
@@ -28,13 +29,6 @@ from workers.redisnode import RedisNode
 # Fixtures and helpers --------------------------------------------------------------------
 
 NO_RETRY = Retry(NoBackoff(), 0)
-
-#: The per-master timeout of every Redlock here whose masters are all meant to answer.
-#: Not the 50 ms default: on a loaded machine (2 cores, several suites at once) a healthy
-#: master's reply can take longer, and the test would see a "timeout" vote it never caused.
-#: Only tests whose masters really are stalled (SIGSTOP, DEBUG SLEEP, a held-back proxy)
-#: pass a shorter one, and then only where the healthy masters' votes decide nothing.
-HEALTHY_NODE_TIMEOUT = 0.5
 
 
 class SqliteCounter:

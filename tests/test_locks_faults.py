@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.locktiming import HEALTHY_NODE_TIMEOUT
 from tests.tcpproxy import TcpProxy
 from tests.test_locks import (  # noqa: F401  (fixtures)
-    HEALTHY_NODE_TIMEOUT,
     SqliteCounter,
     counter,
     eventually,

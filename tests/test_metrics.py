@@ -35,6 +35,7 @@ from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
 from tests.gitrepo import GitRepo
 from tests.leasethief import steal_when_held
+from tests.locktiming import LEASE_TTL, LOST_LEASE_WORK
 from tests.processes import ROOT, end_tree, worker_env
 from tests.sockets import make_user
 from workers import lockkeys
@@ -43,7 +44,9 @@ from workers.history import stream_commits
 from workers.mirror import mirror_path
 from workers.redisnode import RedisNode
 
-pytestmark = pytest.mark.django_db(transaction=True)
+#: Every master here answers (those killed refuse at once): the healthy masters'
+#: node timeout, not 50 ms a loaded machine can exceed (tests/locktiming.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("healthy_masters")]
 
 
 @pytest.fixture(autouse=True)
@@ -263,8 +266,8 @@ def test_a_lost_lock_is_counted(
 ) -> None:
     chunk = synced_chunk(git_repo)
     key = chunk.lock_key()
-    settings.LOCK_TTL = 0.6  # heartbeat every ~0.2 s
-    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.locked=sleep:1.2")
+    settings.LOCK_TTL = LEASE_TTL  # heartbeat every TTL/3 (1 s)
+    monkeypatch.setenv("GITWARD_FAILPOINTS", f"analyze.locked=sleep:{LOST_LEASE_WORK:g}")
     monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
 
     thief = steal_when_held(key, redis_nodes, timeout=10)
