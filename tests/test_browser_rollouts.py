@@ -345,3 +345,48 @@ def test_an_admin_rolls_a_ramping_version_back_from_its_dead_letters(system) -> 
         browser.close()
     out = players[0].communicate(timeout=60)[0]
     assert players[0].returncode == 0, out
+
+
+def test_a_change_between_render_and_socket_is_shown_by_the_first_snapshot(system) -> None:
+    """The page is rendered, then its socket connects: a rollout started in between
+    sends its ``rollout.*`` event to nobody. The first snapshot is newer than the page,
+    so the page swaps its live region in for it (it once took that snapshot for the
+    state it was rendered in, and showed nothing until the next event)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, _tmp, env, _players = system
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context().new_page()
+        page.goto(f"{base}/login/")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", "admin-pass-123")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/")
+        # The page's first socket is held: open to the page, nothing from the server.
+        held: list = []
+
+        def hold_the_first(ws) -> None:
+            if held:
+                ws.connect_to_server()
+            else:
+                held.append(ws)
+
+        page.route_web_socket(re.compile(r"/ws/rollouts/"), hold_the_first)
+        page.goto(f"{base}/rollouts/")
+        for _ in range(200):  # bounded: the page opens its socket at load
+            if held:
+                break
+            page.wait_for_timeout(50)
+        assert held, "the page opened no socket"
+        started = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "rollout", "start", "--set",
+             "detect_renames=true", "--driver", "none", "--actor", "carol"],
+            env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        pk = int(started.stdout.split()[1])
+        assert page.locator(f"#rollout-{pk}").count() == 0  # rendered before the start
+        held[0].close()  # the page reconnects, now to the server: its first snapshot
+        expect(page.locator(f"#rollout-{pk}")).to_be_visible(timeout=30000)
+        browser.close()

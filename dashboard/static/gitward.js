@@ -609,8 +609,8 @@
   }
 
   // ------------------------------------------------------------------ rollouts
-  // The Rollouts pages are server-rendered; every rollout.* event (and a snapshot that
-  // differs from the page, after a reconnect) fetches the page again and swaps its live
+  // The Rollouts pages are server-rendered; every rollout.* event (and the first
+  // snapshot, and one that differs from the last, after a reconnect) fetches the page again and swaps its live
   // region in (same origin, escaped by the server) — never while a confirm step is open,
   // so a dialog never changes under the operator's eyes. While a rollout is settling
   // (warming, verified without its diff yet, a request pending), the page is refetched
@@ -641,9 +641,12 @@
     tickTimes();
     window.dispatchEvent(new CustomEvent("gitward:rollouts-swapped"));
   }
+  // The first snapshot is newer than the page (rendered, then the socket connected: a
+  // change in between sent its event to nobody), so it swaps once too; later ones swap
+  // when they differ from the one before.
   function onRolloutsSnapshot(data) {
     const sig = JSON.stringify(data.rollouts);
-    if (lastRollouts !== null && sig !== lastRollouts) swapRolloutsSoon();
+    if (sig !== lastRollouts) swapRolloutsSoon();
     lastRollouts = sig;
   }
   function onRolloutEvent(ev) {
