@@ -118,7 +118,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         "repository.html",
         {
             "live_socket": f"/ws/repos/{repo.pk}/",
-            "live": repository_live(repo.pk, repo=repo, state=state),
+            "live": repository_live(repo.pk, repo=repo, state=state, shared_locks=True),
             "repo": repo,
             "state": state,
             "summary": summary,
