@@ -28,7 +28,6 @@ from dashboard.repositories import (
     repository_with_status,
     submit_repository,
 )
-from dashboard.runs import search_runs
 from dashboard.snapshots import repository_live
 from dashboard.summaries import repository_summary
 from dashboard.warming import record_view
@@ -118,7 +117,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         "repository.html",
         {
             "live_socket": f"/ws/repos/{repo.pk}/",
-            "live": repository_live(repo.pk, repo=repo, state=state),
+            "live": repository_live(repo.pk, repo=repo, state=state, shared_locks=True),
             "repo": repo,
             "state": state,
             "summary": summary,
@@ -141,8 +140,17 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
     )
 
 
+#: What the recent-runs table of ``repository.html`` shows of a run: only these columns
+#: are read (not the error text, cause or payload, nor the repository again: the page
+#: has its row). A field the table starts to show must be added here, or every row
+#: costs a query of its own (``tests/test_pages.py`` counts the page's queries).
+RECENT_RUN_FIELDS = ("id", "kind", "job_id", "state", "attempts", "started_at", "finished_at")
+
+
 def _recent_runs(request: HttpRequest, repo: Repository) -> list[JobRun]:
-    """The repository's last runs, linked to their run pages (operators only)."""
+    """The repository's last ten runs, newest first (``search_runs(repo=…)``'s order),
+    linked to their run pages (operators only)."""
     if not request.user.has_perm("dashboard.view_jobrun"):
         return []
-    return search_runs(repo=repo.pk, limit=10)[0]
+    runs = JobRun.objects.filter(repository_id=repo.pk).only(*RECENT_RUN_FIELDS)
+    return list(runs.order_by("-pk")[:10])

@@ -378,6 +378,8 @@ STATIC_ROOT = env_str("GITWARD_STATIC_ROOT", "") or None
 STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
 WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_HTTPONLY = True
+# Django's database sessions, loaded with one plain SELECT (dashboard/sessions.py).
+SESSION_ENGINE = "dashboard.sessions"
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True

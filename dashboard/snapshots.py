@@ -49,6 +49,7 @@ from dashboard.queues import QueueUnavailable
 from dashboard.repositories import current_fingerprint, repository_status
 from dashboard.samples import queues_stats, series
 from dashboard.workerbeats import worker_rows
+from workers import lockkeys
 
 T = TypeVar("T")
 
@@ -308,15 +309,59 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
     }
 
 
+def fresh_locks() -> list[dict[str, Any]] | None:
+    """The lock table of a snapshot copy this process already holds, if that copy is as
+    fresh as a page may be (its build started at most ``GITWARD_SNAPSHOT_TTL`` ago, and
+    no event was published here since) and was read with a quorum of masters up; else
+    None. Never builds and never reads the host's stored copy: a host where nobody opens
+    an operations page keeps asking the masters, as before. Read the rows, never change
+    them (they are the copy's).
+
+    Race: ``list(_SHARED.values())`` copies the dict's entries in one step under the
+    interpreter lock, so a builder storing a new copy meanwhile only means this call
+    sees the old or the new entry, each checked against the same freshness rule."""
+    ttl = float(settings.SNAPSHOT_TTL)
+    if ttl <= 0:
+        return None
+    oldest = time.time() - ttl
+    published = published_count()
+    best: tuple[float, list[dict[str, Any]]] | None = None
+    for started, count, data in list(_SHARED.values()):
+        if started < oldest or count != published or not data["quorum"].get("up"):
+            continue
+        if best is None or started > best[0]:
+            best = (started, data["locks"])
+    return best[1] if best is not None else None
+
+
+def repository_locks(repo_id: int, *, shared: bool = False) -> list[dict[str, Any]]:
+    """The held locks of one repository (``leases.lock_rows(repo_id=…)``). With
+    ``shared`` (the repository page), the rows of a fresh snapshot copy this process
+    holds (``fresh_locks``) when there is one: the same rows, keys under the same prefix
+    in the same order, at most the TTL old like any page drawn from the copy, without a
+    SCAN and an inspection round on every master per view; the page's socket sends a
+    fresh reading (``shared=False``) once it joins."""
+    rows = fresh_locks() if shared else None
+    if rows is None:
+        return leases.lock_rows(repo_id=repo_id)
+    prefix = lockkeys.repo_prefix(repo_id)
+    return [row for row in rows if row["key"].startswith(prefix)]
+
+
 def repository_live(
-    repo_id: int, *, repo: Repository | None = None, state: dict[str, Any] | None = None
+    repo_id: int,
+    *,
+    repo: Repository | None = None,
+    state: dict[str, Any] | None = None,
+    shared_locks: bool = False,
 ) -> dict[str, Any]:
     """Progress, the chunks being analysed and by whom, and why the rest waits. The
     repository page passes the row and ``repository_status`` it has just read, which
-    are then not read again (the status counts the stored commits)."""
+    are then not read again (the status counts the stored commits), and
+    ``shared_locks`` (see ``repository_locks``)."""
     repo = repo if repo is not None else Repository.objects.get(pk=repo_id)
     state = state if state is not None else repository_status(repo)
-    holders = leases.lock_rows(repo_id=repo_id)
+    holders = repository_locks(repo_id, shared=shared_locks)
     return {**state, "holders": holders, "waiting": why_waiting(repo)}
 
 

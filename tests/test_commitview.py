@@ -14,6 +14,7 @@ from tests.gitrepo import GitRepo
 from workers.commitview import (
     CommitMissing,
     MirrorMissing,
+    MirrorState,
     _header_paths,
     mirror_state,
     open_mirror,
@@ -94,3 +95,20 @@ def test_the_mirror_head_is_resolved_without_git_and_absence_is_said(tmp_path: P
 )
 def test_patch_headers_give_back_the_paths(line: str, paths: tuple[str, str]) -> None:
     assert _header_paths(line) == paths
+
+
+def test_the_mirror_head_is_read_from_the_ref_files_even_when_git_python_cannot_open_it(
+    tmp_path: Path,
+) -> None:
+    """The repository page's mirror state needs no GitPython repository (it was opened
+    on every view): a mirror whose ``config`` GitPython cannot parse still shows its head
+    (it failed the page), here from ``packed-refs``; no ``objects`` directory is no
+    readable mirror, as ``open_mirror`` says."""
+    mirror, origin = mirror_of(tmp_path)
+    subprocess.run(["git", "--git-dir", str(mirror), "pack-refs", "--all"], check=True)
+    assert not (mirror / HEAD_REF).exists()  # the head is in packed-refs only now
+    (mirror / "config").write_text("[core\nnot a config\n")
+    state = mirror_state(mirror)
+    assert state.present and state.head == origin.head() and state.head_moved_at is not None
+    (mirror / "objects").rename(tmp_path / "objects-aside")
+    assert mirror_state(mirror) == MirrorState(present=True)

@@ -460,6 +460,10 @@ def test_the_repository_page_reads_its_row_count_and_chunks_in_one_query(
         "SELECT dashboard_repository", "SELECT dashboard_summary", "SELECT dashboard_commit",
         "SELECT dashboard_jobrun",
     ]  # fmt: skip
+    # The recent runs: only the columns their table shows, no join to the row it has.
+    runs_sql = ctx.captured_queries[-1]["sql"]
+    assert "JOIN" not in runs_sql and '"error"' not in runs_sql and '"cause"' not in runs_sql
+    assert page.content.decode().count('class="run-link"') == len(page.context["recent_runs"]) > 0
     repo.refresh_from_db()
     assert page.context["state"] == repository_status(repo)
     n = len(git_repo.shas())

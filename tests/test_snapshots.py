@@ -257,3 +257,69 @@ def test_the_sparklines_of_one_series_are_computed_once() -> None:
     assert sparklines(series) is first
     again = sparklines(dict(series))
     assert again is not first and again == first
+
+
+# ------------------------------------------------- the repository page's locks from the copy
+
+
+def _scans() -> int:
+    """SCAN calls the lock masters have served so far (``INFO commandstats``)."""
+    return sum(
+        node.client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+        for node in leases.redlock().nodes
+    )
+
+
+def _holders(client: Client, repo: Repository) -> str:
+    res = client.get(f"/repos/{repo.pk}/")
+    assert res.status_code == 200
+    body = res.content.decode()
+    return body[body.index('<ul id="repo-holders">') :].split("</ul>", 1)[0]
+
+
+def test_the_repository_page_takes_its_locks_from_a_fresh_copy_without_scanning(
+    settings, client: Client
+) -> None:
+    """With a snapshot copy of this process fresh enough for a page, the repository page
+    shows that copy's rows of its own repository (the same keys and holders a direct
+    reading gives) and asks no master for a SCAN; an event published here, no TTL, or
+    the repository socket's reading (``shared=False``) read the masters again."""
+    settings.SNAPSHOT_TTL = 3600.0
+    repo = Repository.objects.create(url="https://example.com/t/rl-mine.git")
+    other = Repository.objects.create(url="https://example.com/t/rl-other.git")
+    redlock = leases.redlock()
+    mine = redlock.acquire(
+        lockkeys.mirror(repo.pk), ttl=60, holder={"worker": "w1", "job": "j-mine"}
+    )
+    theirs = redlock.acquire(
+        lockkeys.mirror(other.pk), ttl=60, holder={"worker": "w2", "job": "j-theirs"}
+    )
+    try:
+        client.force_login(User.objects.create_user("viewer-rl", password="pw-rl-123456"))
+        ops_snapshot(dlq_groups=False, not_before=time.monotonic())  # a fresh copy here
+        scans = _scans()
+        shown = _holders(client, repo)
+        assert _scans() == scans  # not one SCAN on any master
+        assert lockkeys.mirror(repo.pk) in shown and "j-mine" in shown
+        assert "j-theirs" not in shown and lockkeys.mirror(other.pk) not in shown
+        direct = leases.lock_rows(repo_id=repo.pk)
+        copied = snapshots.repository_locks(repo.pk, shared=True)
+        assert [(r["key"], r["job"], r["worker"]) for r in copied] == [
+            (r["key"], r["job"], r["worker"]) for r in direct
+        ]
+        # The socket's first reading is always the masters' own.
+        scans = _scans()
+        assert [h["key"] for h in repository_live(repo.pk)["holders"]] == [lockkeys.mirror(repo.pk)]
+        assert _scans() > scans
+        # An event this process published: the copy may predate it, so the masters again.
+        publish_event("dlq.changed", {})
+        scans = _scans()
+        assert "j-mine" in _holders(client, repo)
+        assert _scans() > scans
+        settings.SNAPSHOT_TTL = 0.0
+        scans = _scans()
+        assert "j-mine" in _holders(client, repo)
+        assert _scans() > scans
+    finally:
+        mine.release()
+        theirs.release()

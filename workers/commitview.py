@@ -42,10 +42,9 @@ from typing import IO, Any
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 import git
-from git.refs.symbolic import SymbolicReference
 
 from workers.gitproc import command, hardened_env
-from workers.mirror import HEAD_REF
+from workers.mirror import HEAD_REF, mirror_head
 
 __all__ = [
     "EMPTY_TREE",
@@ -138,15 +137,18 @@ class MirrorState:
 
 
 def mirror_state(path: Path) -> MirrorState:
-    """Resolve the mirror's head ref with GitPython's reference reader (loose ref or
-    packed-refs, symbolic refs followed; no git process)."""
+    """Resolve the mirror's head ref from the ref files themselves
+    (``workers.mirror.mirror_head``: the loose ref, else ``packed-refs``; safe without
+    the mirror's lock, see there), with no GitPython repository opened and no git
+    process: the repository page asks on every view (issue 15, web CPU per request:
+    opening the repository cost ~0.4 ms), and a mirror GitPython cannot open (a broken
+    ``config``) still shows its head instead of failing the page. The ref is only ever
+    written as a sha (a sync's refspec), never a symbolic ref."""
     if not (path / "HEAD").is_file():
         return MirrorState(present=False)
-    try:
-        with open_mirror(path) as repo:
-            head = SymbolicReference.dereference_recursive(repo, HEAD_REF)
-    except (MirrorMissing, ValueError, OSError):
+    if not (path / "objects").is_dir():  # what ``open_mirror`` refuses as no mirror
         return MirrorState(present=True)
+    head = mirror_head(path) or ""
     moved = None
     for candidate in (path / HEAD_REF, path / "packed-refs"):
         with contextlib.suppress(OSError):
