@@ -102,8 +102,8 @@ def _no_pool_slot_left_behind() -> Iterator[None]:
     its connection back would hold a slot of a web process for ever, and over the
     suite the test process's pool ran dry. What asgiref's shared thread kept for the
     test harness (Channels' communicator, Django's ``AsyncClient``) is handed back
-    first. Either kind, still open at the end of the session, made the test
-    database's teardown fail ("being accessed by other users"). Race: a thread the
+    first (still out at the end of the session, it made the test database's teardown
+    fail: "being accessed by other users"). Race: a thread the
     test started may still be finishing; it gets ``POOL_SLOT_GRACE`` to give its slot
     back."""
     of = poolslots.pool()
