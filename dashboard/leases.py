@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from dashboard import queues, telemetry, traces
 from dashboard.audit import record_audit
+from dashboard.dbpool import close_thread_connections
 from dashboard.fencing import next_token
 from dashboard.live import publish_event
 from dashboard.models import JobAttempt, Repository
@@ -113,21 +114,32 @@ class LeaseObserver:
         return {"on_lost": self.lost, "on_extended": self.extended}
 
     def extended(self, lock: Lock) -> None:
-        with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
-            queues.connection().hset(EXTENSIONS_HASH, self.key, str(lock.extensions))
-        publish_event(
-            "lock.extended",
-            {
-                "key": self.key,
-                "extensions": lock.extensions,
-                "ttl_ms": int(lock.valid_for() * 1000),
-            },
-            repo_id=self.repo_id,
-        )
+        """On the lock's callback thread (``workers.locks.heartbeat``), which hands back
+        any database connection it opened before it waits for the next extension."""
+        try:
+            with contextlib.suppress(queues.QueueUnavailable):  # a display counter only
+                queues.connection().hset(EXTENSIONS_HASH, self.key, str(lock.extensions))
+            publish_event(
+                "lock.extended",
+                {
+                    "key": self.key,
+                    "extensions": lock.extensions,
+                    "ttl_ms": int(lock.valid_for() * 1000),
+                },
+                repo_id=self.repo_id,
+            )
+        finally:
+            close_thread_connections()
 
     def lost(self, lock: Lock) -> None:
-        self._on_lost()
-        publish_event("lock.lost", {**self._resource(), "job": self.job}, repo_id=self.repo_id)
+        """On a one-shot thread of its own (``workers.locks.heartbeat``), which hands back
+        any database connection it opened before it ends: a thread that ends holding a
+        pooled connection loses the pool that slot for good (``dashboard.dbpool``)."""
+        try:
+            self._on_lost()
+            publish_event("lock.lost", {**self._resource(), "job": self.job}, repo_id=self.repo_id)
+        finally:
+            close_thread_connections()
 
     def acquired(self, lock: Lock, holder: dict[str, Any]) -> None:
         publish_event(

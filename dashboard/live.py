@@ -112,7 +112,15 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
         send_to_groups(groups, message, what=kind)
         activity.record(event)
 
-    transaction.on_commit(send)
+    # Outside a transaction the event goes at once without asking the database:
+    # ``on_commit`` would open a connection only to read its autocommit flag, and the
+    # lease observers publish from the heartbeat's threads (``dashboard.leases``),
+    # which would then open and close one per extension. No race: the flag is this
+    # thread's connection's own state.
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(send)
+    else:
+        send()
 
 
 # ---------------------------------------------------------------------------- delivery

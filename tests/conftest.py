@@ -21,6 +21,7 @@ from django.conf import settings
 from rq import SimpleWorker
 
 from dashboard import pageviews, queues, telemetry
+from tests import poolslots
 from tests.gitrepo import GitRepo
 from tests.layerstate import reset_channel_layers
 from tests.locktiming import HEALTHY_NODE_TIMEOUT
@@ -87,6 +88,46 @@ def _no_process_left_behind() -> Iterator[None]:
         f"the test left {len(left)} process(es) running (now SIGKILLed): "
         + "; ".join(f"{pid}: {cmd[:160]}" for pid, cmd in sorted(left.items()))
     )
+
+
+#: How long the threads a test started may take to hand back their pooled connections
+#: after it ended (a daemon's round in flight, an ``on_lost`` hook still publishing).
+POOL_SLOT_GRACE = 10.0
+
+
+@pytest.fixture(autouse=True)
+def _no_pool_slot_left_behind() -> Iterator[None]:
+    """On PostgreSQL with a pool: a test that ends with more of this process's pooled
+    connections taken by other threads than it started with fails here, naming the
+    threads it started (``tests/poolslots.py``): a thread that queries and never hands
+    its connection back would hold a slot of a web process for ever, and over the
+    suite the test process's pool ran dry. What asgiref's shared thread kept for the
+    test harness (Channels' communicator, Django's ``AsyncClient``) is handed back
+    first (still out at the end of the session, it made the test database's teardown
+    fail: "being accessed by other users"). Race: a thread the
+    test started may still be finishing; it gets ``POOL_SLOT_GRACE`` to give its slot
+    back."""
+    of = poolslots.pool()
+    before = poolslots.taken_by_others(of) if of is not None else 0
+    started = poolslots.StartedThreads()
+    started.start()
+    try:
+        yield
+    finally:
+        started.stop()
+    of_now = poolslots.pool()
+    if of_now is None:
+        return  # SQLite, no pool, or the test closed it (with whatever it lent)
+    if of_now is not of:
+        before = 0  # opened (again) during the test
+    poolslots.hand_back_asgi_thread(grace=POOL_SLOT_GRACE)
+    left = poolslots.slots_left(of_now, before=before, grace=POOL_SLOT_GRACE)
+    if left:
+        raise AssertionError(
+            f"the test left {left} pooled database connection(s) taken by other threads "
+            f"(each holds a slot of the pool for good; a thread must close its "
+            f"connections: dashboard.dbpool.close_thread_connections); " + started.describe()
+        )
 
 
 def _own_node(data_dir: Path) -> RedisNode:

@@ -1,14 +1,26 @@
-"""The test harness's own checks (tests/conftest.py, tests/sysproc.py): the leftover-
-process check finds what a test started even once its parent is gone."""
+"""The test harness's own checks (tests/conftest.py, tests/sysproc.py,
+tests/poolslots.py): the leftover-process check finds what a test started even once its
+parent is gone; the pool-slot check counts a pooled connection another thread holds
+until that thread closes it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
+import threading
 import time
+from typing import Any
 
+import pytest
+from asgiref.sync import sync_to_async
+
+from dashboard.dbpool import close_thread_connections
+from dashboard.models import Repository
+from tests import poolslots
 from tests.sysproc import proc_state, processes_of
+from tests.threads import CheckedThread
 
 
 def test_processes_of_finds_an_orphan_by_the_marker_it_inherited() -> None:
@@ -39,3 +51,53 @@ def test_processes_of_skips_zombies() -> None:
         assert proc.pid not in processes_of(str(os.getpid()), os.getpid())
     finally:
         proc.wait()
+
+
+def _pool() -> Any:
+    """This process's PostgreSQL pool (opened by a first query), or skip."""
+    Repository.objects.exists()
+    of = poolslots.pool()
+    if of is None:
+        pytest.skip("the pool-slot check is for PostgreSQL with a pool (GITWARD_DB_POOL_SIZE)")
+    return of
+
+
+@pytest.mark.django_db
+def test_a_connection_another_thread_holds_is_counted_until_it_closes_it() -> None:
+    of = _pool()
+    before = poolslots.taken_by_others(of)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        Repository.objects.exists()
+        holding.set()
+        done.wait(30)
+        close_thread_connections()
+
+    started = poolslots.StartedThreads()
+    started.start()
+    thread = CheckedThread(target=hold, name="holder")
+    thread.start()
+    started.stop()
+    try:
+        assert holding.wait(30)
+        assert poolslots.slots_left(of, before=before, grace=0.0) == 1
+        assert "still running: ['holder']" in started.describe()
+    finally:
+        done.set()
+        thread.join()
+    assert poolslots.slots_left(of, before=before, grace=10.0) == 0
+    assert "ended: ['holder']" in started.describe()
+
+
+@pytest.mark.django_db
+def test_what_asgirefs_shared_thread_kept_is_handed_back() -> None:
+    """A thread-sensitive ``sync_to_async`` outside any ``async_to_sync`` (the in-process
+    ASGI app of Channels' communicator and Django's ``AsyncClient``) queries on asgiref's
+    one shared thread, and plain ``sync_to_async`` never closes what it opened there."""
+    of = _pool()
+    before = poolslots.taken_by_others(of)
+    asyncio.run(sync_to_async(Repository.objects.exists, thread_sensitive=True)())
+    assert poolslots.slots_left(of, before=before, grace=0.0) == 1
+    poolslots.hand_back_asgi_thread(grace=10.0)
+    assert poolslots.slots_left(of, before=before, grace=0.0) == 0

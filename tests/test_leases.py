@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 from rq import SimpleWorker
 
@@ -26,6 +26,7 @@ from tests.gitrepo import GitRepo
 from tests.livetap import Tap
 from tests.locktiming import LEASE_TTL
 from tests.processes import proc_state, worker_env
+from tests.threads import CheckedThread
 from workers import lockkeys
 from workers.history import stream_commits
 from workers.locks import LockLost, LockNotAcquired
@@ -115,6 +116,32 @@ def test_a_lost_lease_runs_the_jobs_reaction_first_then_tells_the_live_view(
     tap.until(lambda evs: any(e["type"] == "lock.lost" for e in evs))
     lost = next(e for e in tap.events if e["type"] == "lock.lost")
     assert lost == {**lost, "key": key, "job": "sync-6-g1"}
+
+
+def test_the_lease_callbacks_hand_back_the_database_connections_of_their_threads() -> None:
+    """``extended`` runs on the heartbeat's callback thread, which lives as long as the
+    lease; ``lost`` on a thread that ends right after it (``workers.locks.heartbeat``).
+    A connection either kept (the job's ``on_lost`` reaction queried, say) would hold a
+    slot of a pooled process's connections, for good once its thread has ended
+    (``dashboard.dbpool``). Checked on the callbacks' threads themselves, so on SQLite
+    too (the pool's own count is tests/conftest.py's ``_no_pool_slot_left_behind``)."""
+    key = lockkeys.mirror(7)
+    observer = leases.LeaseObserver(
+        key, job="sync-7-g1", on_lost=lambda: bool(Repository.objects.exists())
+    )
+    kept: dict[str, bool] = {}
+
+    def call(name: str, lock: object) -> None:
+        Repository.objects.exists()  # whatever else the thread did: it has a connection
+        getattr(observer, name)(lock)
+        kept[name] = connections["default"].connection is not None
+
+    with leases.redlock().hold([key], ttl=30.0) as lock:
+        for name in ("extended", "lost"):
+            thread = CheckedThread(target=call, args=(name, lock), name=f"lease-{name}")
+            thread.start()
+            thread.join()
+    assert kept == {"extended": False, "lost": False}
 
 
 def test_lock_rows_show_the_holder_and_flag_one_whose_worker_stopped_beating() -> None:

@@ -278,3 +278,28 @@ def test_events_of_one_process_share_one_loop_and_its_connection(settings) -> No
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     events = tap.until(lambda got: len(got) >= 7)
     assert sorted(e["n"] for e in events) == list(range(7))
+
+
+def test_an_event_outside_a_transaction_goes_at_once_and_opens_no_database_connection() -> None:
+    """The lease's heartbeat threads publish with no connection of their own
+    (``dashboard.leases``): ``transaction.on_commit`` would open one only to read its
+    autocommit flag, and a thread that ends holding it loses its process's pool a slot
+    for good (``dashboard.dbpool``)."""
+    from django.db import connections
+
+    from tests.livetap import Tap
+
+    tap = Tap()
+    opened: list[bool] = []
+
+    def publish() -> None:
+        publish_event(
+            "lock.extended", {"key": "locks:x", "extensions": 1, "ttl_ms": 5}, repo_id=None
+        )
+        opened.append(connections["default"].connection is not None)
+
+    thread = CheckedThread(target=publish, name="publisher")
+    thread.start()
+    thread.join()
+    assert opened == [False]
+    assert [e["key"] for e in tap.until(lambda got: len(got) >= 1)] == ["locks:x"]
