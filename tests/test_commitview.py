@@ -112,3 +112,15 @@ def test_the_mirror_head_is_read_from_the_ref_files_even_when_git_python_cannot_
     assert state.present and state.head == origin.head() and state.head_moved_at is not None
     (mirror / "objects").rename(tmp_path / "objects-aside")
     assert mirror_state(mirror) == MirrorState(present=True)
+
+
+def test_a_mirror_whose_config_git_python_cannot_parse_is_said_to_be_unreadable(
+    tmp_path: Path,
+) -> None:
+    """The commit page opens the mirror with GitPython, which parses its ``config``: a
+    broken one is a readable reason (``MirrorMissing``), not a ``configparser`` error
+    that failed the page with a 500."""
+    mirror, _origin = mirror_of(tmp_path)
+    (mirror / "config").write_text("[core\nnot a config\n")
+    with pytest.raises(MirrorMissing, match="git config is unreadable"), open_mirror(mirror):
+        pass

@@ -23,6 +23,7 @@ time git may take). Reads need no lock (see :mod:`workers.mirror`).
 from __future__ import annotations
 
 import codecs
+import configparser
 import contextlib
 import os
 import re
@@ -119,6 +120,8 @@ def open_mirror(path: Path) -> Iterator[git.Repo]:
         repo = _Mirror(str(path), search_parent_directories=False)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, OSError) as exc:
         raise MirrorMissing(f"the mirror cannot be opened: {type(exc).__name__}") from None
+    except configparser.Error:  # GitPython parses the mirror's config as it opens
+        raise MirrorMissing("the mirror cannot be opened: its git config is unreadable") from None
     try:
         yield repo
     finally:
