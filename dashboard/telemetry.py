@@ -178,7 +178,11 @@ def parse_field(field: str | bytes) -> tuple[str, dict[str, str]]:
 class _Buffer:
     def __init__(self) -> None:
         self.redlocks: list[Redlock] = []
-        self.node_seen: dict[str, tuple[int, int, int, float]] = {}
+        #: The totals last counted, per (Redlock, master): two Redlocks over the same
+        #: masters (another configuration in one process) each keep their own running
+        #: totals; keyed by name alone, each flush counted one's totals against the
+        #: other's — increments that cancelled out or went negative.
+        self.node_seen: dict[tuple[int, str], tuple[int, int, int, float]] = {}
         self._reset()
         os.register_at_fork(after_in_child=self._after_fork_in_child)
 
@@ -194,7 +198,7 @@ class _Buffer:
         # Per-master calls: the child counts from the totals it inherited.
         for rl in self.redlocks:
             for node in rl.nodes:
-                self.node_seen[node.name] = _node_totals(node)
+                self.node_seen[(id(rl), node.name)] = _node_totals(node)
 
     def add(self, field: str, n: float) -> None:
         with self.lock:
@@ -357,7 +361,7 @@ def watch_redlock(redlock: Redlock) -> None:
             _buffer.redlocks.append(redlock)
             # Only what happens from now on is ours to count.
             for node in redlock.nodes:
-                _buffer.node_seen[node.name] = _node_totals(node)
+                _buffer.node_seen[(id(redlock), node.name)] = _node_totals(node)
 
 
 def _collect_master_stats() -> None:
@@ -370,8 +374,9 @@ def _collect_master_stats() -> None:
             current = {n.name: _node_totals(n) for n in rl.nodes}
         for name, now in current.items():
             with _buffer.lock:
-                before = _buffer.node_seen.get(name, (0, 0, 0, 0.0))
-                _buffer.node_seen[name] = now
+                # id() is stable: a watched Redlock stays in _buffer.redlocks for good.
+                before = _buffer.node_seen.get((id(rl), name), (0, 0, 0, 0.0))
+                _buffer.node_seen[(id(rl), name)] = now
             master = name.rsplit("/", 1)[0]
             count(MASTER_CALLS, now[0] - before[0], master=master)
             count(MASTER_ERRORS, now[1] - before[1], master=master)

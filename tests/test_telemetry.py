@@ -157,3 +157,30 @@ def test_a_whole_increment_to_a_fractional_series_is_flushed() -> None:
     assert flush()
     assert _series(MASTER_SECONDS.name) == {(("master", "m1"),): 1.25}
     assert _series(JOBS_ENQUEUED.name) == {(("queue", "sync"), ("version", "abc")): 1.0}
+
+
+def test_two_redlocks_over_the_same_masters_each_count_their_own_calls(
+    redis_nodes: list[RedisNode],
+) -> None:
+    """Per-master calls are deltas of each Redlock's running totals: two Redlocks over
+    the same masters (two configurations in one process) once shared one record per
+    master name, so each flush counted one's totals against the other's — increments
+    that cancelled out (0.0 series of idle masters) or went negative."""
+    from dashboard.telemetry import MASTER_CALLS
+    from workers.locks import Redlock
+
+    urls = [n.url for n in redis_nodes]
+    busy, idle = Redlock(urls, node_timeout=0.5), Redlock(urls, node_timeout=0.5)
+    telemetry.watch_redlock(busy)
+    telemetry.watch_redlock(idle)
+    for i in range(3):
+        busy.acquire(f"telemetry-{i}", ttl=5.0).release()
+    assert flush()
+    made = {n.name.rsplit("/", 1)[0]: n.stats.calls for n in busy.nodes}
+    assert all(made.values()) and not any(n.stats.calls for n in idle.nodes)
+    calls = {dict(labels)["master"]: v for labels, v in _series(MASTER_CALLS.name).items()}
+    assert calls == {m: float(c) for m, c in made.items()}
+    assert flush()  # nothing happened since: nothing more is counted
+    again = {dict(labels)["master"]: v for labels, v in _series(MASTER_CALLS.name).items()}
+    assert again == calls
+    assert all(v > 0 for v in _series(MASTER_SECONDS.name).values())
