@@ -191,11 +191,16 @@ def test_a_shared_page_part_is_reused_for_the_ttl_and_dropped_by_an_event_here(s
     assert snapshots.shared_part("t.on", build) == 6
 
 
-def _locks_page(client: Client) -> str:
-    res = client.get("/locks/")
+def _fragment(client: Client, path: str, start: str, end: str) -> str:
+    """The part of the page at ``path`` from ``start`` up to the first ``end`` after it."""
+    res = client.get(path)
     assert res.status_code == 200
     body = res.content.decode()
-    return body[body.index('<table class="grid" id="locks-table"') :].split("</table>", 1)[0]
+    return body[body.index(start) :].split(end, 1)[0]
+
+
+def _locks_page(client: Client) -> str:
+    return _fragment(client, "/locks/", '<table class="grid" id="locks-table"', "</table>")
 
 
 def test_a_fragment_of_one_copy_is_rendered_once_and_each_viewer_keeps_their_buttons(
@@ -271,10 +276,7 @@ def _scans() -> int:
 
 
 def _holders(client: Client, repo: Repository) -> str:
-    res = client.get(f"/repos/{repo.pk}/")
-    assert res.status_code == 200
-    body = res.content.decode()
-    return body[body.index('<ul id="repo-holders">') :].split("</ul>", 1)[0]
+    return _fragment(client, f"/repos/{repo.pk}/", '<ul id="repo-holders">', "</ul>")
 
 
 def test_the_repository_page_takes_its_locks_from_a_fresh_copy_without_scanning(

@@ -610,11 +610,12 @@
 
   // ------------------------------------------------------------------ rollouts
   // The Rollouts pages are server-rendered; every rollout.* event (and the first
-  // snapshot, and one that differs from the last, after a reconnect) fetches the page again and swaps its live
-  // region in (same origin, escaped by the server) — never while a confirm step is open,
-  // so a dialog never changes under the operator's eyes. While a rollout is settling
-  // (warming, verified without its diff yet, a request pending), the page is refetched
-  // every 2 s too: those changes are written without a rollout.* event.
+  // snapshot, and one that differs from the last, after a reconnect) fetches the page
+  // again and swaps its live region in (same origin, escaped by the server) — never
+  // while a confirm step is open, so a dialog never changes under the operator's eyes.
+  // While a rollout is settling (warming, verified without its diff yet, a request
+  // pending), the page is refetched every 2 s too: those changes are written without a
+  // rollout.* event.
   let swapTimer = null, swapPending = false, lastRollouts = null;
   // The confirm dialog (templates/_confirm.html) or any other.
   function dialogOpen() { return !!document.querySelector("dialog[open]"); }
