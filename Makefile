@@ -55,6 +55,8 @@ lint: install
 	$(VENV)/bin/mypy workers dashboard
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
+	# Every test module imports (a broken shared helper fails here, not an hour into CI).
+	$(PY) -m pytest --collect-only -q -p no:cacheprovider > /dev/null
 
 # The deployment files, offline (no Docker engine needed): hadolint on the Dockerfile,
 # compose.yaml against the Compose specification's JSON schema (vendored from

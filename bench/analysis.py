@@ -39,7 +39,7 @@ false and true. Every run prints the load average.
 
     .venv/bin/python bench/analysis.py [--commits 20000] [--repo PATH] [--workers 2]
         [--skip-pydriller] [--pydriller-commits 3000] [--rss-sizes 5000,20000]
-        [--chunk-sizes 500,2000] [--seed 1] [--clone] [--database-url postgres://…/gw_x_bench]
+        [--chunk-sizes 500,2000] [--seed 1] [--merge-share 0.25] [--clone] [--database-url postgres://…/gw_x_bench]
         [--metrics-ab 3] [--env GITWARD_CHUNK_MAX=1000 …]
 """
 
@@ -94,10 +94,22 @@ _WORDS = [
 
 
 class _Synth:
-    """Deterministic ``git fast-import`` stream of a repository with a realistic shape."""
+    """Deterministic ``git fast-import`` stream of a repository with a realistic shape.
 
-    def __init__(self, seed: int) -> None:
+    By default a topic branch of 2-6 commits is merged after every 15-60 commits on main
+    (about 3.4 % merges). ``merge_share`` (0 < share ≤ 0.28) shapes a pull-request-style
+    history instead: topics of 1-3 commits, 0-1 commits on main beside each, and between
+    merges enough plain commits on main that about that share of all commits are merges
+    (a well-known project's public history with a quarter of its commits merges)."""
+
+    def __init__(self, seed: int, merge_share: float | None = None) -> None:
         self.rng = random.Random(seed)
+        if merge_share is not None and not 0 < merge_share <= 0.28:
+            raise ValueError("merge_share must be above 0 and at most 0.28")
+        #: Plain commits on main between two merges (mean; the draw is uniform from 0
+        #: to twice it), for ``merge_share``: one merge per (topic 2 + main 0.5 + merge 1
+        #: + this) commits.
+        self.gap = None if merge_share is None else 1 / merge_share - 3.5
         self.lines = [
             f"{w}_{i} = {self.rng.choice(_WORDS)}({self.rng.randrange(10**6)})\n"
             for i, w in enumerate(self.rng.choice(_WORDS) for _ in range(4000))
@@ -207,7 +219,11 @@ class _Synth:
         since_merge = 0
         while self.count < commits:
             remaining = commits - self.count
-            if since_merge > rng.randint(15, 60) and remaining > 12:
+            if self.gap is None:
+                due = since_merge > rng.randint(15, 60)
+            else:
+                due = since_merge >= round(rng.uniform(0, 2 * self.gap))
+            if due and remaining > 12:
                 since_merge = 0
                 # a topic branch of 2-6 commits on a few reserved files; main moves on
                 # beside it without touching them, then merges it (first-parent diff =
@@ -217,11 +233,11 @@ class _Synth:
                 )
                 side = {p: self.files[p] for p in reserved}
                 side_tip = tip
-                for i in range(rng.randint(2, 6)):
+                for i in range(rng.randint(2, 6) if self.gap is None else rng.randint(1, 3)):
                     ch = {p: self._edit(side[p]) for p in rng.sample(sorted(reserved), 2)}
                     self._apply(side, ch)
                     side_tip = self._commit("refs/heads/topic", [side_tip], ch, f"topic work {i}")
-                for _ in range(rng.randint(0, 3)):
+                for _ in range(rng.randint(0, 3) if self.gap is None else rng.randint(0, 1)):
                     ch = self._changes(self.files, reserved)
                     self._apply(self.files, ch)
                     tip = self._commit("refs/heads/main", [tip], ch, "work on main")
@@ -236,7 +252,9 @@ class _Synth:
         return self.count
 
 
-def build_repository(path: Path, commits: int, seed: int, *, repack: bool = True) -> None:
+def build_repository(
+    path: Path, commits: int, seed: int, *, repack: bool = True, merge_share: float | None = None
+) -> None:
     """The synthetic history, written by ``git fast-import`` and then, unless ``repack``
     is false, repacked (``git repack -adf``): fast-import writes one pack in creation
     order whose deltas only chain each blob and tree on its previous version, where a
@@ -249,7 +267,7 @@ def build_repository(path: Path, commits: int, seed: int, *, repack: bool = True
     assert proc.stdin is not None
     try:
         with proc.stdin as sink:
-            _Synth(seed).write(sink, commits)
+            _Synth(seed, merge_share).write(sink, commits)
             sink.write(b"done\n")
     finally:
         if proc.wait(timeout=600) != 0:
@@ -1052,6 +1070,13 @@ def main() -> None:
     parser.add_argument("--chunk-sizes", default="500,2000", help="extra GITWARD_CHUNK_SIZE values")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--merge-share",
+        type=float,
+        default=None,
+        help="a pull-request-style synthetic history with about this share of merge "
+        "commits (e.g. 0.25 with --commits 17700: a well-known project's shape)",
+    )
+    parser.add_argument(
         "--push",
         type=int,
         default=0,
@@ -1139,7 +1164,13 @@ def main() -> None:
         else:
             origin = tmp / "origins" / "synthetic"
             start = time.perf_counter()
-            build_repository(origin, args.commits, args.seed, repack=not args.fast_import_pack)
+            build_repository(
+                origin,
+                args.commits,
+                args.seed,
+                repack=not args.fast_import_pack,
+                merge_share=args.merge_share,
+            )
             build_s = time.perf_counter() - start
         total = int(git_out(origin, "rev-list", "--count", "HEAD"))
         merges = int(git_out(origin, "rev-list", "--count", "--merges", "HEAD"))

@@ -8,7 +8,10 @@ submission and API rate limits off). Locust runs in this process, as a library
 (headless, one gevent loop):
 
 * ``--users`` browsers (default 200): each is logged in (the users share ``--logins``
-  sessions, default 20, each made through the login form before the run), holds the
+  sessions, default 20, each made through the login form before the run, as
+  ``--accounts`` operator accounts, default 20: ``admin`` and ``operator001``…; the
+  submitters take sessions from the same set, so each account both browses and
+  submits; ``--accounts 1`` is the earlier setting, everyone ``admin``), holds the
   operators' websocket (``/ws/ops/``) open for the whole run, and every 2 s (think time)
   opens one of the main pages: overview, repositories, one repository, locks, workers,
   dead letters, audit, and the status API. Anything but a 200 is an error (redirects are
@@ -31,7 +34,8 @@ ready (bounded by ``--drain-timeout``) with exactly the commits git reports, eac
 
     .venv/bin/python bench/load.py [--users 200] [--minutes 3] [--submitters 20]
         [--workers 4] [--web-workers N] [--commits 40] [--submit-every 10]
-        [--client fast|requests] [--no-websockets]
+        [--client fast|requests] [--no-websockets] [--logins 20] [--accounts 20]
+        [--env GITWARD_X=value ...]
 """
 
 from __future__ import annotations
@@ -99,9 +103,30 @@ class Shared:
     websockets = True
 
 
-def log_in_sessions(count: int) -> list[dict[str, str]]:
+def create_accounts(var: Path, count: int) -> list[str]:
+    """``count`` operator accounts (staff, every permission) besides ``admin``, made in
+    the server's database before the run; their names. One password hash for all."""
+    if count <= 1:
+        return ["admin"]
+    names = [f"operator{i:03d}" for i in range(1, count)]
+    code = (
+        "from django.contrib.auth import get_user_model\n"
+        "from django.contrib.auth.hashers import make_password\n"
+        f"hashed = make_password({PASSWORD!r})\n"
+        "get_user_model().objects.bulk_create([get_user_model()(username=n, password=hashed,"
+        f" is_staff=True, is_superuser=True) for n in {names!r}])\n"
+    )
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "shell", "-c", code],
+        env=server_env(var), check=True,
+    )  # fmt: skip
+    return ["admin", *names]
+
+
+def log_in_sessions(count: int, accounts: list[str]) -> list[dict[str, str]]:
     """``count`` sessions, each logged in through the login form (before the users
-    start: a password hash costs ~0.3 s of CPU, and 220 at once would be the ramp)."""
+    start: a password hash costs ~0.3 s of CPU, and 220 at once would be the ramp),
+    session i as account i modulo their number."""
     jars: list[dict[str, str]] = []
     attempts = 0
     while len(jars) < count:
@@ -110,7 +135,7 @@ def log_in_sessions(count: int) -> list[dict[str, str]]:
         page = client.get(f"{Shared.base}/login/", timeout=60)
         res = client.post(
             f"{Shared.base}/login/",
-            data={"username": "admin", "password": PASSWORD,
+            data={"username": accounts[len(jars) % len(accounts)], "password": PASSWORD,
                   "csrfmiddlewaretoken": client.cookies.get("csrftoken", "")},
             headers={"Referer": f"{Shared.base}/login/"},
             allow_redirects=False,
@@ -275,7 +300,8 @@ CLIENTS: dict[str, tuple[type[User], type[User]]] = {
 }
 
 
-def start_server(var: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def server_env(var: Path) -> dict[str, str]:
+    """The server's environment (and that of the set-up commands on its database)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITWARD_", "REDIS_URL"))}
     env.update(
         GITWARD_VAR_DIR=str(var),
@@ -287,6 +313,14 @@ def start_server(var: Path, port: int, args: argparse.Namespace) -> subprocess.P
     )
     if "DATABASE_URL" not in env:
         env["DATABASE_URL"] = f"sqlite:///{var / 'db.sqlite3'}"
+    return env
+
+
+def start_server(var: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    env = server_env(var)
+    for pair in args.env:  # an A/B of a setting, e.g. --env GITWARD_DB_POOL_SIZE=16
+        name, _, value = pair.partition("=")
+        env[name] = value
     cmd = [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port),
            "--workers", str(args.workers)]  # fmt: skip
     if args.web_workers:
@@ -352,6 +386,35 @@ def redis_commands(var: Path) -> dict[str, int]:
     }
 
 
+def server_times(var: Path) -> dict[str, dict[float, float]]:
+    """The web processes' ``gitward_http_request_seconds`` buckets so far, by view:
+    ``{view: {upper bound: observations}}`` (read from the metrics hash on the queue
+    node, where every web process flushes them every 2 s: ``dashboard.telemetry``)."""
+    import redis
+
+    url = json.loads((var / "state.json").read_text())["redis_urls"][0]
+    out: dict[str, dict[float, float]] = {}
+    for field, value in redis.Redis.from_url(url).hgetall("gitward:metrics").items():
+        series, pairs = json.loads(field)
+        if series != "gitward_http_request_seconds_bucket":
+            continue
+        labels = dict(pairs)
+        bound = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
+        out.setdefault(labels["view"], {})[bound] = float(value)
+    return out
+
+
+def bucket_percentile(buckets: dict[float, float], q: float) -> str:
+    """The upper bound of the bucket holding the ``q`` quantile, as "≤ N ms"."""
+    total = sum(buckets.values())
+    seen = 0.0
+    for bound in sorted(buckets):
+        seen += buckets[bound]
+        if seen >= q * total:
+            return "> 10 s" if bound == float("inf") else f"≤ {bound * 1000:.0f}"
+    return "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--users", type=int, default=200, help="browsing users")
@@ -366,6 +429,12 @@ def main() -> int:
     parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per s")
     parser.add_argument("--drain-timeout", type=float, default=900.0)
     parser.add_argument("--logins", type=int, default=20, help="sessions the users share")
+    parser.add_argument(
+        "--accounts", type=int, default=20,
+        help="operator accounts the sessions log in as (1 = everyone is admin)",
+    )  # fmt: skip
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the server (repeatable)")  # fmt: skip
     parser.add_argument("--keep-log", default="", help="copy the server's log here at the end")
     parser.add_argument(
         "--no-websockets", action="store_true",
@@ -393,7 +462,7 @@ def main() -> int:
         print(f"server up on {Shared.base} (pid {proc.pid}) with {args.workers} workers; "
               f"{web} web process(es)", flush=True)  # fmt: skip
 
-        Shared.sessions = log_in_sessions(args.logins)
+        Shared.sessions = log_in_sessions(args.logins, create_accounts(tmp / "var", args.accounts))
         Shared.websockets = not args.no_websockets
         sockets = args.users if Shared.websockets else 0
         Browser, Submitter = CLIENTS[args.client]
@@ -417,6 +486,7 @@ def main() -> int:
         Shared.ws_delays.clear()
         Shared.measuring = True
         redis_before = redis_commands(tmp / "var")
+        times_before = server_times(tmp / "var")
         tree_before = snapshot(proc.pid)
         started, cpu_before = time.monotonic(), time.process_time()
         gevent.sleep(args.minutes * 60)
@@ -424,6 +494,8 @@ def main() -> int:
         server_cpu = by_role(tree_before, snapshot(proc.pid))
         Shared.measuring = False
         redis_after = redis_commands(tmp / "var")
+        gevent.sleep(2.5)  # the web processes flush their metrics every 2 s
+        times_after = server_times(tmp / "var")
         stats = env.stats
         rows = sorted(stats.entries.values(), key=lambda e: e.name)
         requests_total = sum(e.num_requests for e in rows)
@@ -439,6 +511,11 @@ def main() -> int:
         print("server CPU over the window, by role (cores of 2 busy):", ", ".join(
             f"{role} {sec / elapsed:.2f}" for role, sec in sorted(
                 server_cpu.items(), key=lambda kv: -kv[1]) if sec > 0))  # fmt: skip
+        web_cpu = server_cpu.get("web processes", 0.0)
+        # Compare with bench/webcost.py's mix (the same pages without the load) taken on
+        # the same day: this machine's speed moves by 1.6x between days.
+        print(f"web processes' CPU per request: {1000 * web_cpu / max(1, requests_total):.1f} ms"
+              " (websocket frames included)")  # fmt: skip
         print(f"{'page':<14}{'requests':>9}{'errors':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
         for e in rows:
             if not e.num_requests:
@@ -449,6 +526,17 @@ def main() -> int:
                 f"{e.get_response_time_percentile(0.95):>9.0f}"
                 f"{e.get_response_time_percentile(0.99):>9.0f}"
             )
+        print("server time per view (gitward_http_request_seconds over the window, bucket"
+              " bounds, ms): from Django taking a request to its response ready")  # fmt: skip
+        for view in sorted(times_after):
+            window = {
+                b: n - times_before.get(view, {}).get(b, 0.0) for b, n in times_after[view].items()
+            }
+            if sum(window.values()) > 0:
+                print(f"  {view:<22}{sum(window.values()):>8.0f}  p50 "
+                      f"{bucket_percentile(window, 0.5):>6}  p95 "
+                      f"{bucket_percentile(window, 0.95):>6}  p99 "
+                      f"{bucket_percentile(window, 0.99):>6}")  # fmt: skip
         for err in list(stats.errors.values())[:10]:
             print(f"  error: {err.method} {err.name}: {err.error} ×{err.occurrences}")
         delays = [d * 1000 for d in Shared.ws_delays]

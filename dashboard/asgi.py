@@ -20,16 +20,13 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from dashboard.requestthreads import PooledASGIHandler, keep_sqlite_connections  # noqa: E402
 
-# Django's ASGI handler, with each request's sync code on a pooled thread rather than a
-# new thread per request (dashboard/requestthreads.py) — on SQLite, where it was
-# measured. Not on PostgreSQL: with pooled request threads the full test suite ran the
-# web processes' psycopg pool dry (7 of 8 connections held, then every test waiting out
-# its 10 s pool timeout), not yet explained; Django's own handler there, as before.
-django_asgi: ASGIHandler = (
-    PooledASGIHandler()
-    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
-    else ASGIHandler()
-)
+# Django's ASGI handler, with each request's middleware chain and view in one hop to a
+# pooled thread (dashboard/requestthreads.py), which hands its database connection back
+# before the response is sent. (Pooled threads were once SQLite-only: on PostgreSQL the
+# suite ran the pool dry. The causes were lease callbacks that kept connections
+# (dashboard/leases.py) and Django's hand-back at response.close(), which under the test
+# harness ran outside the request's context; neither holds a slot any more.)
+django_asgi: ASGIHandler = PooledASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

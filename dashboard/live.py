@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from contextvars import ContextVar, Token
 from typing import Any
 
 import redis
@@ -102,6 +103,7 @@ def publish_event(kind: str, payload: dict[str, Any], *, repo_id: int | None = N
 
     def send() -> None:
         PUBLISHED.add()  # drops this process's cached snapshot (dashboard.snapshots)
+        OWN_EVENTS.record(_actor())
         groups = [OPS_GROUP]
         if kind.startswith("rollout."):
             groups.append(ROLLOUTS_GROUP)
@@ -141,6 +143,68 @@ class _Dropped:
 DROPPED = _Dropped()
 #: Events this process published (committed) since start: a change counter.
 PUBLISHED = _Dropped()
+
+#: The request being served on this thread (``EventActorMiddleware``): whose action an
+#: event published now is.
+_REQUEST: ContextVar[Any] = ContextVar("gitward_live_request", default=None)
+
+
+def serving_request(request: Any) -> Token[Any]:
+    """Mark ``request`` as the one this context serves (reset with the token after)."""
+    return _REQUEST.set(request)
+
+
+def served_request(token: Token[Any]) -> None:
+    _REQUEST.reset(token)
+
+
+def _actor() -> int | None:
+    """The id of the logged-in user whose request publishes now, else None (a
+    background thread, an anonymous request: nobody in particular)."""
+    request = _REQUEST.get()
+    user = getattr(request, "user", None) if request is not None else None
+    if user is None or not user.is_authenticated:
+        return None
+    return int(user.pk)
+
+
+class _OwnEvents:
+    """When this process last published an event for each user (their own action) and
+    for nobody in particular: so that a page of a user may be drawn from a copy built
+    before somebody else's action, never before their own (``snapshots.shared_snapshot``).
+    Wall-clock times, compared with the copies' build start times. Entries older than
+    ``KEEP`` seconds are dropped once there are more than ``LIMIT`` (a copy is never
+    served that old)."""
+
+    KEEP = 120.0
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_user: dict[int, float] = {}
+        self.anyone = 0.0
+
+    def record(self, user_id: int | None) -> None:
+        now = time.time()
+        with self.lock:
+            if user_id is None:
+                self.anyone = now
+                return
+            self.by_user[user_id] = now
+            if len(self.by_user) > self.LIMIT:
+                cutoff = now - self.KEEP
+                self.by_user = {u: t for u, t in self.by_user.items() if t >= cutoff}
+
+    def last_for(self, user_id: int | None) -> float:
+        """The latest event published here that ``user_id``'s page must show: their own
+        or nobody's in particular (for no user: any event at all)."""
+        with self.lock:
+            if user_id is None:
+                return max([self.anyone, *self.by_user.values()])
+            return max(self.anyone, self.by_user.get(user_id, 0.0))
+
+
+OWN_EVENTS = _OwnEvents()
 
 
 def published_count() -> int:

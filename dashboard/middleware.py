@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.html import escape
 from django.views import defaults
 
-from dashboard import queues
+from dashboard import live, queues
 from dashboard.queues import RedisUnavailable
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,22 @@ class ContentSecurityPolicyMiddleware:
         response = self.get_response(request)
         response.headers.setdefault("Content-Security-Policy", CSP)
         return response
+
+
+class EventActorMiddleware:
+    """Tells ``dashboard.live`` which request (so which user) an event published while
+    serving it belongs to: a user's own action must show on their next page at once,
+    somebody else's may wait for the next snapshot copy (``snapshots._stale_copy``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        token = live.serving_request(request)
+        try:
+            return self.get_response(request)
+        finally:
+            live.served_request(token)
 
 
 class QueueUnavailableMiddleware:

@@ -7,7 +7,8 @@ repository's analysis completes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -31,6 +32,14 @@ from workers.chunks import chunk_key, chunk_target, iter_chunks
 OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
 
 
+class Plan(NamedTuple):
+    """What ``plan_repository`` planned: the analyze run of every open chunk, and the
+    one of them it left for the caller to analyse itself (not enqueued), if any."""
+
+    runs: list[int]
+    inline: int | None = None
+
+
 def plan_repository(
     *,
     repo_id: int,
@@ -41,9 +50,17 @@ def plan_repository(
     token: int | None,
     fingerprint: str | None = None,
     since: str | None = None,
-) -> list[int] | None:
+    inline_for: Collection[str] = (),
+) -> Plan | None:
     """Record the new head and plan chunks for commits not yet analysed; return the ids
-    of the analyze runs enqueued after commit.
+    of the open chunks' analyze runs, enqueued after commit except ``Plan.inline``.
+
+    ``inline_for`` (issue 14, the inline chunk): the fingerprints the caller can analyse
+    with. If the served one is among them, the first of its open chunks whose run is
+    queued and never attempted is left un-enqueued and returned as ``Plan.inline``: the
+    caller (the sync's work horse) runs its first attempt itself. If the caller dies
+    before it claims that attempt, the run is ``queued`` with no RQ job, which the
+    reconciler's step 2 enqueues (``reconciler._stale``: a missing job is stale at once).
 
     ``since`` (an incremental sync, issue 14.4): ``shas`` are only the commits reachable
     from ``head`` and not from ``since``, an ancestor of ``head`` that the repository's
@@ -95,11 +112,29 @@ def plan_repository(
                 return None
             total += repo.commits_total
         run_ids, open_served = _plan_chunks(repo_id, fps[0], shas)
-        for extra in fps[1:]:
+        inline = _first_fresh(run_ids) if fps[0] in inline_for else None
+        for extra in fps[1:]:  # shadow chunks of a ramping version: always enqueued
             run_ids += _plan_chunks(repo_id, extra, shas)[0]
         _record_plan(repo, fps[0], head, total, open_served)
-        enqueue_after_commit(run_ids)
-        return run_ids
+        enqueue_after_commit([pk for pk in run_ids if pk != inline])
+        return Plan(run_ids, inline)
+
+
+def _first_fresh(run_ids: list[int]) -> int | None:
+    """The first run (in chunk order) that is queued and was never attempted.
+
+    Race: such a run may have an RQ job already (planned by an earlier generation and
+    still waiting in the queue), or the reconciler may enqueue one for it before the
+    caller claims it (a missing job is stale at once). Then two deliveries of attempt 1
+    exist; ``runs.begin_attempt`` lets exactly one claim it and the other does nothing,
+    so the chunk is analysed once either way.
+    """
+    fresh = set(
+        JobRun.objects.filter(
+            pk__in=run_ids[:_SHA_BATCH], state=JobRun.State.QUEUED, attempts=0
+        ).values_list("pk", flat=True)
+    )
+    return next((pk for pk in run_ids if pk in fresh), None)
 
 
 #: Up to this many shas, the stored ones among them are looked up by sha (in batches);
@@ -204,9 +239,9 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
     _insert_chunks(repo_id, fingerprint, batch)
     # only what _runs_for reads: not every open chunk's list of shas
     open_chunks = list(
-        Chunk.objects.filter(
-            repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
-        ).only("pk", "repository_id", "fingerprint", "key")
+        Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES)
+        .only("pk", "repository_id", "fingerprint", "key")
+        .order_by("position")  # the first chunk first: the one a sync analyses inline
     )
     return _runs_for(open_chunks, fingerprint), bool(open_chunks)
 

@@ -1,4 +1,21 @@
-"""Django's HTTP requests under ASGI on reused threads instead of a new thread each.
+"""Django's HTTP requests under ASGI: the whole request on one thread in one hop
+(:class:`SyncChainASGIHandler`), on reused threads instead of a new thread each
+(:class:`PooledASGIHandler`).
+
+Django's ``ASGIHandler`` loads its middleware in async mode. Every middleware here is
+synchronous (Django's own and ours), so Django adapts the chain: the outer middleware
+run on the request's thread, then hand the rest back to the event loop
+(``async_to_sync`` around the async inner handler), which sends the view to the thread
+again, and the response travels back the same way — four crossings between the thread
+and the event loop per request, each a wait for a loop that is also serving every
+websocket of the process. Sampled under the load test on PostgreSQL (py-spy with idle
+frames, one web process), the request threads spent 42 % of their time parked in
+those crossings, holding their pooled database connection (taken by the session
+middleware) meanwhile, so other requests waited for a connection as well (11 %).
+:class:`SyncChainASGIHandler` loads the chain in sync mode, as Django's WSGI handler
+does, and runs all of it (middleware, view, template) in one ``sync_to_async`` call on
+the request's thread: one crossing in, one out. The same middleware and view code runs
+in the same order with the same request; only the thread hopping is gone.
 
 Django's ``ASGIHandler`` enters a fresh ``ThreadSensitiveContext`` per request, and
 asgiref gives each such context a new one-thread executor: every request started a
@@ -29,11 +46,17 @@ workers, which must fork with no SQLite connection open (``workers/pool.py``).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
+from django.db import close_old_connections
+from django.http import HttpRequest, HttpResponseBase
+
+from dashboard.telemetry import HTTP_REQUEST_SECONDS, observe
 
 #: Idle one-thread executors kept for the next requests.
 IDLE_LIMIT = 16
@@ -75,7 +98,46 @@ def keep_sqlite_connections(databases: dict[str, dict[str, Any]]) -> None:
             conf["CONN_MAX_AGE"] = SQLITE_CONN_MAX_AGE
 
 
-class PooledASGIHandler(ASGIHandler):
+class SyncChainASGIHandler(ASGIHandler):
+    """``ASGIHandler`` whose middleware chain is loaded in sync mode and run, with the
+    view, in one call on the request's thread (see the module docstring). Every view
+    of this project is synchronous; an async one would still work (Django's sync chain
+    runs it with ``async_to_sync``), only without the saving."""
+
+    def __init__(self) -> None:
+        base.BaseHandler.__init__(self)  # not ASGIHandler's: it loads the async chain
+        self.load_middleware(is_async=False)
+
+    def get_response(self, request: HttpRequest) -> HttpResponseBase:
+        response = super().get_response(request)
+        # Hand the request's database connections back (to the pool on PostgreSQL; an
+        # SQLite one is kept, ``CONN_MAX_AGE``) here, on the request's thread, before
+        # the response goes to the event loop to be sent: Django does it at
+        # ``response.close()``, after the send and one more hop, holding a pool slot
+        # all that time. The same rule as Django's (``close_old_connections``); that
+        # later call finds nothing left to hand back. A streaming body that queries
+        # while it is sent takes a connection again, which that call then returns.
+        close_old_connections()
+        return response
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        # thread_sensitive: the request's own thread (its ThreadSensitiveContext), where
+        # Django's response.close() and request_finished run afterwards, as before.
+        began = time.monotonic()
+        response = await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        # The server's share of the latency a client sees (the rest: the event loop,
+        # the kernel, the network, the client), so the load test can tell them apart.
+        # In memory only (dashboard.telemetry): no I/O on the way out.
+        match = getattr(request, "resolver_match", None)
+        observe(
+            HTTP_REQUEST_SECONDS,
+            time.monotonic() - began,
+            view=(match.url_name or match.view_name) if match is not None else "unmatched",
+        )
+        return response
+
+
+class PooledASGIHandler(SyncChainASGIHandler):
     """``ASGIHandler`` whose requests run their sync code on pooled threads.
 
     Race: executors are taken and given back under ``_lock``, so no two requests ever

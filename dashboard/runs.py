@@ -377,6 +377,22 @@ def hand_back_attempt(*, run_id: int, number: int, worker: str, reason: str) -> 
     return defer_attempt(Attempt(run=run, number=number, worker=worker), delay=0.0, reason=reason)
 
 
+def running_runs_of(*, worker: str, pid: int) -> list[tuple[int, int]]:
+    """``(run id, attempt)`` of every run still running that a work horse of ``worker``
+    on this host with ``pid`` claimed (``_claim`` records host and pid): a sync's horse
+    also runs the chunk it planned first (``workers.jobs.sync_repository``), which the
+    RQ job's arguments do not name. For a worker that has just reaped that horse.
+
+    Race: the pid is reused by a later horse only after this worker reaped the dead
+    one, and this worker forks its next horse only after this lookup; another worker's
+    horse with the same pid has another worker name."""
+    return list(
+        JobRun.objects.filter(
+            state=JobRun.State.RUNNING, worker=worker, host=socket.gethostname(), pid=pid
+        ).values_list("pk", "attempts")
+    )
+
+
 def crash_attempt(*, run_id: int, number: int, reason: str) -> str | None:
     """The worker running attempt ``number`` died (its work horse was killed, or its
     heartbeat stopped). Counts as a failed attempt. None if the attempt had already

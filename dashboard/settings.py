@@ -170,6 +170,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "dashboard.middleware.EventActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.middleware.ContentSecurityPolicyMiddleware",
@@ -322,6 +323,9 @@ if CHUNK_MAX < CHUNK_SIZE:
 CHUNK_SPREAD = env_int("GITWARD_CHUNK_SPREAD", 4, minimum=1)
 GIT_TIMEOUT = env_float("GITWARD_GIT_TIMEOUT", 900.0, minimum=1.0)
 JOB_TIMEOUT = env_int("GITWARD_JOB_TIMEOUT", 1800, minimum=10)
+#: A sync's work horse analyses the first chunk it planned itself, right after the sync
+#: succeeded, instead of enqueueing it (one RQ job fewer per submission: workers/jobs.py).
+INLINE_CHUNK = env_bool("GITWARD_INLINE_CHUNK", True)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
@@ -380,6 +384,12 @@ WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_HTTPONLY = True
 # Django's database sessions, loaded with one plain SELECT (dashboard/sessions.py).
 SESSION_ENGINE = "dashboard.sessions"
+#: The user of each request in one plain SELECT (dashboard/users.py). ModelBackend stays
+#: listed for sessions logged in before, whose stored backend path is Django's.
+AUTHENTICATION_BACKENDS = [
+    "dashboard.users.UserBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True

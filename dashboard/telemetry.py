@@ -108,6 +108,14 @@ LOCK_ACQUIRE_SECONDS = Histogram(
     "Time to acquire a Redlock lock (retries and the fencing token included).",
     (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+HTTP_REQUEST_SECONDS = Histogram(
+    "gitward_http_request_seconds",
+    "Server time of an HTTP request in a web process, from Django taking it (its body"
+    " read) to its response ready to send: the wait for a request thread, the"
+    " middleware and the view. By URL name (bounded: one per route).",
+    (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    ("view",),
+)
 #: ``workers.locks.metrics.COUNTERS`` → Prometheus counters.
 LOCK_COUNTERS = {
     name: Counter(f"gitward_lock_{name}", f"Redlock {name.replace('_', ' ')}.")
@@ -160,7 +168,8 @@ COUNTER_DEFS: dict[str, Counter] = {
     )
 }
 HISTOGRAM_DEFS: dict[str, Histogram] = {
-    h.name: h for h in (JOB_RUN_SECONDS, JOB_WAIT_SECONDS, LOCK_ACQUIRE_SECONDS)
+    h.name: h
+    for h in (JOB_RUN_SECONDS, JOB_WAIT_SECONDS, LOCK_ACQUIRE_SECONDS, HTTP_REQUEST_SECONDS)
 }
 
 # ---------------------------------------------------------------------------- the buffer
@@ -402,10 +411,14 @@ def version_label(fingerprint: str) -> str:
 
 def queue_wait(run: Any) -> float | None:
     """Seconds the current RQ job (this attempt) waited on its queue: from being put on
-    it (after any back-off delay) to now, when a worker claims it."""
+    it (after any back-off delay) to now, when a worker claims it. A chunk a sync's work
+    horse analyses itself (``workers.jobs.sync_repository``) runs under the sync's RQ
+    job: it waited from its plan (the run row's creation) to the claim."""
     job = get_current_job()
     if job is None or job.enqueued_at is None:
         return None
+    if job.id != run.rq_id(run.attempts):  # claimed: attempts is this attempt's number
+        return max(0.0, (timezone.now() - run.enqueued_at).total_seconds())
     return max(0.0, (timezone.now() - job.enqueued_at).total_seconds())
 
 

@@ -3,7 +3,9 @@ attempt (``JobAttempt.spans``), shown on the run page and by ``GET /api/runs/<id
 
 Spans of one attempt, in order (each ``{name, start, end, attrs}``, epoch seconds):
 
-``queued``      put on the RQ queue → taken by a worker (``queue``)
+``queued``      put on the RQ queue → taken by a worker (``queue``); for the chunk a sync's
+                work horse analyses itself, planned → the sync ended (``inline_after``: the
+                sync's RQ job)
 ``dequeued``    taken → attempt claimed in the database (``worker``, ``host``, ``pid``, ``version``)
 ``lock wait``   lock requested → acquired (``key``, ``token``, ``agreeing`` masters, ``wait_ms``)
 ``mirror fetch`` / ``git stream`` / ``rows write``  the phases ``dashboard.runs.record_phase``
@@ -154,11 +156,20 @@ def claimed(run: JobRun, *, worker: str) -> None:
         return
     now = time.time()
     job = get_current_job()
-    if job is not None and job.enqueued_at is not None:
+    own = job is not None and job.id == run.rq_id(run.attempts)
+    if job is not None and own and job.enqueued_at is not None:
         enqueued = job.enqueued_at.timestamp()
         taken = job.started_at.timestamp() if job.started_at is not None else trace.begun
         trace.add("queued", min(enqueued, taken), taken, queue=run.queue)
         trace.add("dequeued", taken, now, worker=worker, host=run.host, pid=run.pid,
+                  version=run.version[:12])  # fmt: skip
+    elif job is not None:
+        # A chunk a sync's work horse analyses after the sync (workers.jobs.sync_repository):
+        # the RQ job is the sync's, so its queue times are not this attempt's; the run
+        # waited from its plan (the row's creation) to this horse's turn.
+        planned = min(run.enqueued_at.timestamp(), trace.begun)
+        trace.add("queued", planned, trace.begun, queue=run.queue, inline_after=job.id)
+        trace.add("dequeued", trace.begun, now, worker=worker, host=run.host, pid=run.pid,
                   version=run.version[:12])  # fmt: skip
     else:
         trace.add("dequeued", trace.begun, now, worker=worker, version=run.version[:12])

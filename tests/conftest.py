@@ -256,6 +256,18 @@ def run_workers() -> int:
     return worker.successful_job_count + worker.failed_job_count
 
 
+def run_syncs_only() -> None:
+    """Drain the sync queue only, each sync leaving every chunk it planned queued
+    (``GITWARD_INLINE_CHUNK`` off): for tests about what happens to a planned, not yet
+    analysed chunk's own RQ job."""
+    from django.test import override_settings
+
+    with override_settings(INLINE_CHUNK=False):
+        SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
+            burst=True, logging_level="WARNING"
+        )
+
+
 @pytest.fixture
 def drain() -> object:
     return run_workers

@@ -38,6 +38,61 @@ def worker_env(settings: object, tmp_path: Path, **extra: str) -> dict[str, str]
     return env
 
 
+def up_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Environment for a ``manage.py up`` subprocess of its own: a var directory and
+    SQLite database under ``tmp_path``, none of this shell's gitward or Redis settings."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))
+    }
+    env.update(
+        GITWARD_VAR_DIR=str(tmp_path / "var"),
+        DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'db.sqlite3'}",
+        GITWARD_LOCAL_ROOTS=str(tmp_path),
+        GITWARD_ADMIN_PASSWORD="admin-pass-123",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def wait_answering(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    try:
+        wait_http(url, proc, timeout)
+    except RuntimeError as exc:
+        raise AssertionError(
+            f"{exc}: {proc.stdout.read() if proc.stdout and proc.poll() is not None else ''}"
+        ) from None
+
+
+def start_up(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[str]:
+    """``manage.py up`` on ``port`` with ``workers`` workers, returned once its login page
+    answers (ended, with its whole group, if it never does)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "up",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its group is its own: ended as one if the test fails
+    )
+    try:
+        wait_answering(f"http://127.0.0.1:{port}/login/", proc)
+    except BaseException:  # never answered, or pytest-timeout: nothing of it stays
+        end_tree(proc)
+        raise
+    return proc
+
+
 def run_burst_worker(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """One forking RQ worker that drains the queues and exits."""
     return subprocess.run(
@@ -74,4 +129,10 @@ def ended(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:  # type: ignore
         end_tree(proc)
 
 
-from tests.sysproc import children, git_processes_under, proc_field, proc_state  # noqa: E402, F401
+from tests.sysproc import (  # noqa: E402, F401
+    children,
+    git_processes_under,
+    proc_field,
+    proc_state,
+    wait_http,
+)

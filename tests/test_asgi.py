@@ -124,9 +124,7 @@ def test_requests_run_on_pooled_threads_not_a_new_thread_each(settings: Any) -> 
     """``dashboard.requestthreads``: a request's sync code runs on a thread of its own
     (Django's rule: its signals, middleware and view on one thread), but later requests
     reuse that thread instead of starting a new one each; concurrent requests are all
-    served. SQLite only (``dashboard.asgi``: Django's own handler on PostgreSQL)."""
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
-        pytest.skip("pooled request threads are used on SQLite only (dashboard/asgi.py)")
+    served. On both databases."""
     # The thread objects themselves (kept alive, so no two can look alike), not their
     # idents, which the system reuses once a thread has ended.
     threads: list[threading.Thread] = []
@@ -182,3 +180,82 @@ def test_on_sqlite_a_request_thread_keeps_its_database_connection() -> None:
         connection_created.disconnect(count)
         settings.DATABASES["default"]["CONN_MAX_AGE"] = saved  # this process only serves tests
     assert len(opened) == 1
+
+
+def test_a_request_crosses_to_its_thread_once_and_never_back_to_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``SyncChainASGIHandler``: the middleware chain and the view run in one call on the
+    request's thread. Django's async chain around sync middleware sends the inner part
+    back to the event loop (``async_to_sync``) and then to a thread again, each a wait
+    for a busy loop; here no request ever calls ``async_to_sync``, and the middleware and
+    view run on one thread, which hands its database connection back before the
+    response is sent. (Django's own hand-back at ``response.close()`` runs outside the
+    request's context under this harness and finds nothing: on PostgreSQL the pool-slot
+    guard then reports every request's pooled connection as left taken.)"""
+    import asgiref.sync
+
+    crossings: list[str] = []
+    original = asgiref.sync.AsyncToSync.__call__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        crossings.append(getattr(self.awaitable, "__qualname__", "?"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(asgiref.sync.AsyncToSync, "__call__", counted)
+    threads: set[int] = set()
+
+    def record(sender: object, **kwargs: object) -> None:
+        threads.add(threading.get_ident())
+
+    cookie = operator_cookie()
+
+    async def scenario() -> None:
+        for path in ("/repos/", "/", "/api/status", "/healthz"):
+            comm = HttpCommunicator(application, "GET", path, headers=[*HOST, cookie])
+            assert (await comm.get_response(timeout=10))["status"] == 200
+
+    assert isinstance(application.application_mapping["http"], requestthreads.SyncChainASGIHandler)
+    request_started.connect(record)
+    try:
+        asyncio.run(scenario())
+    finally:
+        request_started.disconnect(record)
+    assert crossings == []
+    assert threading.main_thread().ident not in threads
+
+
+def test_each_request_records_its_server_time_by_route() -> None:
+    from dashboard import telemetry
+    from dashboard.telemetry import HTTP_REQUEST_SECONDS, parse_field, read_all
+
+    def counts() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for field, value in read_all().items():
+            series, labels = parse_field(field)
+            if series == f"{HTTP_REQUEST_SECONDS.name}_count":
+                out[labels["view"]] = value
+        return out
+
+    telemetry.discard()
+    before = counts()
+    cookie = operator_cookie()
+
+    async def scenario() -> None:
+        for path in ("/healthz", "/healthz", "/repos/", "/no/such/page"):
+            comm = HttpCommunicator(application, "GET", path, headers=[*HOST, cookie])
+            await comm.get_response(timeout=10)
+
+    asyncio.run(scenario())
+    assert telemetry.flush()
+    after = counts()
+    grew = {view: after[view] - before.get(view, 0.0) for view in after}
+    grew = {view: n for view, n in grew.items() if n}
+    assert grew == {"healthz": 2.0, "repositories": 1.0, "unmatched": 1.0}, grew
+    # The seconds add up to something: each observation's time, not a constant.
+    sums = {
+        parse_field(f)[1]["view"]: v
+        for f, v in read_all().items()
+        if parse_field(f)[0] == f"{HTTP_REQUEST_SECONDS.name}_sum"
+    }
+    assert sums["repositories"] > 0

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.gitrepo import GitRepo
+from tests.processes import start_up, up_env
 from tests.sysproc import CHROMIUM, CHROMIUM_ARGS
-from tests.test_up import _env, _start
 from workers.redisnode import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def system(tmp_path_factory: pytest.TempPathFactory):
     once = tmp_path / "once"
     once.mkdir()
     port = free_port()
-    env = _env(
+    env = up_env(
         tmp_path,
         GITWARD_FAILPOINTS=(
             "analyze.locked#slow=sleep:6,analyze.parsing#poison=raise*3,"
@@ -60,7 +60,7 @@ def system(tmp_path_factory: pytest.TempPathFactory):
         GITWARD_RETRY_BACKOFF="0.2,0.2",
         GITWARD_RECONCILE_INTERVAL="1",
     )
-    proc = _start(env, port, workers=2)
+    proc = start_up(env, port, workers=2)
     yield f"http://127.0.0.1:{port}", tmp_path
     proc.send_signal(signal.SIGTERM)
     try:

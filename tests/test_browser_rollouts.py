@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import start_up, up_env
 from tests.rollout_support import history_with_renames
 from tests.sysproc import CHROMIUM, CHROMIUM_ARGS
-from tests.test_up import _env, _start
 from workers.redisnode import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +39,8 @@ pytestmark = pytest.mark.slow
 def system(tmp_path: Path):
     assert Path(CHROMIUM).exists(), "chromium is installed by `make test` (make browser)"
     port = free_port()
-    env = _env(tmp_path, GITWARD_RECONCILE_INTERVAL="1")
-    proc = _start(env, port, workers=1)
+    env = up_env(tmp_path, GITWARD_RECONCILE_INTERVAL="1")
+    proc = start_up(env, port, workers=1)
     players: list[subprocess.Popen[str]] = []
     yield f"http://127.0.0.1:{port}", tmp_path, env, players
     for p in players:

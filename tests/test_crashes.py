@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.models import Commit, JobAttempt, JobRun, Repository
+from dashboard.models import Commit, JobAttempt, JobRun, Repository, WorkerBeat
 from dashboard.reconciler import reconcile
 from dashboard.repositories import submit_repository
 from tests.conftest import run_workers
@@ -140,6 +140,11 @@ def test_a_whole_worker_killed_mid_job_is_detected_by_its_heartbeat(
         while not git_processes_under(mirror) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert git_processes_under(mirror), "git never started streaming"
+        # The sync's horse runs the chunk itself (GITWARD_INLINE_CHUNK): the worker's
+        # heartbeat row names that run, not the sync that finished before it.
+        analyze = JobRun.objects.get(kind="analyze")
+        assert WorkerBeat.objects.get(name=analyze.worker).current_run_id == analyze.pk
+        assert analyze.pid == JobRun.objects.get(kind="sync").pid
         # The host dies: worker and work horse are killed at once, no handler runs.
         victims = [worker.pid, *children(worker.pid)]
         for pid in victims:

@@ -208,3 +208,26 @@ def test_a_database_refusing_connections_is_a_readable_503(
         with _admin() as admin:
             admin.execute(f'ALTER ROLE "{database["role"]}" CONNECTION LIMIT 3')
         wait_for(srv["base"] + "/readyz", 200)  # and back once it answers
+
+
+@pytest.mark.slow  # a PostgreSQL database, a uvicorn server and four redis-servers
+def test_every_page_request_hands_its_pooled_connection_back(
+    tmp_path: Path, database: dict[str, str]
+) -> None:
+    """A page whose session middleware queries (a session cookie) takes a pooled
+    connection; it must be back in the pool when the request ends. With a pool of 2
+    and a 2 s timeout, a request that kept its connection would leave the third
+    sequential request waiting out the timeout (a 503): 30 in a row must all be
+    answered, each by the session lookup (a cookie of no session: the login page)."""
+    extra = {"GITWARD_DB_POOL_SIZE": "2", "GITWARD_DB_POOL_TIMEOUT": "2"}
+    with serving(tmp_path, database["url"], None, extra_env=extra, migrate=False) as srv:
+        cookie = {"Cookie": "sessionid=" + "q" * 32}
+        pages = [_status(srv["base"] + "/repos/", cookie)[0] for _ in range(30)]
+        api = [
+            _status(srv["base"] + "/api/status", {"Authorization": "Bearer not-a-token"})[0]
+            for _ in range(10)
+        ]
+        assert pages == [200] * 30  # redirected to the login page (urllib follows)
+        assert api == [401] * 10
+        with _admin() as admin:
+            assert _connections_of(admin, database["role"]) <= 3  # 2 pooled + /readyz's

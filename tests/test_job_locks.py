@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import leases, queues
+from dashboard import leases
 from dashboard.commits import write_chunk
 from dashboard.fencing import StaleToken
 from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
 from dashboard.repositories import submit_repository
-from tests.conftest import run_workers
+from tests.conftest import run_syncs_only, run_workers
 from tests.gitrepo import GitRepo
 from tests.leasethief import steal_when_held
 from tests.locktiming import HEALTHY_NODE_TIMEOUT, LEASE_TTL, LOST_LEASE_WORK
@@ -36,12 +36,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 def synced_chunk(git_repo: GitRepo) -> Chunk:
     """Submit and run only the sync job: one chunk planned and queued, nothing analysed."""
-    from rq import SimpleWorker
 
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
-        burst=True, logging_level="WARNING"
-    )
+    run_syncs_only()
     repo.refresh_from_db()
     assert repo.status == Repository.Status.ANALYZING
     return Chunk.objects.get(repository=repo)

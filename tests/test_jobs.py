@@ -37,7 +37,10 @@ RENAMES = AnalyzerConfig.from_mapping({"detect_renames": True})
 
 
 @pytest.fixture(autouse=True)
-def _default_loaded() -> Iterator[None]:
+def _default_loaded(settings: Any) -> Iterator[None]:
+    # Each entry point on its own: a sync leaves its chunks to analyze_chunk (the inline
+    # chunk, GITWARD_INLINE_CHUNK: the tests at the end and tests/test_inline_chunk.py).
+    settings.INLINE_CHUNK = False
     jobs.load_versions([DEFAULT])
     yield
     jobs.load_versions([DEFAULT])
@@ -317,3 +320,68 @@ def test_a_force_push_or_a_failed_chunk_makes_the_resync_plan_the_whole_history(
     assert resynced(git_repo, repo) == "planned 1 chunks over 1 new commits"
     failed.refresh_from_db()
     assert failed.state == Chunk.State.FAILED
+
+
+def test_a_sync_analyses_its_first_chunk_itself_through_the_whole_lifecycle(
+    git_repo: GitRepo, settings: Any
+) -> None:
+    settings.INLINE_CHUNK = True
+    repo, run = submitted(git_repo)
+    assert jobs.sync_repository(run.pk, 1) == (
+        "planned 1 chunks over 3 commits; first chunk inline: stored 3 commits"
+    )
+    analyze = JobRun.objects.get(repository=repo, kind="analyze")
+    assert analyze.state == JobRun.State.SUCCEEDED and attempts(analyze) == ["succeeded"]
+    assert analyze.lock_key == analyze.chunk.lock_key() and analyze.token is not None
+    assert leases.redlock().inspect(analyze.lock_key) is None  # released at the end
+    assert queues.queue(analyze.queue).count == 0  # never enqueued
+    assert Repository.objects.get(pk=repo.pk).status == Repository.Status.READY
+    assert Commit.objects.filter(repository=repo).count() == 3
+
+
+def test_a_sync_of_a_worker_without_the_served_version_enqueues_every_chunk(
+    git_repo: GitRepo, settings: Any
+) -> None:
+    """Only a worker that loaded the served version analyses inline; another one (here
+    a worker of the renames version) leaves the chunk to that version's queue."""
+    settings.INLINE_CHUNK = True
+    jobs.load_versions([RENAMES])
+    repo, run = submitted(git_repo)
+    assert jobs.sync_repository(run.pk, 1) == "planned 1 chunks over 3 commits"
+    analyze = JobRun.objects.get(repository=repo, kind="analyze")
+    assert analyze.state == JobRun.State.QUEUED and attempts(analyze) == []
+    assert queues.queue(analyze.queue).get_job_ids() == [analyze.rq_id()]
+
+
+def test_a_sync_leaves_its_first_chunk_on_a_paused_analysis_queue(
+    git_repo: GitRepo, settings: Any
+) -> None:
+    settings.INLINE_CHUNK = True
+    queues.set_paused(queue_name(DEFAULT.fingerprint()), True)
+    repo, run = submitted(git_repo)
+    assert jobs.sync_repository(run.pk, 1) == "planned 1 chunks over 3 commits"
+    analyze = JobRun.objects.get(repository=repo, kind="analyze")
+    assert analyze.state == JobRun.State.QUEUED and attempts(analyze) == []
+    assert queues.queue(analyze.queue).get_job_ids() == [analyze.rq_id()]
+
+
+def test_a_sync_that_fails_after_its_plan_enqueues_the_chunk_it_held(
+    git_repo: GitRepo, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan committed with the first chunk held for this horse, then the sync failed:
+    the held run goes to its queue at once (not to the reconciler): the sync's retry
+    finds the plan made and does nothing, so no one else would take it."""
+    settings.INLINE_CHUNK = True
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "sync.planned=raise")
+    repo, run = submitted(git_repo)
+    with pytest.raises(Exception, match=r"sync\.planned"):
+        jobs.sync_repository(run.pk, 1)
+    assert JobRun.objects.get(pk=run.pk).state == JobRun.State.FAILED
+    analyze = JobRun.objects.get(repository=repo, kind="analyze")
+    assert analyze.state == JobRun.State.QUEUED and attempts(analyze) == []
+    assert queues.queue(analyze.queue).get_job_ids() == [analyze.rq_id()]
+    monkeypatch.delenv("GITWARD_FAILPOINTS")
+    assert jobs.sync_repository(run.pk, 2) == "nothing to do"
+    assert jobs.analyze_chunk(analyze.pk, 1) == "stored 3 commits"
+    assert attempts(analyze) == ["succeeded"]
+    assert Commit.objects.filter(repository=repo).count() == 3

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from django.db import connections, transaction
 from django.utils import timezone
-from rq import SimpleWorker
 
 from dashboard import leases, queues
 from dashboard.commits import write_chunk
 from dashboard.fencing import StaleToken, check_token, next_token
 from dashboard.models import AuditEntry, Chunk, Commit, Repository, WorkerBeat
 from dashboard.repositories import submit_repository
+from tests.conftest import run_syncs_only
 from tests.gitrepo import GitRepo
 from tests.livetap import Tap
 from tests.locktiming import LEASE_TTL
@@ -41,9 +41,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def synced_chunk(git_repo: GitRepo) -> Chunk:
     """Submit and run only the sync: one chunk planned, its mirror fetched."""
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
-        burst=True, logging_level="WARNING"
-    )
+    run_syncs_only()
     return Chunk.objects.get(repository=repo)
 
 

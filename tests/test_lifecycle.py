@@ -31,7 +31,7 @@ from dashboard.models import (
 from dashboard.reconciler import reconcile
 from dashboard.repositories import submit_repository
 from dashboard.runs import normalise_message
-from tests.conftest import run_workers
+from tests.conftest import run_syncs_only, run_workers
 from tests.gitrepo import GitRepo
 from tests.threads import CheckedThread
 from workers.mirror import mirror_path, packs_intact
@@ -238,11 +238,8 @@ def test_the_reconciler_recovers_every_run_after_redis_is_flushed(
         node.client().flushall()
     assert reconcile()["requeued"] == 3
     assert reconcile()["requeued"] == 0  # idempotent: nothing is enqueued twice
-    from rq import SimpleWorker
 
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
-        burst=True
-    )
+    run_syncs_only()
     redis_nodes[0].restart(empty=True)  # the queue node restarts empty mid-run
     assert reconcile()["requeued"] == 3  # the planned analyze runs come back
     run_workers()

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from rq import SimpleWorker
 
 from dashboard import queues
 from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository
 from dashboard.repositories import InvalidRemote, current_fingerprint, submit_repository
-from tests.conftest import run_workers
+from tests.conftest import run_syncs_only, run_workers
 from tests.gitrepo import GitRepo, reference_commits
 from tests.storedcommits import assert_matches_reference
 from workers.mirror import HEAD_REF, mirror_head, mirror_path
@@ -263,9 +262,7 @@ def test_hostile_but_valid_histories_match_git_exactly(tmp_path: Path, settings)
 def _sync_only(git_repo: GitRepo) -> Repository:
     """Submit and run only the sync job: the mirror fetched, chunks planned and queued."""
     repo, _ = submit_repository(url=str(git_repo.path))
-    SimpleWorker([queues.queue(queues.SYNC_QUEUE)], connection=queues.worker_connection()).work(
-        burst=True, logging_level="WARNING"
-    )
+    run_syncs_only()
     repo.refresh_from_db()
     assert repo.status == Repository.Status.ANALYZING and repo.head == git_repo.head()
     return repo

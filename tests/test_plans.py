@@ -32,7 +32,7 @@ def a_repo(status: str = Repository.Status.SYNCING) -> Repository:
 
 def plan(repo: Repository, shas: Sequence[str] = SHAS, token: int | None = None) -> list[int]:
     key = repo.lock_key()
-    return plans.plan_repository(
+    planned = plans.plan_repository(
         repo_id=repo.pk,
         generation=repo.generation,
         fingerprint=FP,
@@ -41,6 +41,8 @@ def plan(repo: Repository, shas: Sequence[str] = SHAS, token: int | None = None)
         lock_key=key,
         token=token if token is not None else next_token(key),
     )
+    assert planned is not None and planned.inline is None  # no inline_for: all enqueued
+    return planned.runs
 
 
 def store(repo: Repository, sha: str) -> None:
@@ -214,7 +216,7 @@ def test_an_incremental_plan_writes_nothing_unless_the_previous_plan_still_cover
     assert repo.head == SHAS[3] and repo.commits_total == 4
     chunks = Chunk.objects.filter(repository=repo).count()
 
-    def incremental(since: str, fingerprint: str = FP) -> list[int] | None:
+    def incremental(since: str, fingerprint: str = FP) -> plans.Plan | None:
         return plans.plan_repository(
             repo_id=repo.pk,
             generation=repo.generation,

@@ -72,6 +72,10 @@ BAD_VALUES = [
         "GITWARD_CHUNK_MAX must be >= GITWARD_CHUNK_SIZE (2000), got '1000'",
     ),
     ({"GITWARD_CHUNK_SPREAD": "0"}, "GITWARD_CHUNK_SPREAD must be >= 1, got 0"),
+    (
+        {"GITWARD_INLINE_CHUNK": "sometimes"},
+        "GITWARD_INLINE_CHUNK must be a boolean (true/false), got 'sometimes'",
+    ),
     ({"WORKERS": "two"}, "WORKERS must be an integer, got 'two'"),
     ({"PORT": "70000"}, "PORT must be <= 65535, got 70000"),
     ({"GITWARD_DEBUG": "maybe"}, "GITWARD_DEBUG must be a boolean (true/false), got 'maybe'"),

@@ -122,6 +122,9 @@ def test_a_job_still_running_after_the_grace_is_handed_back_and_run_once_more(
     run = JobRun.objects.get(kind="analyze")
     (first,) = JobAttempt.objects.filter(run=run)
     assert first.outcome == "deferred" and "handed back" in first.error
+    # It was the chunk the sync's horse analysed itself (GITWARD_INLINE_CHUNK): its
+    # worker handed back that run too, not only the sync its RQ job named.
+    assert first.pid == JobAttempt.objects.get(run__kind="sync").pid
     assert run.state == JobRun.State.QUEUED and run.budget_used == 0  # not the job's fault
 
     result = run_burst_worker(worker_env(settings, tmp_path))

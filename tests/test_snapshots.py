@@ -4,17 +4,21 @@ from real Redis masters, queues and the database."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.http import HttpResponse
 from django.template import Context, Template, TemplateSyntaxError
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.utils import timezone
 
 from dashboard import leases, live, queues, snapshots
 from dashboard.charts import sparklines
+from dashboard.dbpool import close_thread_connections
 from dashboard.live import publish_event
+from dashboard.middleware import EventActorMiddleware
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository
 from dashboard.repositories import current_fingerprint, submit_repository
 from dashboard.snapshots import ops_snapshot, repository_live, user_can, why_waiting
@@ -325,3 +329,126 @@ def test_the_repository_page_takes_its_locks_from_a_fresh_copy_without_scanning(
     finally:
         mine.release()
         theirs.release()
+
+
+def _forget_own_events() -> None:
+    """The copies below are backdated by hours; events earlier tests published (minutes
+    ago, by nobody in particular) would be newer than them."""
+    with live.OWN_EVENTS.lock:
+        live.OWN_EVENTS.by_user.clear()
+        live.OWN_EVENTS.anyone = 0.0
+
+
+def _in_thread(**kwargs: object) -> tuple[threading.Thread, list[dict]]:
+    """``ops_snapshot(dlq_groups=False, **kwargs)`` on a thread of its own (as a request
+    has), which hands its database connections back when done."""
+    got: list[dict] = []
+
+    def run() -> None:
+        try:
+            got.append(ops_snapshot(dlq_groups=False, **kwargs))  # type: ignore[arg-type]
+        finally:
+            close_thread_connections()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, got
+
+
+def test_while_a_copy_is_being_built_pages_take_the_current_one_up_to_twice_the_ttl(
+    settings,
+) -> None:
+    """Pages do not queue behind a build in progress when this process's copy is at
+    most twice the TTL old; sockets (``not_before``), a copy older than that, or one
+    that may predate an event published here still wait for the build."""
+    settings.SNAPSHOT_TTL = 3600.0
+    ttl = settings.SNAPSHOT_TTL
+    repo = Repository.objects.create(url="https://example.com/t/stale.git")
+    first = ops_snapshot(dlq_groups=False, not_before=time.monotonic())
+    started, count, data = snapshots._SHARED[False]
+    _dead_letter(repo, 9)  # changed elsewhere: a build would show it
+    builder = snapshots._SHARED_LOCKS[False]
+    _forget_own_events()  # earlier tests' events are not this copy's concern
+
+    def aged(by: float) -> None:  # the copy as if built ``by`` seconds earlier
+        snapshots._SHARED[False] = (started - by, count, data)
+        queues.connection().delete(snapshots._host_key(False))  # no fresher stored copy
+
+    aged(1.5 * ttl)  # expired, within twice the TTL
+    with builder:  # another thread is building
+        page, got = _in_thread()
+        page.join(timeout=30)
+        assert not page.is_alive() and got[0]["at"] == first["at"]  # served, not waiting
+        socket_ask, socket_got = _in_thread(not_before=time.monotonic())
+        socket_ask.join(timeout=0.5)
+        assert socket_ask.is_alive()  # a socket waits for the build
+    socket_ask.join(timeout=30)
+    assert socket_got[0]["dlq"]["dead"] == first["dlq"]["dead"] + 1
+    started, count, data = snapshots._SHARED[False]
+    for setup in ("too old", "an event here"):
+        if setup == "too old":
+            aged(2.5 * ttl)
+        else:
+            aged(1.5 * ttl)
+            publish_event("dlq.changed", {})
+        with builder:
+            page, got = _in_thread()
+            page.join(timeout=0.5)
+            assert page.is_alive(), setup  # waits for the build
+        page.join(timeout=30)
+        assert got and got[0]["at"] > data["at"], setup
+
+
+def test_while_a_copy_is_built_another_users_action_does_not_make_a_page_wait(settings) -> None:
+    """``live.OWN_EVENTS``: an event published while serving user A's request makes A's
+    next page wait for a copy built after it, but not user B's; an event of nobody in
+    particular (a background thread) makes every page wait."""
+    settings.SNAPSHOT_TTL = 3600.0
+    ttl = settings.SNAPSHOT_TTL
+    a = User.objects.create_user("own-a")
+    b = User.objects.create_user("own-b")
+    ops_snapshot(dlq_groups=False, not_before=time.monotonic())
+    started, count, data = snapshots._SHARED[False]
+    _forget_own_events()
+
+    def aged() -> None:
+        snapshots._SHARED[False] = (started - 1.5 * ttl, count, data)
+        queues.connection().delete(snapshots._host_key(False))
+
+    def waits(user: User) -> bool:
+        got: list[dict] = []
+
+        def run() -> None:
+            try:
+                got.append(ops_snapshot(user=user, dlq_groups=False))
+            finally:
+                close_thread_connections()
+
+        thread = threading.Thread(target=run)
+        with snapshots._SHARED_LOCKS[False]:  # another thread is building
+            thread.start()
+            thread.join(timeout=0.5)
+            waited = thread.is_alive()
+        thread.join(timeout=30)
+        assert got
+        return waited
+
+    request = RequestFactory().post("/")
+    request.user = a
+    aged()
+    middleware = EventActorMiddleware(lambda r: publish_event("dlq.changed", {}) or HttpResponse())
+    middleware(request)  # A's action, served here
+    assert live.OWN_EVENTS.by_user[a.pk] >= started
+    aged()
+    assert not waits(b)  # someone else's action: B's page takes the current copy
+    aged()
+    assert waits(a)  # A's own: A waits for a copy built after it
+    aged()
+    publish_event("dlq.changed", {})  # outside any request: nobody in particular
+    aged()
+    assert waits(b)
+    assert "dashboard.middleware.EventActorMiddleware" in settings.MIDDLEWARE
+    order = settings.MIDDLEWARE
+    assert order.index("dashboard.middleware.EventActorMiddleware") > order.index(
+        "django.contrib.auth.middleware.AuthenticationMiddleware"
+    )

@@ -5,7 +5,6 @@ beside it with no settings; stopping and starting again loses nothing."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,29 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.gitrepo import GitRepo
-from tests.processes import end_tree, ended
-from tests.sysproc import wait_http
+from tests.processes import ended, start_up, up_env
 from workers.redisnode import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL"))
-    }
-    env.update(
-        GITWARD_VAR_DIR=str(tmp_path / "var"),
-        DATABASE_URL=f"sqlite:///{tmp_path / 'var' / 'db.sqlite3'}",
-        GITWARD_LOCAL_ROOTS=str(tmp_path),
-        GITWARD_ADMIN_PASSWORD="admin-pass-123",
-        PYTHONUNBUFFERED="1",
-        **extra,
-    )
-    return env
 
 
 def _manage(
@@ -53,40 +34,6 @@ def _manage(
     )
 
 
-def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:
-    try:
-        wait_http(url, proc, timeout)
-    except RuntimeError as exc:
-        raise AssertionError(
-            f"{exc}: {proc.stdout.read() if proc.stdout and proc.poll() is not None else ''}"
-        ) from None
-
-
-def _start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "up",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its group is its own: ended as one if the test fails
-    )
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/login/", proc)
-    except BaseException:  # never answered, or pytest-timeout: nothing of it stays
-        end_tree(proc)
-        raise
-    return proc
-
-
 def _stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -99,11 +46,11 @@ def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
     for i in range(25):
         origin.commit(f"commit {i}", {f"d/f{i % 4}.py": f"x = {i}\n" * (i % 5 + 1)})
     port = free_port()
-    env = _env(tmp_path, GITWARD_CHUNK_SIZE="4")
+    env = up_env(tmp_path, GITWARD_CHUNK_SIZE="4")
     state_file = tmp_path / "var" / "state.json"
 
     # 1. Up with no workers: the submission waits in the (persistent) embedded Redis.
-    with ended(_start(env, port, workers=0)) as proc:  # ended if anything below fails
+    with ended(start_up(env, port, workers=0)) as proc:  # ended if anything below fails
         state = json.loads(state_file.read_text())
         assert len(state["redis_urls"]) == 3
         sub = _manage(env, "submit", str(origin.path), "--json")  # beside `up`, no settings
@@ -120,7 +67,7 @@ def test_up_serves_analyses_stops_and_resumes(tmp_path: Path) -> None:
             socket.create_connection(("127.0.0.1", port_n), timeout=1).close()
 
     # 2. Up again with workers: the queued repository is analysed; nothing was lost.
-    proc = _start(env, port, workers=2)
+    proc = start_up(env, port, workers=2)
     try:
         waited = _manage(env, "submit", str(origin.path), "--wait", "--timeout", "120", "--json")
         assert waited.returncode == 0, waited.stdout + waited.stderr
@@ -151,7 +98,7 @@ def test_live_sockets_are_not_compressed(tmp_path: Path) -> None:
     from websockets.sync.client import connect
 
     port = free_port()
-    proc = _start(_env(tmp_path), port, workers=0)
+    proc = start_up(up_env(tmp_path), port, workers=0)
     base = f"http://127.0.0.1:{port}"
     try:
         jar = http.cookiejar.CookieJar()

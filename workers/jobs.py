@@ -9,21 +9,23 @@ and not yet committed) and does exactly what is still missing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
 import socket
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
 from rq import get_current_job
 
-from dashboard import leases, plans, runs, traces
+from dashboard import leases, plans, queues, runs, traces
 from dashboard.commits import write_chunk
 from dashboard.deadletters import run_bulk
-from dashboard.models import Repository
+from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
     claim_sync,
     current_fingerprint,
@@ -71,7 +73,70 @@ def loaded_fingerprints() -> list[str]:
 
 
 def sync_repository(run_id: int, attempt: int) -> str:
-    return _execute(run_id, attempt, _sync)
+    """The sync attempt, then (issue 14) the first attempt of the chunk its plan left
+    for this work horse (``plans.Plan.inline``), through the same lifecycle as an RQ
+    delivery of it (``_execute``: claim, lease, fencing token, outcome).
+
+    Order and crash windows:
+
+    1. The plan commits with that run ``queued`` and no RQ job; the sync's attempt is
+       recorded as succeeded. A horse that dies after the plan and before step 2 leaves
+       the run queued with no job: the reconciler enqueues it (its step 2).
+    2. The inline attempt is claimed in the database with this horse's host and pid.
+       A horse killed from now on (SIGKILL, OOM, a cold shutdown) has the run crashed
+       or handed back by its worker, which looks up every run this horse still runs
+       (``workers.pool``: ``runs.running_runs_of``), not only the sync named in the RQ
+       job's arguments; a dead worker's runs are the reconciler's (by worker name).
+    3. Its outcome is recorded by ``_execute``; a failure is logged and never fails
+       the sync's RQ job (the run's retry is an RQ job of its own, as for any attempt).
+
+    The sync's RQ job timeout (``GITWARD_JOB_TIMEOUT``) covers both attempts.
+    """
+    held = _Held()
+    try:
+        result = _execute(run_id, attempt, functools.partial(_sync, held=held))
+    except BaseException:
+        _enqueue_held(held.runs)  # the plan committed, the sync then failed
+        raise
+    if not held.synced:  # the body ended in a recorded failure or deferral after its plan
+        _enqueue_held(held.runs)
+        return result
+    for inline in held.runs:
+        failpoint("sync.inline")
+        result += f"; first chunk inline: {_analyze_inline(inline)}"
+    return result
+
+
+@dataclass
+class _Held:
+    """The run a sync's plan left un-enqueued, and whether the sync body got to its end
+    (then the horse analyses it; otherwise it is enqueued like the others)."""
+
+    runs: list[int] = field(default_factory=list)
+    synced: bool = False
+
+
+def _analyze_inline(run_id: int) -> str:
+    """Attempt 1 of the held analyze run (``plans._first_fresh``: never attempted)."""
+    try:
+        return _execute(run_id, 1, _analyze)
+    except Exception:  # recorded by _execute (fail_attempt: retried or dead-lettered)
+        log.exception("inline analysis of run %s failed; recorded on the run", run_id)
+        return "failed (recorded on its run)"
+
+
+def _enqueue_held(held: list[int]) -> None:
+    """Enqueue held runs still queued; on any trouble leave them to the reconciler, which
+    enqueues a queued run with no RQ job (this is called on the way out of a failure)."""
+    if not held:
+        return
+    try:
+        for run in JobRun.objects.filter(pk__in=held, state=JobRun.State.QUEUED).select_related(
+            "repository"
+        ):
+            runs.enqueue_or_leave(run)
+    except Exception:
+        log.exception("held runs %s left for the reconciler", held)
 
 
 def analyze_chunk(run_id: int, attempt: int) -> str:
@@ -91,8 +156,10 @@ def run_bulk_action(action_id: int) -> str:
     return f"{action.kind}: {action.done}/{action.total}"
 
 
-def _sync(attempt: runs.Attempt) -> str:
-    """Fetch the mirror, plan the chunks still to analyse, enqueue them.
+def _sync(attempt: runs.Attempt, *, held: _Held | None = None) -> str:
+    """Fetch the mirror, plan the chunks still to analyse, enqueue them — except the
+    first one, appended to ``held`` for this horse to analyse (``sync_repository``)
+    when ``GITWARD_INLINE_CHUNK`` is on and this worker loaded the served version.
 
     Holds ``locks:git:repo:{id}:mirror`` (heartbeat-extended) for the fetch and for the
     database write that records the new head and plan; that write checks the lock's
@@ -109,7 +176,7 @@ def _sync(attempt: runs.Attempt) -> str:
         runs.mark_phase(attempt, fetched_at=timezone.now())  # stored by succeed_attempt
         failpoint("sync.fetched", repo.name)
         git = Runner(git_dir=path, groups=groups)
-        planned: list[int] | None = None
+        planned: plans.Plan | None = None
         new = "new "
         since = plans.incremental_base(repo)
         # a shallow mirror's reachable set can shrink when a fetch moves its roots
@@ -118,13 +185,24 @@ def _sync(attempt: runs.Attempt) -> str:
             # Only the new commits (issue 14.4): the plan checks that the previous one
             # still covers the rest, else it writes nothing and we list everything.
             planned, shas = _plan(repo, run.generation, head, path, git, lock, since=since)
+            _hold(held, planned)
         if planned is None:
             new = ""
             planned, shas = _plan(repo, run.generation, head, path, git, lock)
             assert planned is not None  # only an incremental plan declines
+            _hold(held, planned)
+        failpoint("sync.planned", repo.name)  # the plan committed, the sync not ended
     runs.mark_phase(attempt, written_at=timezone.now())
     publish_repo_changed(repo.pk)
-    return f"planned {len(planned)} chunks over {len(shas)} {new}commits"
+    if held is not None:
+        held.synced = True
+    return f"planned {len(planned.runs)} chunks over {len(shas)} {new}commits"
+
+
+def _hold(held: _Held | None, planned: plans.Plan | None) -> None:
+    """Right after the plan committed: from now on the caller owns the inline run."""
+    if held is not None and planned is not None and planned.inline is not None:
+        held.runs.append(planned.inline)
 
 
 def _plan(
@@ -136,11 +214,11 @@ def _plan(
     lock: Lock,
     *,
     since: str | None = None,
-) -> tuple[list[int] | None, Sequence[str]]:
+) -> tuple[plans.Plan | None, Sequence[str]]:
     """List the commits reachable from ``head`` (only those ``since`` does not reach,
     when given), then plan them under the mirror ``lock``'s fencing token. Returns the
-    planned run ids (None: an incremental plan declined, see ``plans.plan_repository``)
-    and the listed shas."""
+    plan (None: an incremental plan declined, see ``plans.plan_repository``) and the
+    listed shas."""
     shas = list_commits(path, head, exclude=() if since is None else [since], git=git)
     lock.check()
     planned = plans.plan_repository(
@@ -151,8 +229,27 @@ def _plan(
         lock_key=repo.lock_key(),
         token=lock.token,
         since=since,
+        inline_for=_inline_fingerprints(),
     )
     return planned, shas
+
+
+def _inline_fingerprints() -> list[str]:
+    """The versions whose first chunk this sync's horse may analyse itself: those it
+    loaded, unless their analysis queue is paused (an operator's pause stops the inline
+    chunk too: it is then enqueued on the paused queue and waits there like the rest).
+
+    Race: a pause right after this read lets one chunk run, as a worker that dequeued
+    just before the pause would."""
+    if not settings.INLINE_CHUNK:
+        return []
+    try:
+        paused = queues.paused_queue_names()
+    except queues.QueueUnavailable:
+        # enqueueing it would fail too (left for the reconciler): analysing it now is
+        # better, and pauses are honoured as a worker honours them with Redis away
+        paused = set()
+    return [fp for fp in loaded_fingerprints() if queue_name(fp) not in paused]
 
 
 def _analyze(attempt: runs.Attempt) -> str:

@@ -176,15 +176,16 @@ def run_one_worker(
                 raise
 
         def hand_back(self, job: Any, queue: Any, *, horse: int) -> None:
-            """Re-queue the killed horse's attempt (the horse is reaped: it writes no
-            more), release its locks, and take its RQ job off the started registry."""
+            """Re-queue the killed horse's attempts (the horse is reaped: it writes no
+            more): the job's, and any other run it was running (a sync's inline chunk,
+            ``runs.running_runs_of``); release its locks, and take its RQ job off the
+            started registry."""
             reason = f"handed back: worker stopping, grace of {settings.WORKER_GRACE:g}s over"
             try:
-                if runs.is_run_job(job.func_name, job.args):
+                for run_id, number in self.runs_of(job, horse):
                     runs.hand_back_attempt(
-                        run_id=int(job.args[0]), number=int(job.args[1]), worker=self.name,
-                        reason=reason,
-                    )  # fmt: skip
+                        run_id=run_id, number=number, worker=self.name, reason=reason
+                    )
                 release_locks_of(horse)
                 self.handle_job_failure(job, queue=queue, exc_string=reason)
             except Exception:  # the reconciler retries it once our heartbeat is stale
@@ -196,16 +197,25 @@ def run_one_worker(
             self, job: Any, retpid: int, ret_val: int, rusage: Any
         ) -> None:
             super().handle_work_horse_killed(job, retpid, ret_val, rusage)
-            if runs.is_run_job(job.func_name, job.args):
-                signo = os.WTERMSIG(ret_val) if os.WIFSIGNALED(ret_val) else None
-                reason = f"work horse killed by signal {signo}" if signo else (
-                    f"work horse exited with status {ret_val}")  # fmt: skip
-                try:
-                    runs.crash_attempt(run_id=int(job.args[0]), number=int(job.args[1]),
-                                       reason=reason)  # fmt: skip
-                    release_locks_of(retpid)
-                finally:
-                    connections.close_all()
+            signo = os.WTERMSIG(ret_val) if os.WIFSIGNALED(ret_val) else None
+            reason = f"work horse killed by signal {signo}" if signo else (
+                f"work horse exited with status {ret_val}")  # fmt: skip
+            try:
+                for run_id, number in self.runs_of(job, retpid):
+                    runs.crash_attempt(run_id=run_id, number=number, reason=reason)
+                release_locks_of(retpid)
+            finally:
+                connections.close_all()
+
+        def runs_of(self, job: Any, horse: int) -> list[tuple[int, int]]:
+            """The attempts a reaped horse may have left running: the one its RQ job
+            names, and every run it claimed itself (``runs.running_runs_of``). The
+            outcome of each is a conditional UPDATE on that attempt, so one that had
+            ended already (the sync before its inline chunk) is left as it is."""
+            named = [(int(job.args[0]), int(job.args[1]))] if runs.is_run_job(
+                job.func_name, job.args) else []  # fmt: skip
+            claimed = runs.running_runs_of(worker=self.name, pid=horse) if horse else []
+            return named + [r for r in claimed if r not in named]
 
     wanted = list(configs or [DEFAULT])
     own = {queue_name(c.fingerprint()) for c in wanted}

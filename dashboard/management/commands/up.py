@@ -21,7 +21,6 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
-from uvicorn.supervisors import Multiprocess
 
 from dashboard import embedded
 from dashboard.accounts import ensure_admin
@@ -29,6 +28,7 @@ from dashboard.dbpool import close_thread_connections
 from dashboard.plurals import count
 from dashboard.reconciler import reconcile
 from dashboard.samples import record_samples
+from dashboard.webprocesses import BalancedMultiprocess, bind_sockets
 from workers.pool import Pool
 from workers.redisnode import RedisNode
 
@@ -155,7 +155,10 @@ class Command(BaseCommand):
                 # The supervisor restarts a process that misses a 5 s health ping,
                 # dropping its connections; on a CPU-starved host that is a busy one.
                 config.timeout_worker_healthcheck = 60
-                Multiprocess(config, sockets=[config.bind_socket()]).run()
+                # A listening socket per process, so the kernel spreads the connections
+                # evenly (dashboard/webprocesses.py), not whichever process woke first.
+                sockets = bind_sockets(host, port, options["web_workers"])
+                BalancedMultiprocess(config, sockets=sockets).run()
             else:
                 uvicorn.Server(config).run()
         finally:
