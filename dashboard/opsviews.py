@@ -18,6 +18,7 @@ from dashboard.charts import day_charts, sparklines
 from dashboard.deadletters import group_page
 from dashboard.listqueries import positive_int, query_prefix
 from dashboard.models import Repository
+from dashboard.pagecache import reusable
 from dashboard.queues import RedisUnavailable
 from dashboard.repositories import repository_rows
 from dashboard.rolloutboard import canary_offers, permitted
@@ -51,6 +52,7 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
 
 
 @login_required
+@reusable
 def overview(request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm("dashboard.view_jobrun"):
         return redirect("repositories")  # users without operations access see their work
@@ -74,21 +76,25 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@reusable
 def locks(request: HttpRequest) -> HttpResponse:
     return _ops_page(request, "locks.html")
 
 
 @login_required
+@reusable
 def workers(request: HttpRequest) -> HttpResponse:
     return _ops_page(request, "workers.html")
 
 
 @login_required
+@reusable
 def dead_letters(request: HttpRequest) -> HttpResponse:
     return _ops_page(request, "dead_letters.html")
 
 
 @login_required
+@reusable
 def audit(request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm("dashboard.view_jobrun"):
         return render(request, "forbidden.html", status=403)

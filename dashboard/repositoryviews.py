@@ -18,6 +18,7 @@ from dashboard.commits import BadCursor, commit_page
 from dashboard.forms import SubmitRepositoryForm
 from dashboard.listqueries import positive_int, query_prefix
 from dashboard.models import JobRun, Repository
+from dashboard.pagecache import reusable
 from dashboard.queues import RedisUnavailable
 from dashboard.ratelimits import check
 from dashboard.reanalysis import may_reanalyse
@@ -54,6 +55,7 @@ def _repo_list_context(request: HttpRequest) -> dict[str, Any]:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@reusable  # GET only: a POST is rendered every time
 def repositories(request: HttpRequest) -> HttpResponse:
     form = SubmitRepositoryForm(request.POST or None)
     if request.method == "POST":

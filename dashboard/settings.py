@@ -192,6 +192,9 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.middleware.queue_server_context",
                 "dashboard.middleware.live_socket_context",
+                # After Django's built-in csrf processor, whose token it replaces while
+                # a reusable page renders (dashboard/pagecache.py).
+                "dashboard.pagecache.page_marks",
             ],
             # |ago, |shortid, |count, |level on every page (dashboard/templatetags).
             "builtins": ["dashboard.templatetags.gitward"],

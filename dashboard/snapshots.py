@@ -223,6 +223,13 @@ def _store_host_copy(dlq_groups: bool, started: float, data: dict[str, Any], ttl
 _PARTS: dict[Hashable, tuple[float, int, Any]] = {}
 
 
+def copy_generation() -> tuple[Any, ...]:
+    """Which copies this process holds now (their build start times): changes whenever
+    it takes a newer copy of either variant, built here or read from the host's.
+    ``dashboard.pagecache`` reuses a page only while this is what it was rendered with."""
+    return tuple(sorted((variant, hit[0]) for variant, hit in _SHARED.items()))
+
+
 def shared_part(name: Hashable, build: Callable[[], T]) -> T:
     """A part of a page that is the same for every viewer (the overview's day charts,
     the unfiltered dead-letter groups, …), reused by this process for

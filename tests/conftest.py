@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 from rq import SimpleWorker
 
-from dashboard import pageviews, queues, telemetry
+from dashboard import pagecache, pageviews, queues, telemetry
 from tests import poolslots
 from tests.gitrepo import GitRepo
 from tests.layerstate import reset_channel_layers
@@ -221,6 +221,7 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     # Every test sees the operations snapshot as of now (a test changes state and looks
     # again at once); the cache itself is tested in test_snapshots.py.
     settings.SNAPSHOT_TTL = 0.0  # type: ignore[attr-defined]
+    pagecache.clear()  # pages stored by an earlier test with a TTL of its own
 
 
 @pytest.fixture

@@ -468,3 +468,35 @@ def test_every_screen_at_desktop_and_phone_size_is_accessible_and_live(system) -
         )
         assert ring[0] == "A" and ring[1] != "none" and ring[2] >= 2, ring
         browser.close()
+
+
+def test_a_reused_page_fetches_its_live_regions_afresh_once_its_socket_joined(system) -> None:
+    """The server reuses whole pages for the snapshot TTL (dashboard/pagecache.py; 1 s
+    under `up`). A reused page (body data-reused="1") may predate an event sent before
+    its socket joined, so gitward.js fetches its live regions once more after the first
+    snapshot, with the header that makes the server render afresh."""
+    from playwright.sync_api import sync_playwright
+
+    base, _tmp = system
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        login(page, base)
+        fresh: list[str] = []
+        page.on(
+            "request",
+            lambda r: fresh.append(r.url) if r.headers.get("x-gitward-fresh") == "1" else None,
+        )
+        reused = None
+        for _ in range(20):  # bounded: the page must be asked for again within its TTL
+            page.goto(f"{base}/repos/")
+            reused = page.evaluate("document.body.dataset.reused")
+            assert reused in ("0", "1")
+            if reused == "1":
+                break
+        assert reused == "1", "no reused page in 20 reloads within the TTL"
+        deadline = time.monotonic() + 10
+        while not fresh and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert fresh and fresh[0].endswith("/repos/")
+        browser.close()

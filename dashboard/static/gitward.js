@@ -232,7 +232,10 @@
   }
 
   function onSnapshot(data) {
-    if (snapshots > 1) swapAllRegions();  // a reconnect or a tab shown again: catch up
+    // A reconnect or a tab shown again: catch up. And a page the server reused from an
+    // earlier render (body data-reused, dashboard/pagecache.py): it may predate an event
+    // sent before this socket joined, so its regions are fetched afresh once.
+    if (snapshots > 1 || (snapshots === 1 && document.body.dataset.reused === "1")) swapAllRegions();
     if (onRepoPage) { renderRepo(data); return; }
     if (onRepoList) return;
     if (socketPath.startsWith("/ws/rollouts/")) { onRolloutsSnapshot(data); return; }
@@ -327,13 +330,19 @@
     ["repo-table", (t) => t === "repo.changed"],
     ["run-live", (t, ev) => t.startsWith("job.") && String(ev.run) === (($("run-live") || {}).dataset || {}).run],
   ];
+  // A page's own URL fetched again for a live region: rendered afresh by the server
+  // (dashboard/pagecache.py reuses whole pages for a second, which may predate the
+  // event that asks for this fetch).
+  function fetchFresh(url) {
+    return fetch(url, { credentials: "same-origin", headers: { "X-Gitward-Fresh": "1" } });
+  }
   const regionTimers = new Map();
   function swapSoon(id) {
     if (regionTimers.has(id)) return;
     regionTimers.set(id, setTimeout(async () => {
       try {
         if (dialogOpen()) return;
-        const res = await fetch(location.href, { credentials: "same-origin" });
+        const res = await fetchFresh(location.href);
         if (!res.ok) return;
         const doc = new DOMParser().parseFromString(await res.text(), "text/html");
         const fresh = doc.getElementById(id), current = $(id);
@@ -485,7 +494,7 @@
     if (first) return;  // the server just rendered this state (wired on load)
     dlqSwapping = true;
     try {
-      const res = await fetch(location.href, { credentials: "same-origin" });
+      const res = await fetchFresh(location.href);
       if (!res.ok) return;
       const doc = new DOMParser().parseFromString(await res.text(), "text/html");
       const fresh = doc.getElementById("dlq");
@@ -601,7 +610,7 @@
   // The results are server-rendered: once the analysis ends, fetch the page again and
   // swap in its results section (same origin, escaped by the server) — no reload.
   async function swapResults() {
-    const res = await fetch(location.href, { credentials: "same-origin" });
+    const res = await fetchFresh(location.href);
     if (!res.ok) return;
     const doc = new DOMParser().parseFromString(await res.text(), "text/html");
     const fresh = doc.getElementById("results"), current = $("results");
@@ -631,7 +640,7 @@
   }
   async function swapRollouts() {
     if (dialogOpen()) { swapPending = true; return; }
-    const res = await fetch(location.href, { credentials: "same-origin" });
+    const res = await fetchFresh(location.href);
     if (!res.ok) return;
     const doc = new DOMParser().parseFromString(await res.text(), "text/html");
     const fresh = doc.getElementById("rollouts-live"), current = $("rollouts-live");
