@@ -29,8 +29,10 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.models import Permission
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connections, router
+from django.db.models import Q
 from django.http import HttpRequest
 
 Converter = Callable[[Any, Any, Any], Any]
@@ -90,6 +92,29 @@ class UserBackend(ModelBackend):
             col_values.append(value)
         user = model.from_db(alias, names, col_values)
         return user if self.user_can_authenticate(user) else None
+
+    def get_all_permissions(self, user_obj: Any, obj: Any = None) -> set[str]:
+        """``ModelBackend``'s permission set (the user's own and their groups'), read in
+        one query instead of two: every operations page checks a permission, so each
+        logged-in page view loads the set once (cached on the user object for the
+        request, ``_perm_cache``, the attribute ``ModelBackend`` reads too, so the
+        backend listed after this one asks nothing more). Superusers, inactive and
+        anonymous users, and object permissions: ``ModelBackend``'s own answer."""
+        if (
+            obj is not None
+            or not user_obj.is_active
+            or user_obj.is_anonymous
+            or user_obj.is_superuser
+            or hasattr(user_obj, "_perm_cache")
+        ):
+            return super().get_all_permissions(user_obj, obj)
+        rows = (
+            Permission.objects.filter(Q(user=user_obj) | Q(group__user=user_obj))
+            .values_list("content_type__app_label", "codename")
+            .distinct()
+        )
+        user_obj._perm_cache = {f"{app}.{codename}" for app, codename in rows}
+        return user_obj._perm_cache
 
     def authenticate(
         self,

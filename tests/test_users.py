@@ -104,6 +104,40 @@ def test_permissions_are_djangos() -> None:
     assert not ours.has_perm("dashboard.discard_jobrun")
 
 
+def test_a_permission_set_is_djangos_in_one_query() -> None:
+    """Own and group permissions, read in one query; the same set as ModelBackend's;
+    none for an inactive user; a superuser's are every permission."""
+    from django.contrib.auth.backends import ModelBackend
+    from django.contrib.auth.models import Group
+
+    group = Group.objects.create(name="users-ops")
+    group.permissions.add(Permission.objects.get(codename="view_jobrun"))
+    group.permissions.add(Permission.objects.get(codename="retry_jobrun"))
+    user = User.objects.create_user("users-set", password=PASSWORD, is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="retry_jobrun"))  # also via group
+    user.user_permissions.add(Permission.objects.get(codename="pause_queue"))
+    user.groups.add(group)
+    expected = ModelBackend().get_all_permissions(User.objects.get(pk=user.pk))
+    assert expected == {"dashboard.view_jobrun", "dashboard.retry_jobrun", "dashboard.pause_queue"}
+    ours = UserBackend().get_user(user.pk)
+    with CaptureQueriesContext(connection) as ctx:
+        assert ours.get_all_permissions() == expected
+        assert ours.has_perm("dashboard.view_jobrun") and not ours.has_perm(
+            "dashboard.discard_jobrun"
+        )
+    assert len(ctx.captured_queries) == 1
+    User.objects.filter(pk=user.pk).update(is_active=False)
+    assert UserBackend().get_all_permissions(User.objects.get(pk=user.pk)) == set()
+    boss = User.objects.create_superuser("users-boss", password=PASSWORD)
+    assert UserBackend().get_all_permissions(boss) == ModelBackend().get_all_permissions(
+        User.objects.get(pk=boss.pk)
+    )
+    # Revoked: the next request's user object reads the set again.
+    group.permissions.remove(Permission.objects.get(codename="view_jobrun"))
+    User.objects.filter(pk=user.pk).update(is_active=True)
+    assert not UserBackend().get_user(user.pk).has_perm("dashboard.view_jobrun")
+
+
 class _Counting(PBKDF2PasswordHasher):
     calls = 0
 
