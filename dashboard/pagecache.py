@@ -114,40 +114,40 @@ def reusable(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
                 and rendered_with == generation
                 and OWN_EVENTS.last_for(int(user.pk)) < started
             ):
-                return _personal(request, status, content_type, text, reused=True)
+                text = _personal(request, text, reused=True)
+                return HttpResponse(text, status=status, content_type=content_type)
         setattr(request, _RECORDING, True)
         try:
             response = view(request, *args, **kwargs)
         finally:
             setattr(request, _RECORDING, False)
+        if getattr(response, "streaming", False):  # not a rendered template: as it is
+            return response
         text = response.content.decode(response.charset)
         if (
             response.status_code == 200
             and not response.cookies
             and set(response.headers) == {"Content-Type"}
-            and not getattr(response, "streaming", False)
             # A copy taken during the render (by it or another thread): which one the
             # page shows is unknown, so it is not stored; the next request stores.
             and copy_generation() == generation
         ):
             _store(key, (now, generation, response.status_code, response["Content-Type"], text))
-        status, content_type = response.status_code, response["Content-Type"]
-        return _personal(request, status, content_type, text, reused=False)
+        # The view's own response, headers and cookies kept (a redirect's Location).
+        response.content = _personal(request, text, reused=False).encode(response.charset)
+        return response
 
     return wrapper
 
 
-def _personal(
-    request: HttpRequest, status: int, content_type: str, text: str, *, reused: bool
-) -> HttpResponse:
+def _personal(request: HttpRequest, text: str, *, reused: bool) -> str:
     """The stored text with the asker's own name and CSRF token, and ``data-reused``
     on the body telling gitward.js whether to refetch its live regions once its socket
     is joined (a reused page may predate an event sent before the join)."""
     text = text.replace(REUSED_MARK, "1" if reused else "0")
     if CSRF_MARK in text:
         text = text.replace(CSRF_MARK, get_token(request))
-    text = text.replace(USER_MARK, escape(request.user.get_username()))
-    return HttpResponse(text, status=status, content_type=content_type)
+    return text.replace(USER_MARK, escape(request.user.get_username()))
 
 
 def _store(key: tuple[Any, ...], entry: _Entry) -> None:
