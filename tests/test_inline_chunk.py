@@ -39,6 +39,17 @@ def burst(settings: object, tmp_path: Path, **env: str) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def burst_failing_once(settings: object, tmp_path: Path, failpoint: str, **env: str) -> Path:
+    """``burst`` with ``failpoint`` (``name=action``) firing once; returns the folder
+    where the failpoint leaves its marker file when it fired."""
+    once = tmp_path / "once"
+    once.mkdir()
+    burst(
+        settings, tmp_path, GITWARD_FAILPOINTS=failpoint, GITWARD_FAILPOINTS_ONCE=str(once), **env
+    )
+    return once
+
+
 def finished(queue: str) -> list[str]:
     """The ids of the RQ jobs that ran to completion on ``queue``."""
     return FinishedJobRegistry(queue=queues.queue(queue)).get_job_ids()
@@ -126,11 +137,8 @@ def test_a_horse_killed_in_its_inline_chunk_has_the_chunk_crashed_and_retried(
     lock, and the retry, an RQ job of its own, stores every commit once."""
     origin = make_repo(tmp_path, "victim", 6)
     repo, _ = submit_repository(url=str(origin.path))
-    once = tmp_path / "once"
-    once.mkdir()
     started = time.monotonic()
-    burst(settings, tmp_path, GITWARD_FAILPOINTS="analyze.locked=kill",
-          GITWARD_FAILPOINTS_ONCE=str(once), GITWARD_LOCK_TTL="30")  # fmt: skip
+    once = burst_failing_once(settings, tmp_path, "analyze.locked=kill", GITWARD_LOCK_TTL="30")
     # the retry did not wait out the dead horse's 30 s lease: its lock was released
     assert time.monotonic() - started < 30
     assert (once / "analyze.locked").exists()
@@ -150,10 +158,7 @@ def test_a_horse_killed_between_the_plan_and_the_claim_leaves_the_run_to_the_rec
 ) -> None:
     origin = make_repo(tmp_path, "gap", 4)
     repo, _ = submit_repository(url=str(origin.path))
-    once = tmp_path / "once"
-    once.mkdir()
-    burst(settings, tmp_path, GITWARD_FAILPOINTS="sync.inline=kill",
-          GITWARD_FAILPOINTS_ONCE=str(once))  # fmt: skip
+    once = burst_failing_once(settings, tmp_path, "sync.inline=kill")
     assert (once / "sync.inline").exists()
     sync_attempt(repo)  # recorded as succeeded before the horse died
     run = first_run(repo)
@@ -202,10 +207,7 @@ def test_an_inline_chunk_that_fails_is_retried_by_rq_and_the_sync_job_stays_fini
 ) -> None:
     origin = make_repo(tmp_path, "flaky", 3)
     repo, _ = submit_repository(url=str(origin.path))
-    once = tmp_path / "once"
-    once.mkdir()
-    burst(settings, tmp_path, GITWARD_FAILPOINTS="analyze.parsing=raise",
-          GITWARD_FAILPOINTS_ONCE=str(once))  # fmt: skip
+    burst_failing_once(settings, tmp_path, "analyze.parsing=raise")
     assert_exact(repo, origin)
     run = first_run(repo)
     assert outcomes(run) == ["failed", "succeeded"]
