@@ -677,7 +677,31 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         t_submit = repo.created_at
         first_analyze = min((r.started_at for r in runs), default=None)
         n_runs = max(len(runs), 1)
+        chunk_sizes = dict(Chunk.objects.values_list("key", "size"))
         result = {
+            # (worker, kind, commits, started, lock acquired, analysed, written, finished),
+            # seconds from the submission: where each worker was busy (--timeline)
+            "timeline": sorted(
+                (
+                    (
+                        r.worker,
+                        r.kind,
+                        chunk_sizes.get(r.lock_key.rsplit(":", 1)[-1], 0),
+                        *(
+                            secs(t_submit, t)
+                            for t in (
+                                r.started_at,
+                                r.lock_acquired_at,
+                                r.analysed_at,
+                                r.written_at,
+                                r.finished_at,
+                            )
+                        ),
+                    )
+                    for r in [sync, *runs]
+                ),
+                key=lambda row: (row[0], row[3]),
+            ),
             "cpu_s": cpu,
             "database": connection_vendor(),
             "queue_wait_s_per_chunk": sum(secs(r.enqueued_at, r.started_at) for r in runs) / n_runs,
@@ -757,6 +781,9 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     from workers.history import list_commits, stream_commits
 
     call_command("migrate", verbosity=0)
+    if cfg.get("engine"):
+        connection.close()  # checkpoints the WAL: the copy is the whole empty schema
+        shutil.copy(var / "db.sqlite3", var / "empty.sqlite3")
     path = Path(cfg["origin"])
     c0, s0 = _children_cpu(), _self_cpu()
     shas = list_commits(path, "HEAD")
@@ -792,7 +819,9 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
         s = _self_cpu()
         write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()))
         per.append((len(chunk_shas), git_s, parse_s, _self_cpu() - s))
+    engine = _engine_write(var, [p[0] for p in per]) if cfg.get("engine") else None
     return {
+        "engine_write_s": engine,
         "commits": len(shas),
         "chunks": len(per),
         "list_git_s": c1 - c0,
@@ -801,6 +830,61 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
         "per_chunk": per,
         "db_mb": (var / "db.sqlite3").stat().st_size / 2**20,
     }
+
+
+def _engine_write(var: Path, sizes: list[int]) -> float:
+    """SQLite's own share of the writes: every commit and file row just stored, read
+    back as ready tuples, inserted again into an empty copy of the same schema (every
+    index the pages read from), one ``executemany`` pair and one transaction per chunk,
+    as ``write_chunk`` does. No parsing, no row building: CPU seconds of this process
+    (SQLite runs in it) for the inserts and commits alone."""
+    import sqlite3
+
+    from dashboard.commits import COMMIT_COLUMNS, FILE_COLUMNS
+    from dashboard.models import Commit, FileChange
+
+    def cols(model: Any, names: tuple[str, ...]) -> list[str]:
+        return [model._meta.get_field(n).column for n in names]
+
+    commit_cols = ["id", *cols(Commit, COMMIT_COLUMNS)]
+    file_cols = cols(FileChange, FILE_COLUMNS)
+    src = sqlite3.connect(var / "db.sqlite3")
+    commits = src.execute(
+        f"SELECT {', '.join(commit_cols)} FROM {Commit._meta.db_table} ORDER BY id"
+    ).fetchall()
+    files = src.execute(
+        f"SELECT {', '.join(file_cols)} FROM {FileChange._meta.db_table} ORDER BY id"
+    ).fetchall()
+    src.close()
+    by_commit: dict[int, list[tuple[Any, ...]]] = {}
+    for row in files:
+        by_commit.setdefault(row[0], []).append(row)
+    batches = []
+    start = 0
+    for size in sizes:
+        part = commits[start : start + size]
+        start += size
+        batches.append((part, [f for c in part for f in by_commit.get(c[0], [])]))
+    dst = sqlite3.connect(var / "empty.sqlite3", isolation_level=None)
+    dst.execute("PRAGMA journal_mode=WAL")
+    dst.execute("PRAGMA synchronous=NORMAL")
+    commit_sql = (
+        f"INSERT INTO {Commit._meta.db_table} ({', '.join(commit_cols)}) "
+        f"VALUES ({', '.join('?' * len(commit_cols))})"
+    )
+    file_sql = (
+        f"INSERT INTO {FileChange._meta.db_table} ({', '.join(file_cols)}) "
+        f"VALUES ({', '.join('?' * len(file_cols))})"
+    )
+    before = _self_cpu()
+    for part, part_files in batches:
+        dst.execute("BEGIN IMMEDIATE")
+        dst.executemany(commit_sql, part)
+        dst.executemany(file_sql, part_files)
+        dst.execute("COMMIT")
+    spent = _self_cpu() - before
+    dst.close()
+    return spent
 
 
 def _child_env(root: Path | None) -> dict[str, str]:
@@ -817,9 +901,15 @@ def _child_env(root: Path | None) -> dict[str, str]:
 
 
 def run_stages(
-    origin: Path, work: Path, *, chunk_size: int, root: Path | None = None
+    origin: Path, work: Path, *, chunk_size: int, root: Path | None = None, engine: bool = False
 ) -> dict[str, Any]:
-    cfg = {"origin": str(origin), "dir": str(work), "chunk_size": chunk_size, "stages": True}
+    cfg = {
+        "origin": str(origin),
+        "dir": str(work),
+        "chunk_size": chunk_size,
+        "stages": True,
+        "engine": engine,
+    }
     env = _child_env(root)
     out = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(cfg)],
@@ -1116,6 +1206,12 @@ def main() -> None:
         "issue 14.3's round: not repacked)",
     )
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each job of the main (c) run by worker with its phases, and how long "
+        "each worker sat idle before the last job ended",
+    )
+    parser.add_argument(
         "--stages",
         action="store_true",
         help="only the per-step CPU profile (git vs Python: rev-list, plan, per chunk git "
@@ -1257,6 +1353,8 @@ def main() -> None:
             f"+ other; attempts {c['analyze_attempts']}"
         )
         print_overhead(c)
+        if args.timeline:
+            print_timeline(c)
         print_push(c)
         print(f"c/a wall time: {c['wall_s'] / a_s:.2f}x (goal <= 0.75x)")
         print(
@@ -1392,6 +1490,29 @@ def print_push(c: dict[str, Any]) -> None:
             "{push_analyze_lock_s:.3f}, git+parse {push_analyze_parse_s:.3f}, write "
             "{push_analyze_write_s:.3f})".format(**c)
         )
+
+
+def print_timeline(c: dict[str, Any]) -> None:
+    """``--timeline``: each job's phases by worker, and the time each worker sat idle
+    between the submission and the last job's end (a core with nothing to do)."""
+    rows = c["timeline"]
+    end = max(row[7] for row in rows)
+    print(
+        "    timeline (s from submit): worker  kind  commits  start  lock  analysed  written  end"
+    )
+    idle: dict[str, float] = {}
+    for row in rows:
+        worker, kind, size, *marks = row
+        print(f"      {worker:>10} {kind:>7} {size:6d}  " + "  ".join(f"{m:6.3f}" for m in marks))
+    for worker in sorted({row[0] for row in rows}):
+        own = sorted((row[3], row[7]) for row in rows if row[0] == worker)
+        busy = sum(b - a for a, b in own)
+        idle[worker] = end - busy
+    print(
+        "    idle per worker before the last job ended: "
+        + ", ".join(f"{w} {s:.3f} s" for w, s in idle.items())
+        + f" (of {end:.3f} s)"
+    )
 
 
 def print_overhead(c: dict[str, Any]) -> None:
