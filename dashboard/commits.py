@@ -7,6 +7,7 @@ import binascii
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from itertools import chain
 from typing import Any
 
 from django.db import connection, transaction
@@ -78,24 +79,31 @@ def _columns(model: Any, columns: Sequence[str]) -> str:
 
 class _Rows:
     """Everything ``write_chunk`` inserts, built before its transaction: per commit its
-    row (``COMMIT_COLUMNS``) and its files' rows without the commit id (``FILE_COLUMNS``
-    minus the first), in chunk order. One pass over the files of each commit."""
+    row (``COMMIT_COLUMNS``), and its files' rows ``(k, path, added, deleted, binary,
+    language)`` with ``k`` the commit's index in the chunk, in chunk order. One pass over
+    the files of each commit, one tuple per file: the repository and fingerprint, the same
+    for every row, are added by the insert (``_insert_sqlite``: literals of the statement;
+    ``_copy_postgresql``: per row), and so is the commit id, which only exists inside the
+    transaction (SQLite: ``k`` plus the first id, in SQL; nothing is re-tupled)."""
 
-    __slots__ = ("commits", "files", "shas")
+    __slots__ = ("commits", "files", "fp", "repo_id", "shas")
 
     def __init__(self, repo_id: int, fp: str, records: Sequence[CommitRecord], token: int) -> None:
         stamp = _sqlite_datetime if connection.vendor == "sqlite" else _identity
+        self.repo_id = repo_id
+        self.fp = fp
         self.shas = [r.sha for r in records]
         self.commits: list[tuple[Any, ...]] = []
         self.files: list[list[tuple[Any, ...]]] = []
-        for r in records:
+        for k, r in enumerate(records):
             insertions = deletions = 0
             rows = []
-            for f in r.files:
-                insertions += f.added
-                deletions += f.deleted
-                # A path cannot hold NUL: the parser split the -z stream at NUL (_text).
-                rows.append((repo_id, fp, f.path, f.added, f.deleted, f.binary, f.language))
+            # Unpacked, not read by attribute (a NamedTuple property call per field).
+            # A path cannot hold NUL: the parser split the -z stream at NUL (_text).
+            for path, added, deleted, binary, language, _old in r.files:
+                insertions += added
+                deletions += deleted
+                rows.append((k, path, added, deleted, binary, language))
             self.files.append(rows)
             self.commits.append(
                 (
@@ -141,12 +149,7 @@ def _insert_sqlite(fresh: list[int], rows: _Rows) -> int:
         f"INSERT INTO {table} (id, {_columns(Commit, COMMIT_COLUMNS)}) "  # noqa: S608
         f"VALUES ({', '.join(['?'] * (len(COMMIT_COLUMNS) + 1))})"
     )
-    file_sql = (
-        f"INSERT INTO {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) "  # noqa: S608
-        f"VALUES ({', '.join(['?'] * len(FILE_COLUMNS))})"
-    )
-    # Identifiers come from model metadata, values are parameters: no injection. The raw
-    # sqlite3 cursor: Django's wrapper would only rewrite %s to ? on every call.
+    # The raw sqlite3 cursor: Django's wrapper would only rewrite %s to ? on every call.
     with connection.cursor() as cursor:
         raw = cursor.cursor
         raw.execute(
@@ -155,15 +158,34 @@ def _insert_sqlite(fresh: list[int], rows: _Rows) -> int:
             [Commit._meta.db_table],
         )
         first = int(raw.fetchone()[0]) + 1
-        ids = range(first, first + len(fresh))
         commits = rows.commits
-        raw.executemany(commit_sql, [(cid, *commits[i]) for cid, i in zip(ids, fresh, strict=True)])
+        raw.executemany(commit_sql, [(first + pos, *commits[i]) for pos, i in enumerate(fresh)])
         inserted = int(raw.rowcount)
+        # The fresh commit at position ``pos`` got id ``first + pos``; a file row carries
+        # that position and the statement adds ``first``. Identifiers come from model
+        # metadata; ``first`` and the repository id are integers and the fingerprint a
+        # quoted literal (``_sql_text``), the same for every row of the chunk; everything
+        # from the repository (paths, languages) is a bound parameter: no injection.
+        file_sql = (
+            f"INSERT INTO {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) "  # noqa: S608
+            f"VALUES (? + {first:d}, {int(rows.repo_id):d}, {_sql_text(rows.fp)}, ?, ?, ?, ?, ?)"
+        )
         files = rows.files
-        file_rows = [(cid, *row) for cid, i in zip(ids, fresh, strict=True) for row in files[i]]
-        if file_rows:
-            raw.executemany(file_sql, file_rows)
+        if len(fresh) == len(files):  # the usual case: nothing of the chunk stored yet
+            raw.executemany(file_sql, chain.from_iterable(files))
+        else:  # re-number the files of the fresh commits by their position among them
+            raw.executemany(
+                file_sql, ((pos, *row[1:]) for pos, i in enumerate(fresh) for row in files[i])
+            )
     return inserted
+
+
+def _sql_text(value: str) -> str:
+    """``value`` as an SQL string literal (standard quoting: a quote is doubled; SQLite
+    has no backslash escapes). Only for our own values, such as a fingerprint."""
+    if "\x00" in value:
+        raise ValueError("an SQL literal cannot hold NUL")
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
@@ -191,10 +213,11 @@ def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
                 copy.write_row((cid, *rows.commits[i]))
         inserted = int(raw.rowcount)
         file_copy = f"COPY {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) FROM STDIN"
+        repo_id, fp = rows.repo_id, rows.fp
         with raw.copy(file_copy) as copy:
             for cid, i in zip(ids, fresh, strict=True):
-                for row in rows.files[i]:
-                    copy.write_row((cid, *row))
+                for _k, path, added, deleted, binary, language in rows.files[i]:
+                    copy.write_row((cid, repo_id, fp, path, added, deleted, binary, language))
     return inserted
 
 

@@ -184,9 +184,31 @@ def test_commits_already_stored_are_skipped_with_their_files(git_repo: GitRepo) 
     assert FileChange.objects.filter(fingerprint="fp").count() == sum(len(r.files) for r in records)
     after = dict(Commit.objects.values_list("sha", "pk"))
     assert {sha: after[sha] for sha in before} == before  # the stored ones were left alone
+    # each fresh commit got its own files, not those of the commit at its index in the
+    # chunk (the fresh ones are re-numbered by their position among themselves)
+    for r in records:
+        stored = Commit.objects.get(fingerprint="fp", sha=r.sha)
+        paths = list(stored.files.order_by("id").values_list("path", flat=True))
+        assert paths == [f.path for f in r.files], r.sha
     # a second write of the same chunk stores nothing more
     assert write_chunk(chunk=whole, records=records, token=token) == 0
     assert FileChange.objects.filter(fingerprint="fp").count() == sum(len(r.files) for r in records)
+
+
+def test_a_fingerprint_is_stored_verbatim_on_the_bulk_path(git_repo: GitRepo) -> None:
+    # SQLite's file rows take the fingerprint as a literal of the statement: quoted
+    git_dir = git_repo.path / ".git"
+    repo = Repository.objects.create(url=str(git_repo.path))
+    shas = git_repo.git("rev-list", "--reverse", "HEAD").split()
+    records = list(stream_commits(git_dir, shas))
+    odd = "it's ' a \\ fp"
+    chunk = _chunk(repo, shas, odd)
+    assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key())) == len(
+        shas
+    )
+    files = sum(len(r.files) for r in records)
+    assert files and FileChange.objects.filter(fingerprint=odd, repository=repo).count() == files
+    assert FileChange.objects.exclude(fingerprint=odd).count() == 0
 
 
 def test_a_stale_token_writes_nothing_on_the_bulk_path(git_repo: GitRepo) -> None:
