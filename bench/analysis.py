@@ -820,8 +820,11 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
         write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()))
         per.append((len(chunk_shas), git_s, parse_s, _self_cpu() - s))
     engine = _engine_write(var, [p[0] for p in per]) if cfg.get("engine") else None
+    from dashboard.models import Commit, FileChange
+
     return {
-        "engine_write_s": engine,
+        "engine": engine,
+        "stored": {"commits": Commit.objects.count(), "files": FileChange.objects.count()},
         "commits": len(shas),
         "chunks": len(per),
         "list_git_s": c1 - c0,
@@ -832,7 +835,7 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _engine_write(var: Path, sizes: list[int]) -> float:
+def _engine_write(var: Path, sizes: list[int]) -> dict[str, Any]:
     """SQLite's own share of the writes: every commit and file row just stored, read
     back as ready tuples, inserted again into an empty copy of the same schema (every
     index the pages read from), one ``executemany`` pair and one transaction per chunk,
@@ -883,8 +886,12 @@ def _engine_write(var: Path, sizes: list[int]) -> float:
         dst.executemany(file_sql, part_files)
         dst.execute("COMMIT")
     spent = _self_cpu() - before
+    copied = [
+        dst.execute(f"SELECT count(*) FROM {model._meta.db_table}").fetchone()[0]
+        for model in (Commit, FileChange)
+    ]
     dst.close()
-    return spent
+    return {"cpu_s": spent, "commits": copied[0], "files": copied[1]}
 
 
 def _child_env(root: Path | None) -> dict[str, str]:
@@ -1367,6 +1374,9 @@ def main() -> None:
             print(f"c/b throughput: {c_rate / b_rate:.1f}x PyDriller (goal >= 25x)")
 
         rows = []
+        # the anchor's own CPU per 1,000 commits at each size: git's cost per commit
+        # grows with a history whose files grow, so gitward's is compared with it
+        anchor_cpu = {total: LAST_CPU["git_log"]}
         for size in [int(s) for s in args.rss_sizes.split(",") if s.strip()]:
             if size >= total:
                 if args.baseline:
@@ -1375,6 +1385,8 @@ def main() -> None:
                 continue
             small = tmp / "origins" / f"size-{size}.git"
             truncated_clone(origin, small, size)
+            bench_git_log(small, runs=1)
+            anchor_cpu[size] = LAST_CPU["git_log"]
             if args.baseline:
                 rows.append(
                     (
@@ -1398,6 +1410,7 @@ def main() -> None:
                     ),
                 )
             )
+        LAST_CPU["git_log"] = anchor_cpu[total]  # the whole history's, for what follows
         print(
             f"worker memory ({args.workers} workers, chunk {default_chunk}; VmHWM/VmRSS polled "
             f"every 50 ms over the pool, workers, forked work horses and git):"
@@ -1409,7 +1422,8 @@ def main() -> None:
                 f"{r['idle_worker_hwm_mb']:.0f} MB), max git {r['max_git_hwm_mb']:.0f} MB, "
                 f"peak sum python RSS {r['peak_python_rss_sum_mb']:.0f} MB; "
                 f"{r['stored'] / r['wall_s']:,.0f} commits/s, CPU {r['cpu_s']:.2f} s = "
-                f"{r['cpu_s'] / r['stored'] * 1000:.3f} CPU-s per 1,000 commits, sync "
+                f"{r['cpu_s'] / r['stored'] * 1000:.3f} CPU-s per 1,000 commits (git log "
+                f"{anchor_cpu.get(_size, 0) / r['stored'] * 1000:.3f}), sync "
                 f"{r['sync_s']:.2f} s, load {r['load_after']:.2f}"
             )
             print(f"      per kind, peak VmHWM/RssAnon MB: {format_kinds(r['by_kind'])}")

@@ -172,10 +172,15 @@ def main() -> None:
             f"({chunk_git / a_cpu:.2f}x a's), rev-list {sync_git:.3f}; Python: parse "
             f"{parse:.3f} + write {write:.3f} + list and plan {sync_py:.3f} = {python:.3f} CPU-s"
         )
-        engine = st["engine_write_s"]
+        engine = st["engine"]["cpu_s"]
+        copied = (st["engine"]["commits"], st["engine"]["files"])
+        stored = (st["stored"]["commits"], st["stored"]["files"])
+        if copied != stored:
+            raise RuntimeError(f"SQLite-alone copy holds {copied} rows, the write {stored}")
         print(
-            f"    of the write, SQLite's own inserts and commits (the same rows as ready tuples, "
-            f"same indexes, one transaction per chunk): {engine:.3f} CPU-s"
+            f"    of the write, SQLite's own inserts and commits (the same {stored[0]} commit "
+            f"and {stored[1]} file rows as ready tuples, same indexes, one transaction per "
+            f"chunk): {engine:.3f} CPU-s"
         )
         floor = max(b_wall, (b_cpu + sync_git + python) / args.cores)
         budget = 0.75 * a_wall * args.cores - b_cpu - sync_git
