@@ -81,6 +81,7 @@ deploy-check: $(DEPLOY_STAMP)
 bench: install
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/analysis.py
+	$(PY) bench/floor.py
 	$(PY) bench/locks.py
 
 clean:
