@@ -764,12 +764,14 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
         GITWARD_VAR_DIR=str(var),
         DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
         GITWARD_WORKSPACE=str(var / "workspace"),
-        GITWARD_CHUNK_SIZE=str(cfg["chunk_size"]),
         DJANGO_SETTINGS_MODULE="dashboard.settings",
     )
+    if cfg["chunk_size"] is not None:  # None: the production target (settings' defaults)
+        os.environ["GITWARD_CHUNK_SIZE"] = str(cfg["chunk_size"])
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
     from django.db import connection
 
@@ -777,7 +779,7 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     from dashboard.fencing import next_token
     from dashboard.models import Chunk, Repository
     from workers.analyzer import DEFAULT
-    from workers.chunks import chunk_key, plan_chunks
+    from workers.chunks import chunk_key, chunk_target, plan_chunks
     from workers.history import list_commits, stream_commits
 
     call_command("migrate", verbosity=0)
@@ -788,7 +790,15 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     c0, s0 = _children_cpu(), _self_cpu()
     shas = list_commits(path, "HEAD")
     c1, s1 = _children_cpu(), _self_cpu()
-    planned = plan_chunks(shas, target=cfg["chunk_size"])
+    target = cfg["chunk_size"]
+    if target is None:  # what plans._plan_chunks cuts this history with
+        target = chunk_target(
+            len(shas),
+            floor=settings.CHUNK_SIZE,
+            ceiling=settings.CHUNK_MAX,
+            spread=settings.CHUNK_SPREAD,
+        )
+    planned = plan_chunks(shas, target=target)
     s2 = _self_cpu()
     fp = DEFAULT.fingerprint()
     repo = Repository.objects.create(
@@ -826,6 +836,7 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
         "engine": engine,
         "stored": {"commits": Commit.objects.count(), "files": FileChange.objects.count()},
         "commits": len(shas),
+        "target": target,
         "chunks": len(per),
         "list_git_s": c1 - c0,
         "list_py_s": s1 - s0,
@@ -908,8 +919,15 @@ def _child_env(root: Path | None) -> dict[str, str]:
 
 
 def run_stages(
-    origin: Path, work: Path, *, chunk_size: int, root: Path | None = None, engine: bool = False
+    origin: Path,
+    work: Path,
+    *,
+    chunk_size: int | None,
+    root: Path | None = None,
+    engine: bool = False,
 ) -> dict[str, Any]:
+    """:func:`stages_child` in a fresh process; ``chunk_size`` None cuts the chunks with
+    the production target (``workers.chunks.chunk_target`` at the settings' defaults)."""
     cfg = {
         "origin": str(origin),
         "dir": str(work),

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -49,14 +48,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import analysis  # bench/analysis.py, the sibling script
 
-CHUNK_FLOOR = 1000  # GITWARD_CHUNK_SIZE's default
-CHUNK_CEILING = 4000  # GITWARD_CHUNK_MAX's default
-CHUNK_SPREAD = 4  # GITWARD_CHUNK_SPREAD's default
+_children_cpu = analysis._children_cpu
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def split_history(shas: list[str], parts: int) -> list[list[str]]:
+    """``shas`` (oldest first) cut into ``parts`` contiguous runs whose lengths differ by
+    at most one (``parts`` at most ``len(shas)``)."""
+    base, extra = divmod(len(shas), parts)
+    cut, start = [], 0
+    for i in range(parts):
+        end = start + base + (i < extra)
+        cut.append(shas[start:end])
+        start = end
+    return cut
 
 
 def git_split(mirror: Path, parts: int, runs: int = 3) -> tuple[float, float]:
@@ -65,8 +69,7 @@ def git_split(mirror: Path, parts: int, runs: int = 3) -> tuple[float, float]:
     from workers.history import _FORMAT
 
     shas = analysis.git_out(mirror, "rev-list", "--reverse", "HEAD").split()
-    size = -(-len(shas) // parts)
-    inputs = ["\n".join(shas[i : i + size]).encode() + b"\n" for i in range(0, len(shas), size)]
+    inputs = ["\n".join(part).encode() + b"\n" for part in split_history(shas, parts)]
     cmd = [
         "git", "-C", str(mirror), "log", "--no-walk=unsorted", "--stdin", "--numstat",
         "--no-renames", "--diff-merges=first-parent", "--root", "--date=raw", "-z",
@@ -128,8 +131,6 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
 
-    from workers.chunks import chunk_target
-
     with tempfile.TemporaryDirectory(prefix="gw-floor-") as tmp_name:
         tmp = Path(tmp_name)
         if args.repo:
@@ -146,9 +147,8 @@ def main() -> None:
             check=True,
         )  # fmt: skip
         total = int(analysis.git_out(mirror, "rev-list", "--count", "HEAD"))
-        target = chunk_target(total, floor=CHUNK_FLOOR, ceiling=CHUNK_CEILING, spread=CHUNK_SPREAD)
         print(f"# gitward two-core floor  {time.strftime('%Y-%m-%d %H:%M:%S')}  cores={args.cores}")
-        print(f"repository: {label}: {total} commits; production chunk target {target}")
+        print(f"repository: {label}: {total} commits")
         print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
         a_wall = analysis.bench_git_log(mirror)
@@ -159,7 +159,7 @@ def main() -> None:
             f"(b) git alone in {args.cores} parts at once: {b_wall:.3f} s wall "
             f"({b_wall / a_wall:.2f}x a), {b_cpu:.3f} CPU-s ({b_cpu / a_cpu:.2f}x a's)"
         )
-        st = analysis.run_stages(mirror, tmp / "stages", chunk_size=target, engine=True)
+        st = analysis.run_stages(mirror, tmp / "stages", chunk_size=None, engine=True)
         per = st["per_chunk"]
         chunk_git = sum(p[1] for p in per)
         parse = sum(p[2] for p in per)
@@ -168,7 +168,8 @@ def main() -> None:
         sync_git = st["list_git_s"]
         python = parse + write + sync_py
         print(
-            f"(c) today's steps, {st['chunks']} chunks: git of the chunks {chunk_git:.3f} CPU-s "
+            f"(c) today's steps, {st['chunks']} chunks (production target {st['target']}): "
+            f"git of the chunks {chunk_git:.3f} CPU-s "
             f"({chunk_git / a_cpu:.2f}x a's), rev-list {sync_git:.3f}; Python: parse "
             f"{parse:.3f} + write {write:.3f} + list and plan {sync_py:.3f} = {python:.3f} CPU-s"
         )

@@ -11,20 +11,25 @@ import sys
 from pathlib import Path
 
 from bench.analysis import build_repository, git_out
-from bench.floor import git_split
+from bench.floor import git_split, split_history
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_git_parts_cover_the_whole_history_and_report_cpu(tmp_path: Path) -> None:
+def test_the_history_is_cut_into_contiguous_parts_covering_it_once() -> None:
+    shas = [f"{i:040x}" for i in range(10)]
+    for parts in range(1, 11):
+        cut = split_history(shas, parts)
+        assert len(cut) == parts and [s for p in cut for s in p] == shas
+        assert max(map(len, cut)) - min(map(len, cut)) <= 1
+    assert split_history(shas, 3) == [shas[:4], shas[4:7], shas[7:]]
+
+
+def test_git_runs_over_a_real_history_in_parts(tmp_path: Path) -> None:
     build_repository(tmp_path / "r", 120, 4, repack=False)
+    assert len(git_out(tmp_path / "r", "rev-list", "HEAD").split()) == 120
     wall, cpu = git_split(tmp_path / "r", 3, runs=1)
     assert wall > 0 and cpu > 0
-    # the same cut as git_split's, checked against git's own list
-    shas = git_out(tmp_path / "r", "rev-list", "--reverse", "HEAD").split()
-    size = -(-len(shas) // 3)
-    parts = [shas[i : i + size] for i in range(0, len(shas), size)]
-    assert [s for p in parts for s in p] == shas and len(parts) == 3
 
 
 def test_the_script_prints_the_floor_and_the_transfer_for_a_small_history(
