@@ -1,4 +1,4 @@
-"""Analyzer versions: code version + config, identified by a fingerprint (DESIGN §7).
+"""Analyzer versions: code version + config, identified by a fingerprint (docs/rollouts.md).
 
 An analyzer version is what a worker analyses with: :data:`CODE_VERSION` plus one
 :class:`AnalyzerConfig`.  Contracts:
@@ -117,7 +117,7 @@ def _show(value: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class AnalyzerConfig:
-    """What an analyzer version changes in the analysis (DESIGN §3, §7).
+    """What an analyzer version changes in the analysis (docs/analysis.md#analyzer-configuration).
 
     * ``detect_renames``: a renamed file is one row (``git log -M``); the path is the new
       one, the old one is kept in ``FileStat.old_path``.
@@ -229,7 +229,7 @@ def config_for(
     A worker analyses a chunk with exactly the version the chunk was planned for, or not
     at all: storing one version's numbers under another's fingerprint is the bug this
     guards against.  A worker loads the versions the pool started it for (``manage.py
-    worker --analyzer FP``: the version's config read from its row, DESIGN §7); the
+    worker --analyzer FP``: the version's config read from its row, docs/rollouts.md); the
     default loads :data:`DEFAULT` only.  Raises :class:`VersionNotLoaded`.
     """
     configs = list(loaded)

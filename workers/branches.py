@@ -1,4 +1,4 @@
-"""Branch names a user may submit (DESIGN.md §8, catalog row G3)."""
+"""Branch names a user may submit (docs/security.md#g3)."""
 
 from __future__ import annotations
 

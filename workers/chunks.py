@@ -8,7 +8,7 @@ themselves and on where the previous chunk ended, so re-planning the same pendin
 same keys and the same job ids; and removing whole finished chunks from the list does
 not move the boundaries of the others.
 
-Memory (issue 14.3): a sync lists a repository's whole history. :class:`ShaList` holds
+Memory (flat as histories grow): a sync lists a repository's whole history. :class:`ShaList` holds
 it as raw bytes (20 a sha, 32 for SHA-256) in one ``bytearray`` instead of one Python
 ``str`` per commit (~90 bytes each plus the list's pointer), and :func:`iter_chunks`
 yields one chunk at a time, so planning holds the compact list plus one chunk of text.
@@ -157,7 +157,7 @@ def plan_chunks(pending: Iterable[str], *, target: int) -> list[list[str]]:
 
 
 def chunk_key(shas: Sequence[str]) -> str:
-    """``first..last`` (DESIGN §4 key scheme), or the sha of a one-commit chunk."""
+    """``first..last`` (the chunk lock's key, docs/locks.md), or the sha of a one-commit chunk."""
     if not shas:
         raise ValueError("empty chunk")
     return shas[0] if len(shas) == 1 else f"{shas[0]}..{shas[-1]}"

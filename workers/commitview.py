@@ -143,10 +143,11 @@ def mirror_state(path: Path) -> MirrorState:
     """Resolve the mirror's head ref from the ref files themselves
     (``workers.mirror.mirror_head``: the loose ref, else ``packed-refs``; safe without
     the mirror's lock, see there), with no GitPython repository opened and no git
-    process: the repository page asks on every view (issue 15, web CPU per request:
-    opening the repository cost ~0.4 ms), and a mirror GitPython cannot open (a broken
-    ``config``) still shows its head instead of failing the page. The ref is only ever
-    written as a sha (a sync's refspec), never a symbolic ref."""
+    process: the repository page asks on every view (under load the web processes'
+    CPU per request counts, BENCHMARKS.md: opening the repository cost ~0.4 ms), and a
+    mirror GitPython cannot open (a broken ``config``) still shows its head instead of
+    failing the page. The ref is only ever written as a sha (a sync's refspec), never a
+    symbolic ref."""
     if not (path / "HEAD").is_file():
         return MirrorState(present=False)
     if not (path / "objects").is_dir():  # what ``open_mirror`` refuses as no mirror

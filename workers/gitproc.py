@@ -52,9 +52,10 @@ HARDENED_CONFIG: tuple[tuple[str, str], ...] = (
     ("maintenance.auto", "false"),
     ("advice.detachedHead", "false"),
     ("safe.bareRepository", "all"),
-    # Repo-local config must never name a command git would run (G18): no pager, no
-    # external diff/textconv (history also passes --no-ext-diff/--no-textconv), no
-    # credential prompts, no symlinks in any work tree, no credentials in URLs (G9).
+    # Repo-local config must never name a command git would run (docs/security.md#g18):
+    # no pager, no external diff/textconv (history also passes --no-ext-diff/--no-textconv),
+    # no credential prompts, no symlinks in any work tree, no credentials in URLs
+    # (docs/security.md#g9).
     ("core.pager", "cat"),
     ("core.symlinks", "false"),
     ("transfer.credentialsInUrl", "die"),
@@ -183,15 +184,15 @@ class Runner:
 
     ``max_file_bytes`` sets ``RLIMIT_FSIZE`` for git and its children (index-pack,
     remote helpers): a file git writes past the limit kills the writer with SIGXFSZ,
-    so a hostile remote cannot fill the disk with one huge pack (G20).  The limit is
-    set by ``/bin/sh -c 'ulimit -f'`` before ``exec git`` (no ``preexec_fn``: the
+    so a hostile remote cannot fill the disk with one huge pack (docs/security.md#g20).
+    The limit is set by ``/bin/sh -c 'ulimit -f'`` before ``exec git`` (no ``preexec_fn``: the
     worker has threads), so the process (group) id is still git's.
 
     ``max_memory_bytes`` sets ``RLIMIT_AS`` the same way (``ulimit -v``). git builds a
     commit's whole diff queue before printing it (~400 bytes per path), so a git bomb's
-    root commit would otherwise take memory proportional to its 10^9 paths (G19); over
-    the limit git stops with "out of memory".  Not set by default: fetches of very large
-    repositories legitimately need several GiB.
+    root commit would otherwise take memory proportional to its 10^9 paths
+    (docs/security.md#g19); over the limit git stops with "out of memory".  Not set by
+    default: fetches of very large repositories legitimately need several GiB.
     """
 
     def __init__(

@@ -2,9 +2,9 @@
 
 One ``git log`` process per :func:`stream_commits` call; its output is parsed incrementally
 (64 KiB blocks), so memory is bounded by the largest single commit record, never by the
-length of the history.  Semantics are DESIGN.md §3: per-file ``--numstat`` against the
-*first parent* (root commits against the empty tree), no rename detection by default,
-binary files reported with ``binary=True`` and 0/0 lines.
+length of the history.  Semantics are docs/analysis.md#analysis-semantics: per-file
+``--numstat`` against the *first parent* (root commits against the empty tree), no rename
+detection by default, binary files reported with ``binary=True`` and 0/0 lines.
 
 Notes / decisions:
 
@@ -217,8 +217,8 @@ def stream_commits(
     Raises :class:`HistoryError` (while iterating) if git fails, e.g. on an unknown sha,
     and :class:`CommitTooLarge` if one commit changes more than ``max_files`` files or
     its record exceeds ``max_record_bytes`` (default :data:`MAX_RECORD_BYTES`); git is
-    killed at that point, so a git bomb costs bounded time and memory (G19).  Subjects
-    are cut to ``max_subject`` characters (G21).
+    killed at that point, so a git bomb costs bounded time and memory
+    (docs/security.md#g19).  Subjects are cut to ``max_subject`` characters (docs/security.md#g21).
     Returns a generator: ``close()`` it (or let it be garbage-collected) to stop early;
     that kills and reaps the git process.  Arguments are validated eagerly (ValueError);
     git is only started on the first ``next()``.

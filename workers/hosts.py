@@ -1,5 +1,5 @@
 """Hosts a remote may name: host names, IP literals and what they resolve to
-(DESIGN.md §8, catalog rows G5-G7, G12, G13).
+(docs/security.md, attack catalog rows G5-G7, G12, G13).
 
 The SSRF wall: a host is refused by name when it is internal by convention, by
 address when any address it names or resolves to is loopback, private, link-local,

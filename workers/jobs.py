@@ -73,7 +73,7 @@ def loaded_fingerprints() -> list[str]:
 
 
 def sync_repository(run_id: int, attempt: int) -> str:
-    """The sync attempt, then (issue 14) the first attempt of the chunk its plan left
+    """The sync attempt, then the first attempt of the chunk its plan left
     for this work horse (``plans.Plan.inline``), through the same lifecycle as an RQ
     delivery of it (``_execute``: claim, lease, fencing token, outcome).
 
@@ -182,7 +182,7 @@ def _sync(attempt: runs.Attempt, *, held: _Held | None = None) -> str:
         # a shallow mirror's reachable set can shrink when a fetch moves its roots
         shallow = (path / "shallow").exists()
         if since is not None and not shallow and _is_ancestor(git, path, since, head):
-            # Only the new commits (issue 14.4): the plan checks that the previous one
+            # Only the new commits (an incremental sync): the plan checks that the previous one
             # still covers the rest, else it writes nothing and we list everything.
             planned, shas = _plan(repo, run.generation, head, path, git, lock, since=since)
             _hold(held, planned)
@@ -290,7 +290,7 @@ def _analyze(attempt: runs.Attempt) -> str:
 
 @traces.traced  # spans, log context: dashboard/traces.py
 def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> str:
-    """Claim the attempt, run ``body``, record the outcome (DESIGN §5). The retry
+    """Claim the attempt, run ``body``, record the outcome (docs/lifecycle.md). The retry
     policy is the job's: a held lock defers the run (no attempt spent), a permanent
     failure dead-letters it at once, anything else fails the attempt."""
     job = get_current_job()

@@ -1,11 +1,11 @@
-"""Every lock key of DESIGN §4, built and parsed in one place (pure: no Django, no Redis).
+"""Every lock key (docs/locks.md), built and parsed in one place (pure: no Django, no Redis).
 
 Keys::
 
     locks:git:repo:{repo_id}:mirror                       any write to a repository's mirror
     locks:git:repo:{repo_id}:commit:{first}..{last}       one analysis chunk
     locks:git:repo:{repo_id}:commit:{sha}                 a single-commit chunk
-    locks:queue:{queue}:deploy                            a rollout of a queue (DESIGN §7)
+    locks:queue:{queue}:deploy                            a rollout of a queue (docs/rollouts.md)
     locks:queue:{queue}:warm:{fingerprint}                warming one version's caches
 
 ``parse(key)`` is the inverse of every builder (``build(parse(k)) == k``); a key that is not

@@ -106,7 +106,7 @@ def pins_for(remote: Remote) -> dict[str, list[str]]:
 def _resolve_config(pinned: Mapping[str, Sequence[str]] | None) -> list[str]:
     """``-c http.curloptResolve=host:port:addr[,addr]`` arguments (git >= 2.37): curl
     connects to the validated addresses only, so DNS rebinding between validation and
-    connect cannot reach another address (G7)."""
+    connect cannot reach another address (docs/security.md#g7)."""
     args: list[str] = []
     for host_port, addresses in (pinned or {}).items():
         host, sep, port = host_port.rpartition(":")
@@ -206,8 +206,9 @@ def _record_checked(git_dir: Path, max_object_bytes: int | None) -> None:
 
 
 def _check_branch(branch: str) -> None:
-    """Defence in depth behind ``remotes.normalise_branch`` (G3): the branch only ever
-    appears inside a refspec after ``--end-of-options``, and must look like a branch."""
+    """Defence in depth behind ``remotes.normalise_branch`` (docs/security.md#g3): the
+    branch only ever appears inside a refspec after ``--end-of-options``, and must look
+    like a branch."""
     if not branch:
         return
     if (
@@ -475,7 +476,7 @@ def sanitize_mirror(
     stale_after: float = STALE_AFTER,
     clock: Callable[[], float] = time.time,
 ) -> dict[str, object]:
-    """Repair a repository's workspace before writing to it (DESIGN §6). Call under the
+    """Repair a repository's workspace before writing to it (docs/lifecycle.md). Call under the
     Redis mirror lock, with its ``check``; takes the host lock itself (waiting at most
     ``wait``, then :class:`MirrorBusy`) and holds it throughout.
 

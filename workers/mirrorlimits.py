@@ -1,4 +1,5 @@
-"""Size limits of a mirror (G20): its bytes on disk and the size of any one object."""
+"""Size limits of a mirror (docs/security.md#g20): its bytes on disk and the size of any
+one object."""
 
 from __future__ import annotations
 

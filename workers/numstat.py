@@ -17,7 +17,8 @@ from typing import NamedTuple
 from workers.languages import language_for
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024
-#: Default bound on the files of one commit (a git bomb's root commit has ~10^9), G19.
+#: Default bound on the files of one commit (a git bomb's root commit has ~10^9 paths):
+#: docs/security.md#g19.
 MAX_FILES = 250_000
 
 _HEADER_FIELDS = 11  # sha, parents, an, ae, aN, aE, ad, cn, ce, cd, subject
@@ -47,7 +48,8 @@ class FileStat(NamedTuple):
 
 
 class CommitRecord(NamedTuple):
-    """One commit as git reports it (DESIGN §3). A tuple, like :class:`FileStat`."""
+    """One commit as git reports it (docs/analysis.md#analysis-semantics). A tuple, like
+    :class:`FileStat`."""
 
     sha: str
     parents: tuple[str, ...]

@@ -1,4 +1,4 @@
-"""Credentials out of text: URL userinfo and Authorization values (DESIGN.md §8, G9).
+"""Credentials out of text: URL userinfo and Authorization values (docs/security.md#g9).
 
 Every log line, exception message, RQ ``exc_info`` and trace passes through
 ``redact`` before anyone can read it.

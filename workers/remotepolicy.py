@@ -1,4 +1,4 @@
-"""What a remote may reach, and how a refusal reads (DESIGN.md §8).
+"""What a remote may reach, and how a refusal reads (docs/security.md).
 
 ``RemotePolicy`` is the deployment's say (local roots, internal networks it trusts,
 the resolver); ``InvalidRemote`` is the one error every check raises: its text is one

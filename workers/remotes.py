@@ -1,12 +1,13 @@
-"""Validation and normalisation of user-submitted git remotes (DESIGN.md §8).
+"""Validation and normalisation of user-submitted git remotes (docs/security.md).
 
 Every repository URL a user types ends up as an argument to ``git clone`` /
 ``git fetch`` inside a worker.  This module is the first wall (git's own
-``GIT_ALLOW_PROTOCOL`` / ``protocol.*.allow`` settings are the second, see
-research/reliability.md §1.3): it accepts only a small, well-understood URL
+``GIT_ALLOW_PROTOCOL`` / ``protocol.*.allow`` settings, set on every git
+process we run, are the second): it accepts only a small, well-understood URL
 grammar and refuses everything else with a one-line message.
 
-Design choices (each refusal names the attack it stops, catalog rows G1-G13):
+Design choices (each refusal names the attack it stops: rows G1-G13 of the attack
+catalog in docs/security.md):
 
 * We parse by hand instead of with ``urllib.parse``: urllib is lenient (it
   accepts backslashes, several ``@``, empty ports, odd IPv4 spellings) and a
@@ -160,7 +161,7 @@ def _strip_dot_git(path: str) -> str:
 def _local_remote(path_text: str, policy: RemotePolicy) -> Remote:
     if not policy.local_roots:
         # G4: /etc, /srv/app/repos/other-user, file:///… are refused by
-        # default; GitPython does not block local clones (reliability §0.1).
+        # default; GitPython does not block local clones.
         raise InvalidRemote("local paths are not accepted")
     if not path_text.startswith("/"):
         raise InvalidRemote("local paths must be absolute")

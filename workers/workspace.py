@@ -1,6 +1,6 @@
 """Where a worker host's workspace keeps each repository's files.
 
-Each host has its own workspace (``GITWARD_WORKSPACE``, DESIGN §9), written only by
+Each host has its own workspace (``GITWARD_WORKSPACE``, docs/configuration.md), written only by
 gitward's processes on that host::
 
     mirrors/{id}.git      the bare mirror (workers.mirror)

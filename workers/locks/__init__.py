@@ -1,6 +1,6 @@
 """Redlock over N independent Redis masters, with heartbeat extension and fencing tokens.
 
-Contract (see DESIGN.md §4):
+Contract (see docs/locks.md):
 
 * A lock is held only while a majority (``N // 2 + 1``) of masters store our value and the
   client-side validity ``ttl - elapsed - drift`` (monotonic clock) is positive; ``acquire``

@@ -1,6 +1,6 @@
 """The Redlock algorithm: acquire, extend and release by quorum, and the held context.
 
-Fencing (DESIGN.md §4): ``token_source(key, confirm)`` issues the next token for ``key``
+Fencing (docs/locks.md): ``token_source(key, confirm)`` issues the next token for ``key``
 from the database counter. It must call ``confirm(token)`` inside the transaction that
 increments the counter, before committing: ``confirm`` writes the token into our stored
 value on a quorum of masters, by compare-and-set on our nonce, within the lease's validity,
