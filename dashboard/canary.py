@@ -1,4 +1,4 @@
-"""Canary routing (DESIGN §7): which version's physical queue a piece of work goes to.
+"""Canary routing (docs/rollouts.md): which version's physical queue a piece of work goes to.
 
 ``route`` is pure: a deterministic hash of the work's idempotency key against the ramp
 percentage, so a key routes the same way on every host and every call while the ramp is

@@ -1,4 +1,4 @@
-"""System checks for rules that relate several settings (STYLE.md §11).
+"""System checks for rules that relate several settings (docs/configuration.md).
 
 Each variable on its own is parsed at import by ``dashboard/settings.py``. The rules here
 span variables, so ``manage.py check`` lists every broken one at once; ``up``, ``worker``

@@ -301,7 +301,7 @@ def _local(moment: datetime, offset_minutes: int) -> str:
 
 
 def commit_dict(c: Commit, files: Iterable[FileChange] | None = None) -> dict[str, Any]:
-    """A commit in the API shape (fields of DESIGN §3); dates keep their own offset."""
+    """A commit in the API shape (docs/api.md); dates keep their own offset."""
     out: dict[str, Any] = {
         "sha": c.sha,
         "parents": c.parent_list(),

@@ -1,4 +1,4 @@
-"""The deploy lock of a rollout and the driver that holds it (DESIGN §4, §7).
+"""The deploy lock of a rollout and the driver that holds it (docs/locks.md, docs/rollouts.md).
 
 Where the lock lives. A rollout outlives the HTTP request or CLI call that starts it, so
 ``locks:queue:{queue}:deploy`` is held by a **driver**, not by the caller:

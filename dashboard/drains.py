@@ -1,4 +1,4 @@
-"""Drains (DESIGN §7): a version whose gate closed (rolled back, or superseded by a
+"""Drains (docs/rollouts.md): a version whose gate closed (rolled back, or superseded by a
 promote) keeps its workers until nothing waits for or runs on it, checked twice.
 
 Drain bookkeeping needs no deploy-lock token: it only records what is observed, so any

@@ -1,4 +1,4 @@
-"""Fencing tokens (DESIGN §4): the database, not the Redis majority, makes writes safe.
+"""Fencing tokens (docs/locks.md): the database, not the Redis majority, makes writes safe.
 
 ``next_token`` is the Redlock's token source, called right after the quorum; every write
 the lock guards calls ``check_token`` inside its own transaction, before writing anything.
@@ -27,7 +27,7 @@ def next_token(resource: str, confirm: Callable[[int], None] | None = None) -> i
     Redlock's confirm writes the token into its lock value on a quorum within the lease,
     so only a lock Redis still agrees on can advance the counter: a token fetched after
     the lease lapsed is never committed and cannot fence out the holder that acquired
-    meanwhile (issue 9, item 6).
+    meanwhile.
 
     Race: two acquirers of the same resource increment concurrently. The UPDATE takes
     the row lock (PostgreSQL) or the database write lock (SQLite, IMMEDIATE), so the

@@ -47,7 +47,7 @@ def _split_lines(raw: str) -> list[str]:
 
 
 class StartRolloutForm(forms.Form):
-    """A new analyzer configuration to roll out (DESIGN §7); the domain validates the
+    """A new analyzer configuration to roll out (docs/rollouts.md); the domain validates the
     config and the steps (``rollouts.fingerprint_config`` / ``validate_steps``) so the
     page and the CLI refuse the same things with the same words."""
 

@@ -1,4 +1,4 @@
-"""Websocket Origin policy (catalog D5).
+"""Websocket Origin policy (docs/security.md#d5).
 
 A browser sends the user's cookies with a websocket opened by *any* page, so the Origin
 header is the only thing that tells our pages from someone else's. Accepted: scheme

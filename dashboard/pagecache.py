@@ -1,4 +1,4 @@
-"""Whole pages reused across viewers for ``GITWARD_SNAPSHOT_TTL`` (issue 15): the
+"""Whole pages reused across viewers for ``GITWARD_SNAPSHOT_TTL`` (load test, BENCHMARKS.md): the
 operations pages and the repository list, whose content is the same for every viewer
 with the same permissions except two things, the viewer's name in the header and the
 CSRF token of their forms.

@@ -55,14 +55,14 @@ def plan_repository(
     """Record the new head and plan chunks for commits not yet analysed; return the ids
     of the open chunks' analyze runs, enqueued after commit except ``Plan.inline``.
 
-    ``inline_for`` (issue 14, the inline chunk): the fingerprints the caller can analyse
+    ``inline_for`` (the inline chunk): the fingerprints the caller can analyse
     with. If the served one is among them, the first of its open chunks whose run is
     queued and never attempted is left un-enqueued and returned as ``Plan.inline``: the
     caller (the sync's work horse) runs its first attempt itself. If the caller dies
     before it claims that attempt, the run is ``queued`` with no RQ job, which the
     reconciler's step 2 enqueues (``reconciler._stale``: a missing job is stale at once).
 
-    ``since`` (an incremental sync, issue 14.4): ``shas`` are only the commits reachable
+    ``since`` (an incremental sync): ``shas`` are only the commits reachable
     from ``head`` and not from ``since``, an ancestor of ``head`` that the repository's
     previous plan was made from (``incremental_base``). Such a plan is complete for
     what ``since`` reaches: each of those commits is stored, or in a chunk that is open
@@ -196,8 +196,9 @@ _ROWS_PER_INSERT = 25
 def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
     """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``.
 
-    Streams (issue 14.3): the pending shas are filtered as the chunks are cut, and the
-    chunk rows are inserted ``_ROWS_PER_INSERT`` at a time, so a whole history costs
+    Streams (memory flat as histories grow): the pending shas are filtered as the chunks
+    are cut, and the chunk rows are inserted ``_ROWS_PER_INSERT`` at a time, so a whole
+    history costs
     ``shas`` (a compact ``ShaList`` from the sync) plus a batch of chunks, not a list of
     every pending sha and every chunk's text at once. The same rows as one INSERT: a
     batch's keys exist before the next batch is cut, and keys are unique per chunk.

@@ -216,7 +216,7 @@ def commits_analyzed(repo: Repository, fingerprint: str | None = None) -> int:
 
 
 def repository_status(repo: Repository) -> dict[str, Any]:
-    """The API shape of DESIGN §10 plus progress and chunk counts."""
+    """The API shape (docs/api.md) plus progress and chunk counts."""
     fp = current_fingerprint()
     analyzed = commits_analyzed(repo, fp)
     chunks = dict.fromkeys(Chunk.State.values, 0)

@@ -1,4 +1,4 @@
-"""The Rollouts page's buttons (DESIGN §12): which a rollout offers now, the plan each
+"""The Rollouts page's buttons (docs/rollouts.md): which a rollout offers now, the plan each
 confirm step names, and what pressing one does.
 
 :func:`perform` runs one operator action through the rollout domain

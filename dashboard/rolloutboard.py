@@ -1,4 +1,4 @@
-"""The Rollouts page (DESIGN §12): what it shows.
+"""The Rollouts page (docs/rollouts.md): what it shows.
 
 Reads: the versions of every queue with their workers, a rollout's progress, gate
 verdict, result diff and timeline. Its buttons (which a rollout offers, what pressing

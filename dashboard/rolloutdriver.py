@@ -1,4 +1,5 @@
-"""The rollout driver (DESIGN §4, §7): holds one rollout's deploy lock and drives it.
+"""The rollout driver (docs/locks.md, docs/rollouts.md): holds one rollout's deploy lock
+and drives it.
 
 It takes ``locks:queue:{queue}:deploy`` with our Redlock (fencing token from the
 database), extends it from a heartbeat thread every TTL/3 and stamps

@@ -1,4 +1,4 @@
-"""Rollback offers (DESIGN §12): a ramping or newly current version whose dead letters
+"""Rollback offers (docs/rollouts.md): a ramping or newly current version whose dead letters
 (``JobRun.fingerprint``) or canary health say it is bad, with the rollback of the rollout
 that can undo it (shown beside the dead letters and on the overview).
 """

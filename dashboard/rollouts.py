@@ -1,4 +1,4 @@
-"""Rollouts (DESIGN §7): one attempt to bring an analyzer version live on a queue.
+"""Rollouts (docs/rollouts.md): one attempt to bring an analyzer version live on a queue.
 
 This module starts a rollout (``start_rollout``: validated, refused while the queue is
 busy, its driver enqueued) and takes operators' requests to its driver

@@ -1,4 +1,4 @@
-"""The driver's steps of a rollout (DESIGN §7): each one transaction, under the rollout
+"""The driver's steps of a rollout (docs/rollouts.md): each one transaction, under the rollout
 row's lock, that moves its version through ``dashboard.versions.do_transition`` (which
 checks the deploy lock's token) and records what happened on the rollout's timeline.
 

@@ -1,4 +1,4 @@
-"""Job runs and their attempts: the lifecycle of DESIGN §5, driven by the database.
+"""Job runs and their attempts: the lifecycle of docs/lifecycle.md, driven by the database.
 
 States of a run: ``queued → running → succeeded | failed → (retry) queued … → dead``.
 Every transition is a conditional UPDATE on (state, attempts): when two processes race

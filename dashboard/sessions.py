@@ -4,7 +4,7 @@ plain SELECT instead of the ORM's ``get``.
 Every logged-in request — every page, every API call, every socket's handshake — loads
 its session first. Through the ORM that lookup costs about 0.2 ms of CPU on SQLite (a
 queryset, its lookups and SQL compiled anew, a model built), the SELECT itself a
-tenth of it (issue 15, load test: the web processes' CPU per request is what the two
+tenth of it (load test, BENCHMARKS.md: the web processes' CPU per request is what the two
 cores run out of). Everything else is Django's own database store unchanged: the same
 table and rows (so sessions written before and by any other version of gitward stay
 valid both ways), the same expiry rule (``expire_date`` later than now, decided by the

@@ -1,4 +1,5 @@
-"""Per-repository aggregates (DESIGN §3), computed in SQL and cached per fingerprint."""
+"""Per-repository aggregates (docs/analysis.md#analysis-semantics), computed in SQL and
+cached per fingerprint."""
 
 from __future__ import annotations
 

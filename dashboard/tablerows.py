@@ -1,6 +1,6 @@
 """The rows of the longest tables (the repository list, the audit log, a repository's
-commits) and their id cells, rendered in Python instead of a template loop (issue 15,
-load test: 50-row tables were the pages' largest remaining CPU cost; Django's template
+commits) and their id cells, rendered in Python instead of a template loop (load test,
+BENCHMARKS.md: 50-row tables were the pages' largest remaining CPU cost; Django's template
 engine resolves every ``{{ }}`` through its variable lookup, filter and localisation
 machinery, cell by cell).
 

@@ -4,7 +4,7 @@ whose per-request user lookup is one plain SELECT instead of the ORM's ``get``.
 Every logged-in request — page, API call through the session, socket handshake — loads
 its user after its session (``django.contrib.auth.get_user``). Through the ORM that is
 a queryset, its lookup and SQL compiled anew for each request: about 0.2 ms of CPU, 8 %
-of the web processes' samples on the load test's mix (issue 15; BENCHMARKS.md). Here the
+of the web processes' samples on the load test's mix (BENCHMARKS.md). Here the
 SELECT is compiled once per database connection vendor and the row goes through the same
 converters the ORM applies (so an SQLite datetime or boolean comes back as the same
 Python value), then ``Model.from_db``, as the ORM builds an instance. The rest is

@@ -1,4 +1,4 @@
-"""Analyzer versions (DESIGN §7): the state machine, its invariants, its events.
+"""Analyzer versions (docs/rollouts.md#states): the state machine, its invariants, its events.
 
 Every state change of an ``AnalyzerVersion`` goes through :func:`do_transition`::
 
@@ -387,8 +387,8 @@ def _apply(
 def retire_version(
     *, fingerprint: str, actor: Any, queue: str = QUEUE, reason: str = ""
 ) -> AnalyzerVersion:
-    """drained | warm_failed → retired (DESIGN §7): the version is done for good — never
-    staffed, routed or rolled out again (its stored results stay, unserved).
+    """drained | warm_failed → retired (docs/rollouts.md#states): the version is done for
+    good — never staffed, routed or rolled out again (its stored results stay, unserved).
 
     ``fingerprint`` may be a prefix naming exactly one version of ``queue``. Drain
     bookkeeping, so no deploy-lock token (``TOKENLESS``): a retired version has no gate

@@ -1,4 +1,4 @@
-"""The cache-warming gate (DESIGN §7): what to warm, whether it is warm, what changed.
+"""The cache-warming gate (docs/rollouts.md): what to warm, whether it is warm, what changed.
 
 * :func:`select_warm_set` — the most-viewed repositories' most recent commits, read
   under the current version's fingerprint (``RepositoryView`` counts page views per

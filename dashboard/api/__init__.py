@@ -1,4 +1,4 @@
-"""JSON API (DESIGN §10): session or ``Authorization: Bearer <token>``.
+"""JSON API (docs/api.md): session or ``Authorization: Bearer <token>``.
 
 One module per resource, each a thin adapter over the domain modules; ``endpoint``
 holds what they share (the ``api_view`` decorator: authentication, method, rate limit,

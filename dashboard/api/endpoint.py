@@ -1,4 +1,4 @@
-"""What every JSON API endpoint shares (DESIGN §10): authentication (session or
+"""What every JSON API endpoint shares (docs/api.md): authentication (session or
 ``Authorization: Bearer <token>``), the method check, the rate limit, the body and
 parameter parsing, the permission checks, and the error body.
 

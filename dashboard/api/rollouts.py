@@ -1,4 +1,4 @@
-"""Rollouts over the API (DESIGN §7, docs/rollouts.md).
+"""Rollouts over the API (docs/rollouts.md, docs/api.md).
 
 ``POST /api/rollouts`` starts one (CI after a merge), ``GET`` lists them; the actions
 go to the rollout's driver or, for a dead driver, take the deploy lock here

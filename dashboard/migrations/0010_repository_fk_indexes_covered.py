@@ -3,7 +3,7 @@
 Both tables have composite indexes that lead with ``repository_id`` (the unique
 (repository, fingerprint, sha) and page indexes; the path and language indexes), so
 every lookup by repository — cascade deletes included — uses one of those, and the extra
-B-tree only cost each chunk write one more insertion per row (issue 14).
+B-tree only cost each chunk write one more insertion per row.
 
 The state change is Django's ``db_index=False``; the database change is a plain ``DROP
 INDEX`` (``AlterField`` would rebuild both tables on SQLite, copying every row).

@@ -6,7 +6,7 @@ A file row's ``commit_id`` is constrained to an existing commit, and that commit
 per-repository aggregates read without a join. Its constraint re-checked what the other
 two already guarantee, once per inserted file row: on PostgreSQL a deferred trigger run
 at every chunk's commit, ~145 ms of server time per 54,000 file rows (measured: as much as
-the COPY of those rows), issue 14. Deleting a repository still removes its file rows
+the COPY of those rows). Deleting a repository still removes its file rows
 (Django's ``on_delete=CASCADE``, unchanged).
 
 The state change is Django's ``db_constraint=False``. The database change is PostgreSQL's

@@ -9,7 +9,7 @@ from dashboard.models.repositories import Chunk, Repository
 
 
 class FenceToken(models.Model):
-    """The newest fencing token issued for one lock resource (DESIGN §4)."""
+    """The newest fencing token issued for one lock resource (docs/locks.md)."""
 
     resource = models.CharField(max_length=255, unique=True)
     token = models.BigIntegerField(default=0)

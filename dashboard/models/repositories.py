@@ -146,7 +146,8 @@ class Chunk(models.Model):
 
 
 class Commit(models.Model):
-    """One analysed commit (DESIGN §3), stored once per (repository, sha, fingerprint)."""
+    """One analysed commit (docs/analysis.md#analysis-semantics), stored once per
+    (repository, sha, fingerprint)."""
 
     #: No index of its own: the unique (repository, fingerprint, sha) index and the page
     #: index both lead with it, so every lookup by repository uses one of those, and a
@@ -213,7 +214,7 @@ class CommitCount(models.Model):
 
 
 class FileChange(models.Model):
-    """One file of one commit's first-parent diff (DESIGN §3)."""
+    """One file of one commit's first-parent diff (docs/analysis.md#analysis-semantics)."""
 
     commit = models.ForeignKey(Commit, on_delete=models.CASCADE, related_name="files")
     #: Denormalised so per-repository aggregates need no join. No index of its own (like

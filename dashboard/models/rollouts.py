@@ -1,4 +1,4 @@
-"""Rollouts (DESIGN §7): analyzer versions, rollouts and their timelines."""
+"""Rollouts (docs/rollouts.md): analyzer versions, rollouts and their timelines."""
 
 from __future__ import annotations
 

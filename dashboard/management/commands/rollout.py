@@ -64,7 +64,7 @@ class OneLineParser(CommandParser):
 
 
 class Command(BaseCommand):
-    help = "Roll out, inspect and roll back analyzer versions (DESIGN §7)."
+    help = "Roll out, inspect and roll back analyzer versions (docs/rollouts.md)."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
