@@ -43,7 +43,8 @@ RUN mkdir -p /var/lib/gitward/workspace /app/static \
  && GITWARD_SECRET_KEY=build-only python manage.py collectstatic --noinput --verbosity 0 \
  && chown -R gitward:gitward /var/lib/gitward /app/static
 # The workspace (git mirrors) belongs to one host: every container gets its own
-# anonymous volume here unless the orchestrator mounts a per-replica one (DESIGN §9).
+# anonymous volume here unless the orchestrator mounts a per-replica one
+# (docs/configuration.md).
 VOLUME ["/var/lib/gitward/workspace"]
 USER 10001:10001
 EXPOSE 8000

@@ -1003,7 +1003,7 @@ PUSH_ROUNDS = 3
 def _push_to_results(
     origin: Path, repo: Any, n: int, timeout: float, worker_pid: int
 ) -> dict[str, Any]:
-    """Push-to-results (issue 14.4), on the warm system of the run just measured: ``n``
+    """Push-to-results (an incremental sync), on the warm system of the run just measured: ``n``
     commits pushed, the repository re-submitted, then the time until every new commit is
     stored (the rows ``GET /api/repos/<id>/commits`` reads), polled every 10 ms."""
     from dashboard.models import Commit
@@ -1227,8 +1227,8 @@ def main() -> None:
     parser.add_argument(
         "--fast-import-pack",
         action="store_true",
-        help="keep the synthetic repository's pack as git fast-import wrote it (before "
-        "issue 14.3's round: not repacked)",
+        help="keep the synthetic repository's pack as git fast-import wrote it (as the runs "
+        "before the benchmark repacked: not repacked)",
     )
     parser.add_argument(
         "--timeline",

@@ -1,6 +1,6 @@
-"""Benchmark: the two-core floor under issue 14's wall-time goals, measured in one run.
+"""Benchmark: the two-core floor under the wall-time goals, measured in one run.
 
-Issue 14 asks for (1) whole-history analysis from an existing mirror in <= 0.75x the
+The goals (BENCHMARKS.md) are (1) whole-history analysis from an existing mirror in <= 0.75x the
 wall time of one ``git log --numstat --no-renames --diff-merges=first-parent``, and
 (2) a fresh submission in <= 1.0x ``git clone --bare`` + that ``git log``. This script
 does not run gitward end to end (``bench/analysis.py`` does); it measures, side by side

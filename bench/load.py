@@ -1,5 +1,5 @@
 """Load test: logged-in users browsing with the live view open, while repositories are
-submitted and analysed (issue 15, "Load test"). Not a test: nothing is asserted, but
+submitted and analysed (BENCHMARKS.md, "Load"). Not a test: nothing is asserted, but
 the exit status is 1 when a request failed or a submitted repository is incomplete.
 
 ``manage.py up --workers 4`` runs as a subprocess on a free loopback port (its own

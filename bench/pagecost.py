@@ -1,6 +1,6 @@
 """What each of the load test's eight screens costs the web process, per request: CPU
-(``time.process_time``), wall time, database queries and Redis round trips (issue 15,
-"Load test": 200 users every 2 s = 100 requests/s on 2 cores, so every page must cost a
+(``time.process_time``), wall time, database queries and Redis round trips (load test,
+BENCHMARKS.md: 200 users every 2 s = 100 requests/s on 2 cores, so every page must cost a
 few ms of CPU).
 
 Django's test client in this process (middleware, view, template; no network), 3 local

@@ -1,5 +1,5 @@
 """Server time of the repository page, a commit page and ``GET /api/repos/<id>/commits/
-<sha>`` with 1,000,000 stored commits (issue 14.3; goal: each under 100 ms).
+<sha>`` with 1,000,000 stored commits (goal: each under 100 ms).
 
 One repository: a real git repository of 12 commits, mirrored where the web process
 reads it (``workspace/mirrors/1.git``), plus 999,988 synthetic commits with one file row

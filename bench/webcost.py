@@ -1,6 +1,6 @@
 """What the running web server spends per request of each of the load test's eight
-screens: CPU time of the web processes themselves, read from ``/proc`` (issue 15, "Load
-test": 200 browsers every 2 s = 100 requests/s, 4 web processes beside 4 workers on 2
+screens: CPU time of the web processes themselves, read from ``/proc`` (load test,
+BENCHMARKS.md: 200 browsers every 2 s = 100 requests/s, 4 web processes beside 4 workers on 2
 cores, so every millisecond of server CPU per request counts).
 
 Unlike ``bench/pagecost.py`` (Django's test client in the bench's own process), this
