@@ -285,7 +285,7 @@ def git_log_reference(
     return out
 
 
-#: Script payloads the commit page must show as text (issue 13).
+#: Script payloads the commit page must show as text.
 PAYLOADS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>')
 #: An author name with what git keeps of markup (it drops ``<`` and ``>`` from names).
 AUTHOR = "Eve ' onmouseover='alert(1)' \" &amp; x"

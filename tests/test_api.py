@@ -1,4 +1,4 @@
-"""The JSON API of DESIGN §10, through Django's test client against the real stack."""
+"""The JSON API (docs/api.md), through Django's test client against the real stack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``bench/floor.py`` (the two-core floor under issue 14's wall-time goals) on a small
+"""``bench/floor.py`` (the two-core floor under the wall-time goals of BENCHMARKS.md) on a small
 real history: it runs end to end, its git parts cover the whole history, and its
 "SQLite alone" figure re-inserts exactly the rows the chunk writes stored (the script
 refuses to print a figure for a copy that differs). Nothing about speed is asserted."""

@@ -1,4 +1,4 @@
-"""The commit page in a real headless Chromium against `manage.py up` (issue 13): a
+"""The commit page in a real headless Chromium against `manage.py up`: a
 fixture whose commit message, author and file names hold script payloads is analysed,
 its commit is opened from the repository page's commit table, and every payload is
 text: no dialog fires, no element is injected, the title holds no markup. Screenshots:

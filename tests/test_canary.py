@@ -104,7 +104,7 @@ def _attempts(fingerprint: str, outcomes: list[str], *, seconds: float = 1.0) ->
 
 @pytest.mark.django_db(transaction=True)
 def test_the_health_check_compares_failures_dead_letters_and_run_time_with_current() -> None:
-    """Issue 11.6: failure rate, dead letters and latency against the current version,
+    """Failure rate, dead letters and latency against the current version,
     with a minimum sample; each criterion alone fails the canary."""
     from datetime import timedelta
     from types import SimpleNamespace

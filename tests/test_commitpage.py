@@ -1,5 +1,5 @@
-"""The commit page and ``GET /api/repos/<id>/commits/<sha>`` (issue 13, item 6), and the
-repository page's head, links, mirror line and re-analyse button (item 7).
+"""The commit page and ``GET /api/repos/<id>/commits/<sha>``, and the repository
+page's head, links, mirror line and re-analyse button.
 
 A real repository (tests.gitrepo.hostile_commits) analysed by real RQ workers into the
 real database; the page reads the real mirror through GitPython."""

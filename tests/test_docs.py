@@ -1,4 +1,4 @@
-"""The README documents every setting (STYLE.md §11) and the two commands."""
+"""The README documents every setting and the two commands."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ def test_a_stale_holder_writes_nothing(git_repo: GitRepo, tmp_path) -> None:
 def test_a_token_fetched_after_the_lease_lapsed_does_not_fence_out_the_next_holder(
     redis_nodes: list[RedisNode],
 ) -> None:
-    """Issue 9, item 6. A's token fetch is slow (a busy database): it finishes only after
+    """A's token fetch is slow (a busy database): it finishes only after
     A's lease lapsed and B took the lock and its token. A's late increment must not be
     committed, or B's legitimate writes would be rejected as stale."""
     key = "locks:test:late-token"

@@ -104,7 +104,8 @@ def test_fetch_config_ignores_accepted_and_errors_refused_ids() -> None:
 
 
 def legacy_origin(tmp_path: Path) -> Forge:
-    """The two findings of issue 9: a zero-padded tree mode and a bad time zone."""
+    """Two warnings real histories carry (docs/analysis.md): a zero-padded tree mode and a
+    bad time zone."""
     f = Forge.create(tmp_path / "legacy.git")
     blob = f.blob("x\n")
     sub = f.tree([("100644", "a.txt", blob)])

@@ -1,5 +1,5 @@
-"""Git hardening and resource limits, proved one catalog row at a time
-(research/reliability.md §1.3-§1.6, §5 rows G3, G7, G8, G14-G21).
+"""Git hardening and resource limits, proved one row of the attack catalog
+(docs/security.md) at a time: rows G3, G7, G8, G14-G21.
 
 Repository-content attacks go through the real pipeline (``submit_repository`` of a
 local path, then real RQ workers); network attacks use loopback servers and call the
@@ -264,7 +264,7 @@ def sync(tmp_path: Path, url: str, runner: Runner | None = None, **kw: Any) -> s
 def test_hostile_repo_config_and_hooks_never_run_and_results_stay_correct(
     tmp_path: Path,
 ) -> None:
-    """G18 (+ hooks row of §1.5): the submitted repository's ``.git/config`` names
+    """G18 (and hooks): the submitted repository's ``.git/config`` names
     commands for core.fsmonitor, core.sshCommand, core.pager, diff.external, filters,
     textconv, uploadpack.packObjectsHook, credential.helper, core.hooksPath, and every
     hook writes a sentinel; analysing it through the real pipeline runs none of them."""
@@ -717,7 +717,7 @@ def assert_refused_naming(repo: Repository, origin: Path, msg_id: str) -> None:
     ],
 )
 def test_malformed_objects_are_refused_at_fetch(tmp_path: Path, entry: str, detail: str) -> None:
-    """transfer.fsckObjects (§1.3): a tree with a ``.git``/``..`` entry (or an alias a
+    """transfer.fsckObjects: a tree with a ``.git``/``..`` entry (or an alias a
     case-insensitive, NTFS or HFS+ checkout would write as ``.git``) is refused at
     fetch although git only warns about it; the repository fails (not retried) with
     git's exact finding."""
@@ -1043,7 +1043,7 @@ def _commit_file(origin: Path, name: str, content: bytes, when: int) -> str:
 def test_an_incremental_sync_scans_only_new_objects_and_still_refuses_a_huge_one(
     tmp_path: Path,
 ) -> None:
-    """Issue 14.4: after the first sync, the per-object check of a fetch looks only at
+    """After the first sync, the per-object check of a fetch looks only at
     objects reachable from the new head and not from the last checked one (no
     ``--batch-all-objects`` scan of the whole mirror), and still refuses a pushed object
     over the limit (G20), keeping no mirror."""

@@ -1,4 +1,4 @@
-"""workers.jobs.sync_repository's inline chunk (issue 14): the sync's work horse analyses
+"""workers.jobs.sync_repository's inline chunk: the sync's work horse analyses
 the first chunk it planned itself, through the same lifecycle as an RQ delivery, and
 every crash window recovers. Real forking RQ workers (``manage.py worker --burst``), real
 git repositories, real Redis masters; results compared with what git reports."""

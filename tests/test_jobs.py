@@ -264,7 +264,7 @@ def analysed(repo: Repository) -> None:
 
 
 def test_a_resync_after_a_push_lists_and_plans_only_the_new_commits(git_repo: GitRepo) -> None:
-    """Issue 14.4: after a fast-forward the sync lists ``rev-list new ^old`` only, plans
+    """After a fast-forward the sync lists ``rev-list new ^old`` only, plans
     those and adds them to the total; the stored commits equal what a full plan gives."""
     repo, _ = synced(git_repo)
     analysed(repo)

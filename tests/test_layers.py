@@ -70,7 +70,7 @@ TESTED_UNDER = {
 
 
 def test_every_module_has_a_test_module() -> None:
-    """Issue 10: tests mirror the code — a new module arrives with its own tests."""
+    """Tests mirror the code (docs/testing.md): a new module arrives with its own tests."""
     missing = []
     for module in sorted(_modules()):
         name = TESTED_UNDER.get(module, "test_" + module.rsplit(".", 1)[1])

@@ -197,7 +197,7 @@ def test_a_forced_release_fences_the_old_holder_and_announces_it() -> None:
 def test_a_job_that_acquires_during_a_forced_release_keeps_its_writes(
     git_repo: GitRepo, settings, tmp_path: Path
 ) -> None:
-    """Issue 9 item 3. The operator's release runs in its own process and is frozen
+    """The operator's release runs in its own process and is frozen
     (SIGSTOP) between its two steps; a job acquires the lock in that gap if it can. Its
     writes must be accepted: the release bumps the token *before* deleting the lock, so
     nobody can acquire in the gap, and whoever acquires afterwards gets a newer token.

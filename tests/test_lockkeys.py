@@ -1,4 +1,4 @@
-"""workers/lockkeys.py: every key of DESIGN §4 round-trips through parse/build."""
+"""workers/lockkeys.py: every lock key (docs/locks.md) round-trips through parse/build."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ NO_RETRY = Retry(NoBackoff(), 0)
 
 class SqliteCounter:
     """A fencing-token source backed by a real sqlite file: one row per resource,
-    incremented in its own transaction (the database counter of DESIGN.md §4)."""
+    incremented in its own transaction (the database counter of docs/locks.md)."""
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)

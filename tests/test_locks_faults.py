@@ -1,4 +1,4 @@
-"""Redlock fault cases of issue 9, against real redis-server processes: a heartbeat whose
+"""Redlock fault cases, against real redis-server processes: a heartbeat whose
 observer is stuck on a stalled master, one slow reply while another master is down (a
 delaying TCP proxy), a lock handed out with little validity left, and a SET delayed past a
 failed attempt."""
@@ -44,7 +44,7 @@ def set_calls(node: RedisNode) -> int:
     return int(stats.get("calls", 0)) if isinstance(stats, dict) else 0
 
 
-# Issue 9, item 1: nothing but the extension on the heartbeat thread ---------------------------
+# Nothing but the extension on the heartbeat thread ---------------------------
 
 
 def heartbeat_threads(key: str) -> list[threading.Thread]:
@@ -120,7 +120,7 @@ def test_the_first_heartbeat_comes_within_half_of_the_validity_left(
         rl.close()
 
 
-# Issue 9, item 4: one slow reply costs a round, not the job --------------------------------
+# One slow reply costs a round, not the job --------------------------------
 
 
 def test_one_slow_reply_while_another_master_is_down_costs_a_round_not_the_lock(
@@ -170,7 +170,7 @@ def test_an_extension_gives_up_only_near_the_end_of_the_validity(
         rl.close()
 
 
-# Issue 9, item 5: a minimum validity -----------------------------------------------------------
+# A minimum validity -----------------------------------------------------------
 
 
 def test_a_lock_left_with_less_than_the_minimum_validity_is_released_not_returned(
@@ -193,7 +193,7 @@ def test_a_lock_left_with_less_than_the_minimum_validity_is_released_not_returne
         make(masters, min_validity=1.0)
 
 
-# Issue 9, item 7: a SET that lands after the attempt gave up ------------------------------
+# A SET that lands after the attempt gave up ------------------------------
 
 
 def test_a_set_delayed_past_a_failed_attempt_is_deleted_right_behind_it(

@@ -1,4 +1,4 @@
-"""Several "hosts" analysing together, as real processes (issue 15.4).
+"""Several "hosts" analysing together, as real processes (docs/operations.md).
 
 Three independent Redis lock masters and a separate queue Redis; three hosts, each a
 ``manage.py worker`` process tree with its own workspace and its own ``git`` on PATH (a

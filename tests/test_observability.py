@@ -21,7 +21,7 @@ METRIC = re.compile(r"\bgitward_[a-z0-9_]+\b")
 DURATION = re.compile(r"^\d+[smhdwy]$")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
-#: The alerts issue 12 asks for, by name.
+#: The alerts a deployment needs, by name (docs/operations.md).
 REQUIRED = {
     "GitwardOldestJobTooOld",
     "GitwardDeadLettersGrowing",

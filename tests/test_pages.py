@@ -1,4 +1,4 @@
-"""The dashboard's pages as operators read them (issue 13): titles, plurals, times,
+"""The dashboard's pages as operators read them: titles, plurals, times,
 short ids, destructive buttons behind a confirm dialog with a reason for the audit
 log, charts with axes, pagination, query counts and the favicon.
 
@@ -440,7 +440,7 @@ def _table(sql: str) -> str:
 def test_the_repository_page_reads_its_row_count_and_chunks_in_one_query(
     operator: Client, git_repo: GitRepo
 ) -> None:
-    """Issue 15: the warm repository page makes 7 queries — session, user, the served
+    """The warm repository page makes 7 queries — session, user, the served
     fingerprint, the row with its stored-commit count and chunk counts, the summary, the
     commits, the recent runs — was 12 (the fingerprint read twice, the count and the
     chunks' GROUP BY apart from the row), then 8 with the view count's write (now

@@ -288,7 +288,7 @@ def test_a_long_history_is_planned_while_it_is_read_into_the_same_chunks(setting
 
 
 def test_planning_a_whole_history_allocates_less_than_its_text_once(settings: Any) -> None:
-    """Issue 14.3: the sync horse's memory stays flat as histories grow. Planning
+    """The sync horse's memory stays flat as histories grow. Planning
     40,000 commits from a ShaList may not hold every sha as text (1.6 MB)."""
     settings.CHUNK_SIZE = settings.CHUNK_MAX = 400
     repo = a_repo()

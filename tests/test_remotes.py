@@ -1,5 +1,5 @@
-"""Tests for workers.remotes: catalog rows G1-G13 and the Appendix A input lists
-(research/reliability.md).  No Django, no network: DNS is a fake table."""
+"""Tests for workers.remotes: rows G1-G13 of the attack catalog (docs/security.md)
+and lists of hostile inputs.  No Django, no network: DNS is a fake table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rollouts JSON API (issue 11.9): a CI token starts a rollout after a merge, reads it
+"""The rollouts JSON API (docs/api.md): a CI token starts a rollout after a merge, reads it
 back with its timeline, and operators act on it; every bad input is a JSON 4xx and every
 refusal is audited. Real database, real Redis (the driver job lands on ``rollouts``)."""
 

@@ -1,5 +1,5 @@
-"""End to end, as an operator runs it (issue 11 "done when", CLI path): a real worker pool
-(``workers.pool.Pool`` children, as ``up`` runs them) follows the versions table;
+"""End to end, as an operator runs it (the CLI path, docs/rollouts.md#runbook-cli): a real
+worker pool (``workers.pool.Pool`` children, as ``up`` runs them) follows the versions table;
 ``manage.py rollout start --set detect_renames=true --auto --wait`` returns once the new
 version is current; the catch-up brings the repository under it and the API serves the
 new numbers; ``manage.py rollout rollback`` makes the API serve the old numbers the moment

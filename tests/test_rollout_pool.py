@@ -1,4 +1,4 @@
-"""The worker pool follows the versions table (issue 11.11) with real ``manage.py worker``
+"""The worker pool follows the versions table with real ``manage.py worker``
 children: a warming version gets its own worker, which loads that version's config and
 analyses the warm set; once the version's gate closes its worker takes no job (a real
 worker process, observed over its own dequeue cycles); a superseded or drained version's

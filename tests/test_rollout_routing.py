@@ -1,4 +1,4 @@
-"""Routing of new work (issue 11.1/6): a sync plans the served version's chunks for every
+"""Routing of new work (docs/rollouts.md): a sync plans the served version's chunks for every
 repository and the ramping version's for the repositories whose key routes to it (a
 deterministic hash against p %); retries stay on their version; a worker refuses a job
 of a version it did not load — handed back to its own queue if misrouted, dead-lettered

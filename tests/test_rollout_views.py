@@ -1,4 +1,4 @@
-"""The Rollouts page and its buttons (issue 11, items 4, 5, 8, 10): what it shows from a
+"""The Rollouts page and its buttons (docs/rollouts.md): what it shows from a
 real rollout (a real analysed repository, the warm set analysed under the new version
 with the real analyzer path, a real deploy lock), the permission-checked, CSRF-protected,
 audited buttons, field errors on bad input, the "roll back to V" offers beside the dead

@@ -1,4 +1,4 @@
-"""The rollout wired into the running system (issue 11.1/6/7): routing through the
+"""The rollout wired into the running system (docs/rollouts.md#wiring): routing through the
 canary, workers per version, the warmer, promote's catch-up and rollback's cancel, with
 real RQ workers (one per version, each loading its own config), real Redis, real git.
 

@@ -1,4 +1,4 @@
-"""dashboard.runs: the run lifecycle of DESIGN §5 against the real database and a real
+"""dashboard.runs: the run lifecycle of docs/lifecycle.md against the real database and a real
 Redis queue (no worker: each transition is driven and checked directly)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Settings fail loudly at start-up (STYLE.md §11): a real ``manage.py check`` per case.
+"""Settings fail loudly at start-up (docs/configuration.md): a real ``manage.py check`` per case.
 
 A bad variable stops the process with one line naming the variable and the expected
 form and exit 1, never a traceback; rules across variables are system checks

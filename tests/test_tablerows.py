@@ -1,5 +1,5 @@
 """The repository list's and the audit log's rows rendered in Python
-(``dashboard.tablerows``, issue 15): the same characters as the template loops they
+(``dashboard.tablerows``): the same characters as the template loops they
 replaced — kept here as fixtures (``tests/fixtures/tablerows/``) — over hostile, empty
 and edge-case rows, and no markup from the database ever reaches the page unescaped.
 
@@ -193,7 +193,7 @@ def test_no_markup_from_the_database_reaches_the_pages_unescaped(client: Client)
 
 
 def _ago_reference(value: Any) -> str:
-    """``|ago`` as it was written with ``format_html`` (before issue 15)."""
+    """``|ago`` as it was written with ``format_html`` (before ``dashboard.tablerows``)."""
     when = timestamps.parse_time(value)
     if when is None:
         return "—"

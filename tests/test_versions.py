@@ -122,7 +122,7 @@ def _edge_kwargs(src: str, to: str) -> dict:
     return {}
 
 
-#: The state machine of DESIGN §7 / issue 11.2, written out (not read from the code,
+#: The state machine of docs/rollouts.md#states, written out (not read from the code,
 #: so a changed edge in ``versions.ALLOWED`` fails here): the forward path, the warming
 #: failure and its retry, the rollback edges (→ draining; draining/drained → current),
 #: drain bookkeeping and retirement, and a rolled-back version rolled out again.

@@ -181,7 +181,7 @@ def test_views_are_counted_per_day_without_losing_any() -> None:
 
 
 def test_warming_runs_once_under_its_own_lock(tmp_path: Path) -> None:
-    """Issue 11.4: the warmer plans under ``locks:queue:{q}:warm:{fp}`` — a second warmer
+    """The warmer plans under ``locks:queue:{q}:warm:{fp}`` — a second warmer
     while it holds the lock plans nothing, and one after it enqueues nothing new."""
     from dashboard import leases, queues
     from dashboard.warming import warm_rollout

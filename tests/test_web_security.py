@@ -1,4 +1,4 @@
-"""The web surface against the catalog rows D1–D10 (research/reliability.md §5)."""
+"""The web surface against the attack catalog's rows D1–D10 (docs/security.md)."""
 
 from __future__ import annotations
 
