@@ -51,7 +51,7 @@ EXPOSE 8000
 # Readiness, not liveness: GET /readyz (database migrated, a majority of lock masters and
 # the queue Redis answering; 503 with a JSON body naming what failed). The image's default
 # command is the web process; worker containers, which serve no HTTP, override this with
-# `manage.py ready` (the same checks, dashboard/readiness.py): see compose.yaml. The
+# `manage.py ready` (the same checks, dashboard/operations/readiness.py): see compose.yaml. The
 # X-Forwarded-Proto header spares the probe GITWARD_PRODUCTION's HTTPS redirect.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request as u; u.urlopen(u.Request(f\"http://127.0.0.1:{os.environ.get('PORT', '8000')}/readyz\", headers={'X-Forwarded-Proto': 'https'}), timeout=5)"]

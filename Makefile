@@ -61,7 +61,7 @@ lint: install
 # The deployment files, offline (no Docker engine needed): hadolint on the Dockerfile,
 # compose.yaml against the Compose specification's JSON schema (vendored from
 # check-jsonschema, deploy/schema/), deploy/k8s/*.yaml against the Kubernetes API schemas,
-# deploy/observability (alert rules, Grafana dashboard) by tests/test_observability.py.
+# deploy/observability (alert rules, Grafana dashboard) by tests/system/test_observability.py.
 K8S_VERSION  ?= 1.30.0
 DEPLOY_STAMP := $(VENV)/.deploy-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
@@ -75,7 +75,7 @@ deploy-check: $(DEPLOY_STAMP)
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k $(K8S_VERSION) deploy/k8s/*.yaml
 	@# promtool is not on PyPI: the rules and the Grafana dashboard are parsed and every
 	@# metric they name is checked against a real /metrics scrape.
-	$(PY) -m pytest -q tests/test_observability.py
+	$(PY) -m pytest -q tests/system/test_observability.py
 	@echo "deploy-check: Dockerfile, compose.yaml, deploy/k8s and deploy/observability are valid"
 
 bench: install

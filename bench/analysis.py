@@ -11,7 +11,7 @@ Builds (or takes) one repository and measures, in one run and side by side:
                  its figure is a rate measured on a window, not a whole-history time;
   (c) gitward    end to end from an existing mirror: a fresh temporary var dir, SQLite
                  database (migrated) and 3 local redis-server nodes; the mirror of
-                 repository 1 is built beforehand with ``workers.mirror.sync_mirror`` (the
+                 repository 1 is built beforehand with ``workers.git.mirror.sync_mirror`` (the
                  code the sync job runs), so the sync job only does an up-to-date fetch;
                  ``manage.py worker --workers N`` is started and waited for (all workers
                  registered) before the clock starts; then submit → ``status == ready`` and
@@ -24,7 +24,7 @@ Worker peak memory is also measured at the ``--rss-sizes`` history sizes (a smal
 it stays flat as the history grows. ``--chunk-sizes`` repeats (c) with other fixed chunk
 targets (``GITWARD_CHUNK_SIZE`` and ``GITWARD_CHUNK_MAX`` both that value); the main run uses
 the settings' defaults, so its target grows with the history
-(``workers.chunks.chunk_target``). Not a test: nothing is asserted.
+(``workers.analysis.chunks.chunk_target``). Not a test: nothing is asserted.
 
 ``--clone`` measures a fresh submission instead: no mirror beforehand, so the clock runs
 from ``submit_repository()`` through the sync job's clone (with all of gitward's git
@@ -301,7 +301,7 @@ def truncated_clone(repo: Path, dest: Path, size: int) -> int:
 
 
 def bench_git_log(repo: Path, runs: int = 3) -> float:
-    from workers.history import _FORMAT
+    from workers.analysis.numstat import _FORMAT
 
     cmd = [
         "git",
@@ -343,7 +343,7 @@ def bench_clone_and_log(origin: Path, tmp: Path, *, local: bool, runs: int = 2) 
     (:func:`bench_git_log`'s command, one run) of the clone; median of ``runs`` after a
     warm-up. ``local=False`` adds ``--no-local``: a pack transfer, as from a remote
     (plain ``git clone`` of a local path hard-links the objects instead)."""
-    from workers.history import _FORMAT
+    from workers.analysis.numstat import _FORMAT
 
     times = []
     cpu = []
@@ -565,7 +565,7 @@ def _stop_tree(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
 
 def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
     """One gitward run in this (fresh) process; returns the measured figures."""
-    from workers.redisnode import RedisNode
+    from workers.runtime.redis_server import RedisNode
 
     base = Path(cfg["dir"])
     var = base / "var"
@@ -602,11 +602,11 @@ def gitward_child(cfg: dict[str, Any]) -> dict[str, Any]:
         from django.db.models import Sum
         from rq import Worker
 
-        from dashboard import queues
+        from dashboard.infra import queues
         from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository
-        from dashboard.repositories import submit_repository, validate_remote
-        from workers.gitproc import Runner
-        from workers.mirror import sync_mirror
+        from dashboard.repositories.lifecycle import submit_repository, validate_remote
+        from workers.git.mirror import sync_mirror
+        from workers.git.runner import Runner
 
         call_command("migrate", verbosity=0)
         # The mirror already present: built with the sync job's own code for the id the
@@ -775,12 +775,12 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import connection
 
-    from dashboard.commits import write_chunk
-    from dashboard.fencing import next_token
+    from dashboard.locks.fencing import next_token
     from dashboard.models import Chunk, Repository
-    from workers.analyzer import DEFAULT
-    from workers.chunks import chunk_key, chunk_target, plan_chunks
-    from workers.history import list_commits, stream_commits
+    from dashboard.repositories.commits import write_chunk
+    from workers.analysis.analyzer import DEFAULT
+    from workers.analysis.chunks import chunk_key, chunk_target, plan_chunks
+    from workers.analysis.history import list_commits, stream_commits
 
     call_command("migrate", verbosity=0)
     if cfg.get("engine"):
@@ -854,8 +854,8 @@ def _engine_write(var: Path, sizes: list[int]) -> dict[str, Any]:
     (SQLite runs in it) for the inserts and commits alone."""
     import sqlite3
 
-    from dashboard.commits import COMMIT_COLUMNS, FILE_COLUMNS
     from dashboard.models import Commit, FileChange
+    from dashboard.repositories.commits import COMMIT_COLUMNS, FILE_COLUMNS
 
     def cols(model: Any, names: tuple[str, ...]) -> list[str]:
         return [model._meta.get_field(n).column for n in names]
@@ -927,7 +927,7 @@ def run_stages(
     engine: bool = False,
 ) -> dict[str, Any]:
     """:func:`stages_child` in a fresh process; ``chunk_size`` None cuts the chunks with
-    the production target (``workers.chunks.chunk_target`` at the settings' defaults)."""
+    the production target (``workers.analysis.chunks.chunk_target`` at the settings' defaults)."""
     cfg = {
         "origin": str(origin),
         "dir": str(work),
@@ -1007,7 +1007,7 @@ def _push_to_results(
     commits pushed, the repository re-submitted, then the time until every new commit is
     stored (the rows ``GET /api/repos/<id>/commits`` reads), polled every 10 ms."""
     from dashboard.models import Commit
-    from dashboard.repositories import submit_repository
+    from dashboard.repositories.lifecycle import submit_repository
 
     before = Commit.objects.filter(repository=repo).count()
     push_commits(origin, n)

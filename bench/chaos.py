@@ -66,8 +66,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.procstat import ProcStat, read_stat  # noqa: E402
-from tests.sysproc import git_processes_under, wait_http  # noqa: E402
-from workers.redisnode import RedisNode, free_port  # noqa: E402
+from tests.support.sysproc import git_processes_under, wait_http  # noqa: E402
+from workers.runtime.redis_server import RedisNode, free_port  # noqa: E402
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 

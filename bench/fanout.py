@@ -1,11 +1,11 @@
 """Benchmark: live events fanned out to many websockets of one web process, the
 anchor (another revision of this repository, by default the one before
-``dashboard/broadcasts.py`` was added) and this tree side by side in one run. Not a test.
+``dashboard/live/fanout.py`` was added) and this tree side by side in one run. Not a test.
 
 For each code tree: ``manage.py up --workers 0`` (that tree's code, this virtualenv;
 its own temporary ``GITWARD_VAR_DIR``, SQLite, embedded Redis) serves ``--sockets``
 websockets on ``/ws/ops/``, opened by this process (asyncio, ``websockets``) with one
-logged-in session. A publisher subprocess (that tree's ``dashboard.live.send_to_groups``,
+logged-in session. A publisher subprocess (that tree's ``dashboard.infra.events.send_to_groups``,
 as a worker publishes) sends ``--rate`` events/s for ``--seconds``: job progress of
 ``--keys`` runs in turn, so a 100 ms window coalesces some but not all. Figures:
 
@@ -60,13 +60,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.live import pct  # noqa: E402
-from tests.sysproc import wait_http  # noqa: E402
-from workers.redisnode import free_port  # noqa: E402
+from tests.support.sysproc import wait_http  # noqa: E402
+from workers.runtime.redis_server import free_port  # noqa: E402
 
 PASSWORD = "fanout-pass-123456"
 PUBLISHER = """
 import sys, time
-from dashboard.live import OPS_GROUP, send_to_groups
+from dashboard.infra.events import OPS_GROUP, send_to_groups
 rate, seconds, keys = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 pad = "x" * int(sys.argv[4])
 start = time.monotonic()
@@ -321,10 +321,10 @@ def main() -> int:
     parser.add_argument("--profile", choices=["this", "anchor"], default="this",
                         help="whose web process --py-spy samples")  # fmt: skip
     args = parser.parse_args()
-    if not args.anchor:  # the parent of the commit that added dashboard/broadcasts.py
+    if not args.anchor:  # the parent of the commit that added dashboard/live/fanout.py
         added = subprocess.run(
             ["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%h", "--",
-             "dashboard/broadcasts.py"],
+             "dashboard/live/fanout.py"],
             capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
         args.anchor = f"{added[-1]}~1"

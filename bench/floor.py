@@ -21,7 +21,7 @@ best wall time they allow on this machine's cores:
       of every step on every core. Printed as a ratio to (a), beside the goal, and the
       Python CPU the goal leaves once git has had its share;
   (e) fresh: the anchor ``git clone --bare`` (local: it hard-links the objects) + one
-      ``git log``, against gitward's hardened transfer alone (``workers.mirror.sync_mirror``,
+      ``git log``, against gitward's hardened transfer alone (``workers.git.mirror.sync_mirror``,
       the sync job's own code: a pack transfer with ``transfer.fsckObjects`` and the rest
       of the hardening, then the mirror's size checks), no analysis at all.
 
@@ -66,7 +66,7 @@ def split_history(shas: list[str], parts: int) -> list[list[str]]:
 def git_split(mirror: Path, parts: int, runs: int = 3) -> tuple[float, float]:
     """(b): ``parts`` chunk-shaped ``git log --stdin`` processes over contiguous parts of
     the history, started together; median wall and CPU of ``runs`` after a warm-up."""
-    from workers.history import _FORMAT
+    from workers.analysis.numstat import _FORMAT
 
     shas = analysis.git_out(mirror, "rev-list", "--reverse", "HEAD").split()
     inputs = ["\n".join(part).encode() + b"\n" for part in split_history(shas, parts)]
@@ -98,8 +98,8 @@ def git_split(mirror: Path, parts: int, runs: int = 3) -> tuple[float, float]:
 def hardened_transfer(origin: Path, tmp: Path, runs: int = 2) -> tuple[float, float]:
     """(e): the sync job's fresh clone (``sync_mirror`` into an empty workspace), no
     analysis; median wall and CPU of ``runs`` after a warm-up."""
-    from workers.gitproc import Runner
-    from workers.mirror import sync_mirror
+    from workers.git.mirror import sync_mirror
+    from workers.git.runner import Runner
 
     walls, cpus = [], []
     for i in range(runs + 1):

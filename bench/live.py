@@ -51,8 +51,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.sysproc import CHROMIUM, CHROMIUM_ARGS, wait_http  # noqa: E402
-from workers.redisnode import RedisNode, free_port  # noqa: E402
+from tests.support.sysproc import CHROMIUM, CHROMIUM_ARGS, wait_http  # noqa: E402
+from workers.runtime.redis_server import RedisNode, free_port  # noqa: E402
 
 PASSWORD = "admin-pass-123"
 LATENCY_GOAL_MS = 250.0
@@ -320,9 +320,9 @@ def fill(dead: int, commits: int, seed: int) -> int:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from dashboard.commits import COMMIT_COLUMNS, FILE_COLUMNS
     from dashboard.models import Commit, FileChange, JobAttempt, JobRun, Repository
-    from dashboard.repositories import current_fingerprint
+    from dashboard.repositories.commits import COMMIT_COLUMNS, FILE_COLUMNS
+    from dashboard.repositories.lifecycle import current_fingerprint
 
     rng = random.Random(seed)
     fp = current_fingerprint()
@@ -512,9 +512,9 @@ def measure_pages(args: argparse.Namespace) -> dict[str, Any]:
             from django.test import Client
             from django.test.utils import CaptureQueriesContext
 
-            from dashboard.commits import _encode_cursor
             from dashboard.models import Commit, Summary
-            from dashboard.repositories import current_fingerprint
+            from dashboard.repositories.commits import _encode_cursor
+            from dashboard.repositories.lifecycle import current_fingerprint
 
             t0 = time.perf_counter()
             repo_id = fill(args.dead, args.commits, args.seed)

@@ -71,8 +71,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.live import make_repo, pct  # noqa: E402
 from bench.proccpu import by_role, snapshot  # noqa: E402
-from tests.sysproc import wait_http  # noqa: E402
-from workers.redisnode import free_port  # noqa: E402
+from tests.support.sysproc import wait_http  # noqa: E402
+from workers.runtime.redis_server import free_port  # noqa: E402
 
 PASSWORD = "load-pass-123456"
 #: The main pages, by the name they are reported under; {repo} is filled per request.
@@ -389,7 +389,7 @@ def redis_commands(var: Path) -> dict[str, int]:
 def server_times(var: Path) -> dict[str, dict[float, float]]:
     """The web processes' ``gitward_http_request_seconds`` buckets so far, by view:
     ``{view: {upper bound: observations}}`` (read from the metrics hash on the queue
-    node, where every web process flushes them every 2 s: ``dashboard.telemetry``)."""
+    node, where every web process flushes them every 2 s: ``dashboard.observability.counters``)."""
     import redis
 
     url = json.loads((var / "state.json").read_text())["redis_urls"][0]

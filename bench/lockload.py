@@ -10,7 +10,7 @@ thread and key (its objects carry the held value, so they are not shared). Both 
 
 Per job: what a chunk job does with its lease — acquire with a fencing token (a database
 counter incremented in a transaction that confirms the token on a quorum: a SQLite file
-here, the shape of ``dashboard.fencing.next_token``), the heartbeat's extensions at TTL/3
+here, the shape of ``dashboard.locks.fencing.next_token``), the heartbeat's extensions at TTL/3
 over the chunk's time, release — against the time git + the parser take for a 1,000-commit
 chunk of the synthetic history (the database write comes on top in a real chunk, so the
 share printed is an upper bound).
@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from workers.history import stream_commits
+from workers.analysis.history import stream_commits
 from workers.locks import Redlock
 
 Acquire = Callable[[str], Callable[[], None]]  # key -> release
@@ -145,7 +145,7 @@ def print_contention(rows: list[tuple[str, str, dict[str, Any]]], threads: int) 
 
 class SqliteCounter:
     """A fencing-token source: one row per resource, incremented in a transaction that
-    calls ``confirm`` before its COMMIT — ``dashboard.fencing.next_token``'s shape on the
+    calls ``confirm`` before its COMMIT — ``dashboard.locks.fencing.next_token``'s shape on the
     settings' SQLite connection (kept open, WAL, ``synchronous=NORMAL``, IMMEDIATE)."""
 
     def __init__(self, path: Path) -> None:
@@ -174,7 +174,7 @@ class SqliteCounter:
 
 def chunk_seconds(tmp: Path, commits: int, runs: int) -> float:
     """Median seconds git + gitward's parser take for ``commits`` commits of the synthetic
-    history (``workers.history.stream_commits``, the analysis a chunk job runs)."""
+    history (``workers.analysis.history.stream_commits``, the analysis a chunk job runs)."""
     from bench.analysis import build_repository  # heavy (psycopg, …): only this part needs it
 
     repo = tmp / "chunk-repo"

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import lockload
 from workers.locks import Redlock
-from workers.redisnode import RedisNode
+from workers.runtime.redis_server import RedisNode
 
 TTL = 10.0
 KEY = "locks:bench:one"

@@ -8,7 +8,7 @@
    counts reused while the dead set is unchanged, 20 rounds) and right after a change of
    the dead set (5 rounds).
 2. Recording: what one job attempt adds — the lifecycle counters and histograms of
-   ``dashboard.telemetry`` plus its two flushes to Redis — timed over 2,000 attempts, and
+   ``dashboard.observability.counters`` plus its two flushes to Redis — timed over 2,000 attempts, and
    set against the analysis benchmark's end-to-end time (BENCHMARKS.md).
 
 Prints JSON; nothing here is asserted by a test.
@@ -40,9 +40,9 @@ def main() -> None:
         live.setup_django(tmp, nodes)
         from django.db import connection
 
-        from dashboard import telemetry
-        from dashboard.metrics import metrics_text
         from dashboard.models import JobRun
+        from dashboard.observability import counters
+        from dashboard.operations.prometheus import metrics_text
 
         t0 = time.perf_counter()
         live.fill(100_000, 1_000, 1)
@@ -79,19 +79,19 @@ def main() -> None:
         for i in range(attempts):
             run = Run(i)
             for kind in kinds if i % 10 else ["job.started", "job.failed"]:
-                telemetry.record_run_event(kind, run)
-            telemetry.observe(telemetry.LOCK_ACQUIRE_SECONDS, 0.004)
-            telemetry.count(telemetry.LOCK_COUNTERS["acquired"], 1)
-            telemetry.count(telemetry.LOCK_COUNTERS["releases"], 1)
+                counters.record_run_event(kind, run)
+            counters.observe(counters.LOCK_ACQUIRE_SECONDS, 0.004)
+            counters.count(counters.LOCK_COUNTERS["acquired"], 1)
+            counters.count(counters.LOCK_COUNTERS["releases"], 1)
         per_attempt = (time.perf_counter() - t0) / attempts
         out["record_ms_per_attempt"] = round(per_attempt * 1000, 3)
-        out["telemetry_fields"] = len(telemetry.read_all())
+        out["telemetry_fields"] = len(counters.read_all())
         # The analysis benchmark (BENCHMARKS.md): 28 attempts (1 sync + 27 chunks), 7.15 s.
         out["analysis_overhead_pct"] = round(28 * per_attempt / 7.15 * 100, 3)
 
         from django.conf import settings
 
-        from dashboard import dlqcounts
+        from dashboard.runs import dead_letter_counts
 
         def scrapes(rounds: int) -> tuple[list[float], str]:
             metrics_text()  # warm up (queries compiled, connections open, counts cached)
@@ -103,7 +103,7 @@ def main() -> None:
             return took, text
 
         # Cold: the dead-letter group counts computed at every scrape (what every scrape
-        # paid before dashboard/dlqcounts.py; GITWARD_METRICS_CACHE_SECONDS=0).
+        # paid before dashboard/runs/dead_letter_counts.py; GITWARD_METRICS_CACHE_SECONDS=0).
         settings.METRICS_CACHE_SECONDS = 0
         cold, _ = scrapes(10)
         out["scrape_cold_ms_median"] = round(statistics.median(cold) * 1000, 1)
@@ -115,12 +115,12 @@ def main() -> None:
         # One death between two scrapes: the next scrape recomputes (then reuses again).
         after_change = []
         for _ in range(5):
-            dlqcounts.changed()
+            dead_letter_counts.changed()
             t = time.perf_counter()
             metrics_text()
             after_change.append(time.perf_counter() - t)
         out["scrape_after_a_change_ms_median"] = round(statistics.median(after_change) * 1000, 1)
-        from dashboard import metrics as m
+        from dashboard.operations import prometheus as m
 
         parts = {}
         for name in ("_aggregated", "_queues", "_runs", "_workers", "_masters", "_rollouts"):

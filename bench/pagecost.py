@@ -16,7 +16,7 @@ cProfile each to stderr (``--profile-mode cold|warm``). ``--sessions N`` (defaul
 also times what a logged-in request pays to find its session and user, with database
 sessions and with ``cached_db`` over the queue Redis (``session_cost``); ``--tables N``
 (default 50) the repository list's, audit log's and commit table's rows alone, template loop against
-``dashboard.tablerows`` (``table_cost``).
+``dashboard.web.prerendered_rows`` (``table_cost``).
 
     .venv/bin/python bench/pagecost.py [--repos 400] [--real 3] [--dead 2000] [--rounds 20]
 """
@@ -174,22 +174,22 @@ def session_cost(rounds: int, cache_url: str, trips: RoundTrips) -> dict[str, An
 
 def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
     """The long tables alone: their rows as the template loops printed them (the loops
-    kept in ``tests/fixtures/tablerows/``) and as ``dashboard.tablerows`` prints them,
+    kept in ``tests/support/fixtures/tablerows/``) and as ``dashboard.web.prerendered_rows`` prints them,
     for the seeded first pages (50 repositories, 100 audit entries, the analysed
     repository's commits), alternated ``rounds`` times in this process. Median CPU ms
     of one table's rows."""
     from django.template import Context, Template
 
-    from dashboard import opsviews, tablerows
-    from dashboard.audit import audit_page, run_links
-    from dashboard.commits import commit_page
+    from dashboard.accounts.audit import audit_page, run_links
     from dashboard.models import Repository
-    from dashboard.repositories import current_fingerprint, repository_list
+    from dashboard.repositories.commits import commit_page
+    from dashboard.repositories.lifecycle import current_fingerprint, repository_list
+    from dashboard.web import ops, prerendered_rows
 
     fixtures = ROOT / "tests" / "fixtures" / "tablerows"
     repos, _ = repository_list()
     entries, _ = audit_page()
-    opsviews._link_targets(entries)
+    ops._link_targets(entries)
     for e in entries:
         e.runs = run_links(e)
     repo = Repository.objects.get(pk=repo_id)
@@ -199,17 +199,17 @@ def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
         "repositories": (
             Template((fixtures / "repository_loop.html").read_text()),
             {"repositories": repos, "filters": {}},
-            lambda: tablerows.repository_rows(repos, {}),
+            lambda: prerendered_rows.repository_rows(repos, {}),
         ),
         "audit": (
             Template((fixtures / "audit_loop.html").read_text()),
             {"entries": entries, "filters": {}},
-            lambda: tablerows.audit_rows(entries, {}),
+            lambda: prerendered_rows.audit_rows(entries, {}),
         ),
         "commits": (
             Template((fixtures / "commit_loop.html").read_text()),
             {"commits": commits, "commit_link": link},
-            lambda: tablerows.commit_rows(commits, link),
+            lambda: prerendered_rows.commit_rows(commits, link),
         ),
     }
     out: dict[str, Any] = {}
@@ -237,11 +237,11 @@ def seed(tmp: Path, repos: int, real: int, dead: int) -> int:
     from django.conf import settings
     from django.utils import timezone
 
-    from dashboard.audit import record_audit
+    from dashboard.accounts.audit import record_audit
     from dashboard.models import JobRun, Repository
-    from dashboard.repositories import submit_repository
+    from dashboard.repositories.lifecycle import submit_repository
     from tests.conftest import run_workers
-    from tests.gitrepo import GitRepo
+    from tests.support.gitrepo import GitRepo
 
     settings.LOCAL_ROOTS = [tmp.resolve()]
     settings.RESOLVE_HOSTS = False

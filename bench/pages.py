@@ -45,7 +45,7 @@ assert spec and spec.loader
 live = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(live)
 
-from tests.gitrepo import GitRepo  # noqa: E402
+from tests.support.gitrepo import GitRepo  # noqa: E402
 
 BATCH = 50_000
 
@@ -62,9 +62,9 @@ def seed(repo_id: int, fp: str, n: int, real: list[dict[str, Any]]) -> None:
     """``real`` commits (from git) plus synthetic ones up to ``n``, newest last."""
     from django.db import connection, transaction
 
-    from dashboard.commitcounts import add_stored
-    from dashboard.commits import COMMIT_COLUMNS, FILE_COLUMNS
     from dashboard.models import Commit, FileChange
+    from dashboard.repositories.commit_counts import add_stored
+    from dashboard.repositories.commits import COMMIT_COLUMNS, FILE_COLUMNS
 
     qn = connection.ops.quote_name
     start = datetime(1990, 1, 1, tzinfo=UTC)  # 1,000,000 minutes later: 1991-11
@@ -217,10 +217,10 @@ def main() -> None:
         from django.utils import timezone
 
         from dashboard.models import Repository
-        from dashboard.repositories import current_fingerprint
-        from dashboard.summaries import repository_summary
-        from workers.mirror import HEAD_REF
-        from workers.workspace import mirror_path
+        from dashboard.repositories.lifecycle import current_fingerprint
+        from dashboard.repositories.summaries import repository_summary
+        from workers.git.mirror import HEAD_REF
+        from workers.git.workspace import mirror_path
 
         (tmp / "var").mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0)

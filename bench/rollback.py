@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from workers.redisnode import RedisNode
+    from workers.runtime.redis_server import RedisNode
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-rollback-"))
     var = tmp / "var"
@@ -98,12 +98,16 @@ def run(tmp: Path, args: Any) -> None:
     from django.test import Client
     from rq import SimpleWorker
 
-    from dashboard import queues, rollouts, versions, workerbeats
-    from dashboard.deploylock import RolloutDriver
+    from dashboard.infra import queues
+    from dashboard.locks import worker_beats
     from dashboard.management.commands.worker import worker_queues
     from dashboard.models import AnalyzerVersion, Repository
-    from dashboard.repositories import submit_repository
-    from dashboard.warming import warm_rollout
+    from dashboard.repositories.lifecycle import submit_repository
+    from dashboard.rollouts import drains
+    from dashboard.rollouts import start as rollouts_start
+    from dashboard.rollouts.driver import RolloutDriver
+    from dashboard.rollouts.warming import warm_rollout
+    from dashboard.versions import state_machine
     from workers.jobs import load_versions
     from workers.pool import PauseAware, version_config
 
@@ -113,26 +117,26 @@ def run(tmp: Path, args: Any) -> None:
     def burst(names: list[str], fp: str) -> int:
         load_versions([version_config(fp)])
         w = W([queues.queue(n) for n in names], connection=queues.connection())
-        workerbeats.beat(name=f"bench-{fp[:8]}", queues_=names, version=fp)
+        worker_beats.beat(name=f"bench-{fp[:8]}", queues_=names, version=fp)
         w.apply_pauses()
         w.work(burst=True, with_scheduler=True, logging_level="ERROR")
         return w.successful_job_count + w.failed_job_count
 
     def drain_all() -> None:
         while True:
-            served = versions.served_fingerprint()
+            served = state_machine.served_fingerprint()
             ran = burst(worker_queues(served), served)
             for fp in (
-                AnalyzerVersion.objects.filter(state__in=versions.STAFFED)
+                AnalyzerVersion.objects.filter(state__in=state_machine.STAFFED)
                 .exclude(fingerprint=served)
                 .values_list("fingerprint", flat=True)
             ):
-                ran += burst([versions.physical_queue("analysis", fp)], fp)
+                ran += burst([state_machine.physical_queue("analysis", fp)], fp)
             if not ran:
                 return
 
     call_command("migrate", verbosity=0)
-    base = rollouts.ensure_baseline(actor="bench")
+    base = state_machine.ensure_baseline(actor="bench")
     for i in range(args.repos):
         make_repo(tmp / f"repo{i}", args.commits, i)
     start = time.perf_counter()
@@ -158,7 +162,7 @@ def run(tmp: Path, args: Any) -> None:
     reads: list[float] = []
     passes: list[int] = []
     for _ in range(args.rounds):
-        ro = rollouts.start_rollout(
+        ro = rollouts_start.start_rollout(
             config={"detect_renames": True}, actor="bench", enqueue_driver=False,
             warm_set={"repositories": args.repos, "commits_per_repository": 50, "threshold": 1.0},
         )  # fmt: skip
@@ -169,7 +173,7 @@ def run(tmp: Path, args: Any) -> None:
         d.tick()
         d.tick()
         for action, params in (("set_ramp", {"percent": 100}), ("promote", {})):
-            rollouts.request_action(rollout=ro, action=action, actor="bench", params=params)
+            rollouts_start.request_action(rollout=ro, action=action, actor="bench", params=params)
             d.tick()
         d.release()
         drain_all()
@@ -200,7 +204,7 @@ def run(tmp: Path, args: Any) -> None:
         totals.append(t2 - t0)
         drain_all()
         for _ in range(3):
-            rollouts.reconcile_drains()
+            drains.reconcile_drains()
         assert AnalyzerVersion.objects.get(pk=ro.version_id).state == "drained"
     call_ms = statistics.median(calls) * 1000
     total_ms = statistics.median(totals) * 1000

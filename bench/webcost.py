@@ -58,8 +58,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.live import redis_nodes  # noqa: E402
 from bench.pagecost import PAGES, seed  # noqa: E402
-from tests.sysproc import wait_http  # noqa: E402
-from workers.redisnode import free_port  # noqa: E402
+from tests.support.sysproc import wait_http  # noqa: E402
+from workers.runtime.redis_server import free_port  # noqa: E402
 
 PASSWORD = "webcost-pass-123456"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -248,7 +248,7 @@ def profile(
 
 #: Areas of the serving path, by the first matching frame from the leaf up (file paths).
 AREAS = [
-    ("templates", ("django/template/", "templatetags/", "dashboard/tablerows.py")),
+    ("templates", ("django/template/", "templatetags/", "dashboard/web/prerendered_rows.py")),
     ("ORM + database driver", ("django/db/", "sqlite3", "psycopg")),
     ("Redis client", ("redis/", "workers/locks/")),
     ("sessions + auth", ("contrib/sessions/", "contrib/auth/", "django/core/signing")),
@@ -344,9 +344,9 @@ def main() -> None:
         from django.db import connections
         from django.utils import timezone
 
-        from dashboard import leases
+        from dashboard.locks import leases
         from dashboard.models import WorkerBeat
-        from workers import lockkeys
+        from workers.locks import keys as locks_keys
 
         call_command("migrate", verbosity=0)
         repo_id = seed(tmp, args.repos, args.real, args.dead)
@@ -358,7 +358,9 @@ def main() -> None:
             )
         held = []  # kept for the whole run (TTL an hour), released at the end
         for i in range(args.locks):
-            key = lockkeys.mirror(repo_id) if i == 0 else lockkeys.chunk(repo_id + i, f"{i:040x}")
+            key = (
+                locks_keys.mirror(repo_id) if i == 0 else locks_keys.chunk(repo_id + i, f"{i:040x}")
+            )
             held.append(
                 leases.redlock().acquire(
                     key, ttl=3600, holder={"worker": f"host-1.{4200 + i % 5}", "job": f"j{i}"}

@@ -12,9 +12,8 @@ class DashboardConfig(AppConfig):
         # Imported here, not at the top: this module is loaded while the app registry is
         # being built, and these reach dashboard.models (Django's documented place for
         # such imports is ready()). checks is imported for its effect: it registers
-        # gitward's system checks (dashboard/checks.py); dbpool for its at-fork hook.
-        from dashboard import checks, dbpool  # noqa: F401
-        from dashboard.live import close_user_sockets
+        # gitward's system checks (dashboard/infra/system_checks.py); dbpool for its at-fork hook.
+        from dashboard.infra import close_user_sockets
 
         def on_logout(sender: object, request: object, user: object, **kwargs: object) -> None:
             if user is not None and getattr(user, "pk", None):

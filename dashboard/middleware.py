@@ -14,8 +14,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.html import escape
 from django.views import defaults
 
-from dashboard import live, queues
-from dashboard.queues import RedisUnavailable
+from dashboard import infra
+from dashboard.infra import RedisUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ContentSecurityPolicyMiddleware:
 
 
 class EventActorMiddleware:
-    """Tells ``dashboard.live`` which request (so which user) an event published while
+    """Tells ``dashboard.infra.events`` which request (so which user) an event published while
     serving it belongs to: a user's own action must show on their next page at once,
     somebody else's may wait for the next snapshot copy (``snapshots._stale_copy``)."""
 
@@ -46,17 +46,17 @@ class EventActorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        token = live.serving_request(request)
+        token = infra.serving_request(request)
         try:
             return self.get_response(request)
         finally:
-            live.served_request(token)
+            infra.served_request(token)
 
 
 class QueueUnavailableMiddleware:
     """Last resort: a Redis connection failure that escaped its adapter is a 503 (JSON
     under ``/api/``, a short page elsewhere), never a 500. The adapters degrade on their
-    own (``dashboard.queues.QueueUnavailable``); this only catches what they missed,
+    own (``dashboard.infra.queues.QueueUnavailable``); this only catches what they missed,
     and logs it so it gets fixed."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -69,7 +69,7 @@ class QueueUnavailableMiddleware:
         if not isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailable):
             return None
         log.error("Redis failure not handled by its adapter on %s: %s", request.path, exc)
-        message = queues.QUEUE_DOWN if isinstance(exc, queues.QueueUnavailable) else str(exc)
+        message = infra.QUEUE_DOWN if isinstance(exc, infra.QueueUnavailable) else str(exc)
         return unavailable(request, message)
 
 
@@ -109,7 +109,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
 def queue_server_context(request: HttpRequest) -> dict[str, Any]:
     """Template context: ``queue_server`` for the banner in ``base.html``. A callable,
     so the queue server is pinged only by a template that reads it."""
-    return {"queue_server": queues.queue_server}
+    return {"queue_server": infra.queue_server}
 
 
 #: Pages whose view names no socket of its own, and the socket that keeps them live

@@ -1,10 +1,10 @@
 """gitward settings: environment only, with defaults that run on a fresh machine.
 
-Every variable is read through ``dashboard.env`` helpers and parsed here, at start-up:
+Every variable is read through ``dashboard.infra.env`` helpers and parsed here, at start-up:
 a bad value raises ``ImproperlyConfigured`` naming the variable and the expected form
 (``manage.py`` prints it as one line and exits 1), never a bare ``ValueError`` or a
 failure at request time. Rules that relate several variables are Django system checks
-(``dashboard/checks.py``). Every variable is documented in README.md; a test checks the
+(``dashboard/infra/system_checks.py``). Every variable is documented in README.md; a test checks the
 README table is complete.
 """
 
@@ -22,10 +22,9 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.env import env_bool, env_float, env_int, env_list, env_str
-from workers.failpoints import parse_failpoints
-from workers.redisurls import FORM as SENTINEL_FORM
-from workers.redisurls import is_sentinel_url, parse_sentinel_url
+from dashboard.infra import env_bool, env_float, env_int, env_list, env_str
+from workers.runtime import FORM as SENTINEL_FORM
+from workers.runtime import is_sentinel_url, parse_failpoints, parse_sentinel_url
 
 
 def _invalid(name: str, expected: str, got: str) -> ImproperlyConfigured:
@@ -71,7 +70,7 @@ def _redis_urls(name: str, items: list[str], *, schemes: tuple[str, ...]) -> lis
 
 
 def _check_queue_url(url: str) -> None:
-    """``REDIS_URL``: a plain Redis URL or the Sentinel form (``workers.redisurls``)."""
+    """``REDIS_URL``: a plain Redis URL or the Sentinel form (``workers.runtime.redis_urls``)."""
     if is_sentinel_url(url):
         try:
             parse_sentinel_url(url)
@@ -86,7 +85,7 @@ def _check_queue_url(url: str) -> None:
 def channel_layer_host(url: str, timeout: float) -> dict[str, object]:
     """channels-redis's host entry for ``url`` (or its Sentinel form) with our connect
     timeout. No read timeout: a consumer's receive blocks in BZPOPMIN for seconds by
-    design; publishes and group joins are bounded by ``dashboard.live`` instead."""
+    design; publishes and group joins are bounded by ``dashboard.infra.events`` instead."""
     options: dict[str, object] = {"socket_connect_timeout": timeout}
     if not is_sentinel_url(url):
         return {"address": url, **options}
@@ -174,7 +173,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.middleware.ContentSecurityPolicyMiddleware",
-    "dashboard.audit.AuditReasonMiddleware",
+    "dashboard.accounts.audit.AuditReasonMiddleware",
     "dashboard.middleware.QueueUnavailableMiddleware",
 ]
 
@@ -193,8 +192,8 @@ TEMPLATES = [
                 "dashboard.middleware.queue_server_context",
                 "dashboard.middleware.live_socket_context",
                 # After Django's built-in csrf processor, whose token it replaces while
-                # a reusable page renders (dashboard/pagecache.py).
-                "dashboard.pagecache.page_marks",
+                # a reusable page renders (dashboard/web/page_cache.py).
+                "dashboard.web.page_cache.page_marks",
             ],
             # |ago, |shortid, |count, |level on every page (dashboard/templatetags).
             "builtins": ["dashboard.templatetags.gitward"],
@@ -230,13 +229,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Which process holds each connection, in pg_stat_activity (a forked child renames
-    # its own: dashboard/dbpool.py).
+    # its own: dashboard/infra/dbpool.py).
     _command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
         f"gitward {os.getpid()} {_command}".strip()[:63]
     )
 #: Connections one process may hold on PostgreSQL (a psycopg pool; 0: no pool, a new
-#: connection per request as before). Workers never pool (dashboard/dbpool.py).
+#: connection per request as before). Workers never pool (dashboard/infra/dbpool.py).
 DB_POOL_SIZE = env_int("GITWARD_DB_POOL_SIZE", 8, minimum=0)
 #: How long a request waits for a free pooled connection before it is answered 503.
 DB_POOL_TIMEOUT = env_float("GITWARD_DB_POOL_TIMEOUT", 10.0, minimum=0.1)
@@ -283,7 +282,7 @@ QUEUE_TIMEOUT = env_float("GITWARD_QUEUE_TIMEOUT", 1.0, minimum=0.05)
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "dashboard.live.ResilientChannelLayer",
+        "BACKEND": "dashboard.infra.events.ResilientChannelLayer",
         "CONFIG": {
             "hosts": [channel_layer_host(REDIS_URL or "redis://127.0.0.1:6379/0", QUEUE_TIMEOUT)],
             "capacity": 1000,
@@ -337,7 +336,7 @@ WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 WORKER_GRACE_DEFAULT = 60.0
 WORKER_GRACE = env_float("GITWARD_WORKER_GRACE", WORKER_GRACE_DEFAULT, minimum=1.0)
 #: Seconds a web process reuses the shared part of the operations snapshot
-#: (dashboard/snapshots.py); 0 builds it for every page and socket.
+#: (dashboard/live/snapshots.py); 0 builds it for every page and socket.
 SNAPSHOT_TTL = env_float("GITWARD_SNAPSHOT_TTL", 1.0, minimum=0.0)
 RECONCILE_INTERVAL = env_float("GITWARD_RECONCILE_INTERVAL", 15.0, minimum=0.5)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
@@ -349,15 +348,15 @@ ALLOWED_HOSTS_NETS = _networks(
 RESOLVE_HOSTS = env_bool("GITWARD_RESOLVE_HOSTS", True)
 #: Clients (by REMOTE_ADDR) that may scrape /metrics without a token: Prometheus's network.
 # Seconds a web process may reuse its dead-letter group counts for /metrics while the
-# dead set has not changed (dashboard/dlqcounts.py); 0 computes them at every scrape.
+# dead set has not changed (dashboard/runs/dead_letter_counts.py); 0 computes them at every scrape.
 METRICS_CACHE_SECONDS = env_float("GITWARD_METRICS_CACHE_SECONDS", 30.0, minimum=0)
-# false: no process records counters or histograms (dashboard/telemetry.py) — only to
+# false: no process records counters or histograms (dashboard/observability/counters.py) — only to
 # measure what recording costs (bench/analysis.py --metrics-ab).
 METRICS_RECORDING = env_bool("GITWARD_METRICS_RECORDING", True)
 METRICS_NETWORKS = _networks("GITWARD_METRICS_NETWORKS", env_list("GITWARD_METRICS_NETWORKS", ""))
 
 # ---------------------------------------------------------------------------- fault injection
-# workers/failpoints.py reads these at call time (it imports no Django, and a test arms a
+# workers/runtime/failpoints.py reads these at call time (it imports no Django, and a test arms a
 # point for one worker); parsing them here makes a typo stop the process at start-up.
 FAILPOINTS = env_str("GITWARD_FAILPOINTS", "")
 try:
@@ -385,12 +384,12 @@ STATIC_ROOT = env_str("GITWARD_STATIC_ROOT", "") or None
 STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
 WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_HTTPONLY = True
-# Django's database sessions, loaded with one plain SELECT (dashboard/sessions.py).
-SESSION_ENGINE = "dashboard.sessions"
-#: The user of each request in one plain SELECT (dashboard/users.py). ModelBackend stays
+# Django's database sessions, loaded with one plain SELECT (dashboard/accounts/session_store.py).
+SESSION_ENGINE = "dashboard.accounts.session_store"
+#: The user of each request in one plain SELECT (dashboard/accounts/auth_backend.py). ModelBackend stays
 #: listed for sessions logged in before, whose stored backend path is Django's.
 AUTHENTICATION_BACKENDS = [
-    "dashboard.users.UserBackend",
+    "dashboard.accounts.auth_backend.UserBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 CSRF_COOKIE_HTTPONLY = False
@@ -415,12 +414,12 @@ LOG_LEVEL = _choice(
 )
 # JSON lines for log shippers, or text for people; both carry the running job's context
 # (job, trace, repository, lock, token, worker, version) and redact credentials from every
-# line (dashboard/logs.py).
+# line (dashboard/observability/logs.py).
 LOG_FORMAT = _choice(
     "GITWARD_LOG_FORMAT", env_str("GITWARD_LOG_FORMAT", "text").strip().lower(), ("json", "text")
 )
 # OpenTelemetry: with an OTLP/HTTP endpoint, every job attempt's spans are exported too
-# (dashboard/otlp.py; needs the `otel` extra). The SDK reads these and the other standard
+# (dashboard/observability/otlp.py; needs the `otel` extra). The SDK reads these and the other standard
 # OTEL_EXPORTER_OTLP_* / OTEL_RESOURCE_ATTRIBUTES variables itself; they are parsed here
 # only to decide whether to export and to document them.
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
@@ -433,10 +432,10 @@ OTLP_EXPORT = bool(OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDP
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "dashboard.logs.ContextFilter"}},
+    "filters": {"context": {"()": "dashboard.observability.logs.ContextFilter"}},
     "formatters": {
-        "json": {"()": "dashboard.logs.JsonFormatter"},
-        "text": {"()": "dashboard.logs.TextFormatter"},
+        "json": {"()": "dashboard.observability.logs.JsonFormatter"},
+        "text": {"()": "dashboard.observability.logs.TextFormatter"},
     },
     "handlers": {
         "console": {

@@ -4,50 +4,41 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import (
-    api,
-    commitviews,
-    opsviews,
-    repositoryviews,
-    rolloutviews,
-    runviews,
-    views,
-)
+from dashboard import api
+from dashboard.web import commits, ops, probes, repositories, rollouts, runs
 
 urlpatterns = [
-    path("", opsviews.overview, name="overview"),
+    path("", ops.overview, name="overview"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("repos/", repositoryviews.repositories, name="repositories"),
-    path("repos/<int:repo_id>/", repositoryviews.repository, name="repository"),
-    path("repos/<int:repo_id>/commits/<str:sha>/", commitviews.commit, name="commit"),
-    path("runs/<int:run_id>/", runviews.run, name="run"),
-    path("runs/job/<str:job_id>/", runviews.run_by_job, name="run-by-job"),
-    path("locks/", opsviews.locks, name="locks"),
-    path("workers/", opsviews.workers, name="workers"),
-    path("dead-letters/", opsviews.dead_letters, name="dead-letters"),
-    path("rollouts/", rolloutviews.rollouts_index, name="rollouts"),
-    path("rollouts/start/", rolloutviews.rollout_start, name="rollout-start"),
-    path("rollouts/offers/", rolloutviews.rollout_offers, name="rollout-offers"),
+    path("repos/", repositories.repositories, name="repositories"),
+    path("repos/<int:repo_id>/", repositories.repository, name="repository"),
+    path("repos/<int:repo_id>/commits/<str:sha>/", commits.commit, name="commit"),
+    path("runs/<int:run_id>/", runs.run, name="run"),
+    path("runs/job/<str:job_id>/", runs.run_by_job, name="run-by-job"),
+    path("locks/", ops.locks, name="locks"),
+    path("workers/", ops.workers, name="workers"),
+    path("dead-letters/", ops.dead_letters, name="dead-letters"),
+    path("rollouts/", rollouts.rollouts_index, name="rollouts"),
+    path("rollouts/start/", rollouts.rollout_start, name="rollout-start"),
+    path("rollouts/offers/", rollouts.rollout_offers, name="rollout-offers"),
     path(
         "rollouts/versions/<int:version_id>/retire/",
-        rolloutviews.version_retire,
+        rollouts.version_retire,
         name="version-retire",
     ),
-    path("rollouts/<int:rollout_id>/", rolloutviews.rollout_detail, name="rollout"),
+    path("rollouts/<int:rollout_id>/", rollouts.rollout_detail, name="rollout"),
     path(
         "rollouts/<int:rollout_id>/checklist.md",
-        rolloutviews.rollout_checklist_md,
+        rollouts.rollout_checklist_md,
         name="rollout-checklist",
     ),
-    path(
-        "rollouts/<int:rollout_id>/<str:verb>/", rolloutviews.rollout_action, name="rollout-action"
-    ),
-    path("audit/", opsviews.audit, name="audit"),
-    path("runs/", runviews.runs, name="runs"),
-    path("favicon.ico", views.favicon, name="favicon"),
-    path("healthz", views.healthz, name="healthz"),
-    path("readyz", views.readyz, name="readyz"),
+    path("rollouts/<int:rollout_id>/<str:verb>/", rollouts.rollout_action, name="rollout-action"),
+    path("audit/", ops.audit, name="audit"),
+    path("runs/", runs.runs, name="runs"),
+    path("favicon.ico", probes.favicon, name="favicon"),
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
     path("api/repos", api.repos, name="api-repos"),
     path("api/repos/<int:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<int:repo_id>/commits", api.repo_commits, name="api-repo-commits"),

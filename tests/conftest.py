@@ -20,15 +20,18 @@ import pytest
 from django.conf import settings
 from rq import SimpleWorker
 
-from dashboard import pagecache, pageviews, queues, telemetry
-from tests import poolslots
-from tests.gitrepo import GitRepo
-from tests.layerstate import reset_channel_layers
-from tests.locktiming import HEALTHY_NODE_TIMEOUT
-from tests.sysproc import OWNER_VARIABLE, processes_of
-from tests.threads import unreported
-from tests.writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
-from workers.redisnode import RedisNode
+from dashboard.infra import queues
+from dashboard.observability import counters
+from dashboard.repositories import view_counts
+from dashboard.web import page_cache
+from tests.support import db_pool_slots
+from tests.support.channel_layer_reset import reset_channel_layers
+from tests.support.checked_threads import unreported
+from tests.support.gitrepo import GitRepo
+from tests.support.lock_timing import HEALTHY_NODE_TIMEOUT
+from tests.support.mirror_writers import processes, redlock, shim, synced  # noqa: F401  (fixtures)
+from tests.support.sysproc import OWNER_VARIABLE, processes_of
+from workers.runtime.redis_server import RedisNode
 
 #: Every process this test process starts carries its pid (see ``sysproc.processes_of``).
 #: Under pytest-xdist each worker sets its own.
@@ -99,7 +102,7 @@ POOL_SLOT_GRACE = 10.0
 def _no_pool_slot_left_behind() -> Iterator[None]:
     """On PostgreSQL with a pool: a test that ends with more of this process's pooled
     connections taken by other threads than it started with fails here, naming the
-    threads it started (``tests/poolslots.py``): a thread that queries and never hands
+    threads it started (``tests/support/db_pool_slots.py``): a thread that queries and never hands
     its connection back would hold a slot of a web process for ever, and over the
     suite the test process's pool ran dry. What asgiref's shared thread kept for the
     test harness (Channels' communicator, Django's ``AsyncClient``) is handed back
@@ -107,26 +110,26 @@ def _no_pool_slot_left_behind() -> Iterator[None]:
     fail: "being accessed by other users"). Race: a thread the
     test started may still be finishing; it gets ``POOL_SLOT_GRACE`` to give its slot
     back."""
-    of = poolslots.pool()
-    before = poolslots.taken_by_others(of) if of is not None else 0
-    started = poolslots.StartedThreads()
+    of = db_pool_slots.pool()
+    before = db_pool_slots.taken_by_others(of) if of is not None else 0
+    started = db_pool_slots.StartedThreads()
     started.start()
     try:
         yield
     finally:
         started.stop()
-    of_now = poolslots.pool()
+    of_now = db_pool_slots.pool()
     if of_now is None:
         return  # SQLite, no pool, or the test closed it (with whatever it lent)
     if of_now is not of:
         before = 0  # opened (again) during the test
-    poolslots.hand_back_asgi_thread(grace=POOL_SLOT_GRACE)
-    left = poolslots.slots_left(of_now, before=before, grace=POOL_SLOT_GRACE)
+    db_pool_slots.hand_back_asgi_thread(grace=POOL_SLOT_GRACE)
+    left = db_pool_slots.slots_left(of_now, before=before, grace=POOL_SLOT_GRACE)
     if left:
         raise AssertionError(
             f"the test left {left} pooled database connection(s) taken by other threads "
             f"(each holds a slot of the pool for good; a thread must close its "
-            f"connections: dashboard.dbpool.close_thread_connections); " + started.describe()
+            f"connections: dashboard.infra.dbpool.close_thread_connections); " + started.describe()
         )
 
 
@@ -186,7 +189,7 @@ def _shared_queue_client_keeps_its_timeouts(redis_nodes: list[RedisNode]) -> Ite
 def _fresh_channel_layers() -> None:
     """Every test receives on a channel layer as if new: channels-redis keeps receive
     state on the (cached) layer that a receive cancelled on an earlier test's event loop
-    leaves bound to that loop (``tests/layerstate.py``)."""
+    leaves bound to that loop (``tests/support/channel_layer_reset.py``)."""
     reset_channel_layers()
 
 
@@ -205,11 +208,11 @@ def _threads_report_their_failures() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _no_page_views_pending() -> Iterator[None]:
-    """Page views are counted in memory until flushed (``dashboard.pageviews``): none
+    """Page views are counted in memory until flushed (``dashboard.repositories.view_counts``): none
     counted by an earlier test may be written under a later test's repository ids."""
-    pageviews.discard_pending()
+    view_counts.discard_pending()
     yield
-    pageviews.discard_pending()
+    view_counts.discard_pending()
 
 
 @pytest.fixture(autouse=True)
@@ -221,13 +224,13 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     # Every test sees the operations snapshot as of now (a test changes state and looks
     # again at once); the cache itself is tested in test_snapshots.py.
     settings.SNAPSHOT_TTL = 0.0  # type: ignore[attr-defined]
-    pagecache.clear()  # pages stored by an earlier test with a TTL of its own
+    page_cache.clear()  # pages stored by an earlier test with a TTL of its own
 
 
 @pytest.fixture
 def healthy_masters(settings: object) -> None:
     """The process-wide Redlock (``leases.redlock()``) with the healthy masters' node
-    timeout (``tests/locktiming.py``) instead of the 50 ms default: for tests whose
+    timeout (``tests/support/lock_timing.py``) instead of the 50 ms default: for tests whose
     masters all answer, so that a loaded machine cannot time one out. A test that
     heartbeats a lease within seconds sets ``LOCK_TTL = LEASE_TTL`` itself."""
     settings.LOCK_NODE_TIMEOUT = HEALTHY_NODE_TIMEOUT  # type: ignore[attr-defined]
@@ -299,7 +302,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     Every fixture is torn down by now: a process of this session still running (a
     fixture's, which no per-test check sees) is reported on stderr and SIGKILLed."""
-    telemetry.stop_flushing()
+    counters.stop_flushing()
     if session.config.pluginmanager.getplugin("dsession") is not None:
         return  # the pytest-xdist controller: its children are the workers, still running
     deadline = time.monotonic() + LEFTOVER_GRACE

@@ -1,7 +1,7 @@
 """RQ entry points. Each one: claim the attempt → take the lock → call core → record.
 
 Arguments are ids only: ``(run_id, attempt)``. The attempt is claimed in the database
-first (``dashboard.runs.begin_attempt``), so a redelivered job does nothing; the work
+first (``dashboard.runs.lifecycle.begin_attempt``), so a redelivered job does nothing; the work
 itself is idempotent too, so a retry after a crash finds the work done (or half done
 and not yet committed) and does exactly what is still missing.
 """
@@ -22,29 +22,39 @@ from django.conf import settings
 from django.utils import timezone
 from rq import get_current_job
 
-from dashboard import leases, plans, queues, runs, traces
-from dashboard.commits import write_chunk
-from dashboard.deadletters import run_bulk
+from dashboard import infra, locks, observability, repositories, runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
     claim_sync,
     current_fingerprint,
     publish_repo_changed,
     validate_remote,
+    write_chunk,
 )
-from workers.analyzer import DEFAULT, AnalyzerConfig, VersionNotLoaded, config_for, queue_name
-from workers.failpoints import failpoint
-from workers.gitproc import GitError, ProcessGroups, Runner
-from workers.history import CommitTooLarge, list_commits, stream_commits
-from workers.locks import Lock, LockLost, LockNotAcquired
-from workers.mirror import (
+from dashboard.runs import run_bulk
+from workers.analysis import (
+    DEFAULT,
+    AnalyzerConfig,
+    CommitTooLarge,
+    VersionNotLoaded,
+    config_for,
+    list_commits,
+    queue_name,
+    stream_commits,
+)
+from workers.git import (
+    GitError,
+    ProcessGroups,
     RepositoryUnavailable,
+    Runner,
     mirror_head,
     mirror_path,
     pins_for,
     update_mirror,
 )
+from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.remotes import InvalidRemote, Remote
+from workers.runtime import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +155,9 @@ def analyze_chunk(run_id: int, attempt: int) -> str:
 
 def catch_up_repositories(fingerprint: str, after: int) -> str:
     """One catch-up batch after a promote or rollback (``plans.catch_up``), then the next."""
-    cursor = plans.catch_up(fingerprint=fingerprint, after=after)
+    cursor = repositories.catch_up(fingerprint=fingerprint, after=after)
     if cursor is not None:
-        plans.enqueue_catch_up(fingerprint, cursor)
+        repositories.enqueue_catch_up(fingerprint, cursor)
     return f"caught up to repository {cursor}" if cursor else "catch-up done"
 
 
@@ -176,9 +186,9 @@ def _sync(attempt: runs.Attempt, *, held: _Held | None = None) -> str:
         runs.mark_phase(attempt, fetched_at=timezone.now())  # stored by succeed_attempt
         failpoint("sync.fetched", repo.name)
         git = Runner(git_dir=path, groups=groups)
-        planned: plans.Plan | None = None
+        planned: repositories.Plan | None = None
         new = "new "
-        since = plans.incremental_base(repo)
+        since = repositories.incremental_base(repo)
         # a shallow mirror's reachable set can shrink when a fetch moves its roots
         shallow = (path / "shallow").exists()
         if since is not None and not shallow and _is_ancestor(git, path, since, head):
@@ -199,7 +209,7 @@ def _sync(attempt: runs.Attempt, *, held: _Held | None = None) -> str:
     return f"planned {len(planned.runs)} chunks over {len(shas)} {new}commits"
 
 
-def _hold(held: _Held | None, planned: plans.Plan | None) -> None:
+def _hold(held: _Held | None, planned: repositories.Plan | None) -> None:
     """Right after the plan committed: from now on the caller owns the inline run."""
     if held is not None and planned is not None and planned.inline is not None:
         held.runs.append(planned.inline)
@@ -214,14 +224,14 @@ def _plan(
     lock: Lock,
     *,
     since: str | None = None,
-) -> tuple[plans.Plan | None, Sequence[str]]:
+) -> tuple[repositories.Plan | None, Sequence[str]]:
     """List the commits reachable from ``head`` (only those ``since`` does not reach,
     when given), then plan them under the mirror ``lock``'s fencing token. Returns the
     plan (None: an incremental plan declined, see ``plans.plan_repository``) and the
     listed shas."""
     shas = list_commits(path, head, exclude=() if since is None else [since], git=git)
     lock.check()
-    planned = plans.plan_repository(
+    planned = repositories.plan_repository(
         repo_id=repo.pk,
         generation=generation,
         head=head,
@@ -244,8 +254,8 @@ def _inline_fingerprints() -> list[str]:
     if not settings.INLINE_CHUNK:
         return []
     try:
-        paused = queues.paused_queue_names()
-    except queues.QueueUnavailable:
+        paused = infra.paused_queue_names()
+    except infra.QueueUnavailable:
         # enqueueing it would fail too (left for the reconciler): analysing it now is
         # better, and pauses are honoured as a worker honours them with Redis away
         paused = set()
@@ -259,7 +269,7 @@ def _analyze(attempt: runs.Attempt) -> str:
     heartbeat kills git's process group and ``lock.check()``/the fencing check stop any
     write. A chunk whose commits are all stored ends at once without touching git.
     """
-    chunk, nothing_to_do = plans.begin_chunk(attempt.run.chunk_id)
+    chunk, nothing_to_do = repositories.begin_chunk(attempt.run.chunk_id)
     if nothing_to_do:
         return nothing_to_do
     repo, shas, groups = chunk.repository, chunk.sha_list(), ProcessGroups()
@@ -281,14 +291,14 @@ def _analyze(attempt: runs.Attempt) -> str:
         failpoint("analyze.before_write", repo.name)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
-    plans.finish_chunk(chunk)
+    repositories.finish_chunk(chunk)
     return f"stored {written} commits"
 
 
 # ---------------------------------------------------------------------------- steps
 
 
-@traces.traced  # spans, log context: dashboard/traces.py
+@observability.traced  # spans, log context: dashboard/observability/traces.py
 def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> str:
     """Claim the attempt, run ``body``, record the outcome (docs/lifecycle.md). The retry
     policy is the job's: a held lock defers the run (no attempt spent), a permanent
@@ -338,16 +348,16 @@ def _refuse(attempt: runs.Attempt, exc: VersionNotLoaded, *, origin: str) -> str
 
 def _lock_wait(exc: LockNotAcquired) -> float:
     """Seconds until the contended lease ends (its remaining TTL), plus jitter."""
-    remaining = leases.remaining_ttl(list(exc.keys))
+    remaining = locks.remaining_ttl(list(exc.keys))
     base = remaining if remaining is not None else settings.LOCK_TTL / 3
     return round(min(float(settings.LOCK_TTL), base + 0.05 + random.uniform(0, 0.25)), 3)
 
 
 @contextlib.contextmanager
 def _locked(key: str, attempt: runs.Attempt, groups: ProcessGroups) -> Iterator[Lock]:
-    """Hold ``key`` for this attempt (``dashboard.leases.hold_lease``): a lost lease
+    """Hold ``key`` for this attempt (``dashboard.locks.leases.hold_lease``): a lost lease
     kills the job's git process groups at once, and a failure inside it is a LockLost."""
-    holder = leases.job_holder(
+    holder = locks.job_holder(
         worker=attempt.worker,
         job=attempt.run.job_id,
         attempt=attempt.number,
@@ -358,7 +368,7 @@ def _locked(key: str, attempt: runs.Attempt, groups: ProcessGroups) -> Iterator[
         runs.record_lock(attempt, key=key, token=lock.token)
 
     with (
-        leases.hold_lease(
+        locks.hold_lease(
             key,
             holder=holder,
             on_lost=groups.kill_all,

@@ -16,7 +16,7 @@ busy ``grace`` seconds later hands the job back itself: it kills its work horse 
 cold shutdown, a second SIGTERM it sends itself), re-queues the attempt without
 spending its budget (``runs.hand_back_attempt``), releases the horse's locks and
 exits. A child still alive ``STOP_MARGIN`` seconds after that (wedged, or SIGSTOPped) is
-SIGKILLed with every process below it (``workers.proctree.kill_tree``); a horse also
+SIGKILLed with every process below it (``workers.runtime.process_tree.kill_tree``); a horse also
 dies with its worker (``PR_SET_PDEATHSIG``), so no horse outlives its worker and goes
 on writing. Its run is then retried as a crash once the worker's heartbeat is stale.
 """
@@ -41,14 +41,13 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from rq import Queue, Worker
 
-from dashboard import leases, queues, runs, versions, workerbeats
-from dashboard.dbpool import close_thread_connections, use_direct_connections
+from dashboard import infra, locks, runs, versions
+from dashboard.infra import close_thread_connections, use_direct_connections
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts import DRIVER_QUEUE
-from workers.analyzer import DEFAULT, AnalyzerConfig, queue_name
-from workers.forkguard import ForkGuard
+from workers.analysis import DEFAULT, AnalyzerConfig, queue_name
 from workers.jobs import load_versions, loaded_fingerprints
-from workers.proctree import die_with_parent, kill_tree
+from workers.runtime import ForkGuard, die_with_parent, kill_tree
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +81,17 @@ class PauseAware:
 
     def apply_pauses(self) -> None:
         try:
-            shut = queues.paused_queue_names() | versions.closed_queue_names()
+            shut = infra.paused_queue_names() | versions.closed_queue_names()
         except Exception:  # Redis or database trouble: keep the current list
             close_old_connections()
             return
         active = [q for q in self.queues if q.name not in shut]
-        chosen = active or [Queue(queues.IDLE_QUEUE, connection=self.connection)]
+        chosen = active or [Queue(infra.IDLE_QUEUE, connection=self.connection)]
         before = [q.name for q in getattr(self, "_ordered_queues", [])]
         self._ordered_queues = chosen
         if [q.name for q in chosen] != before:
             try:
-                workerbeats.set_queues(getattr(self, "name", ""), [q.name for q in chosen])
+                locks.set_queues(getattr(self, "name", ""), [q.name for q in chosen])
             except Exception:  # shown on the next change
                 close_old_connections()
 
@@ -224,18 +223,18 @@ def run_one_worker(
         raise ValueError(
             f"this worker loaded {', '.join(sorted(own))} and refuses {', '.join(foreign)}"
         )
-    # No pool in a worker: its work horses are forked (dashboard/dbpool.py).
+    # No pool in a worker: its work horses are forked (dashboard/infra/dbpool.py).
     use_direct_connections()
     load_versions(wanted)
     connections.close_all()
-    conn = queues.worker_connection()  # RQ raises its read timeout; not the shared one
+    conn = infra.worker_connection()  # RQ raises its read timeout; not the shared one
     name = f"{socket.gethostname()}.{os.getpid()}"
     version = loaded_fingerprints()[0]
     stop = threading.Event()
     interval = max(0.5, float(settings.WORKER_DEAD_AFTER) / 6)
 
     # The work horse is forked while this thread may be inside SQLite or redis-py: the
-    # guard makes every fork wait for the end of the current round (workers/forkguard.py).
+    # guard makes every fork wait for the end of the current round (workers/runtime/fork_safety.py).
     guard = ForkGuard().install()
 
     def heartbeat() -> None:
@@ -257,25 +256,25 @@ def run_one_worker(
                 with guard:
                     try:
                         if time.monotonic() >= next_beat:
-                            workerbeats.beat(name=name, queues_=list(queue_names), version=version)
+                            locks.beat(name=name, queues_=list(queue_names), version=version)
                             next_beat = time.monotonic() + interval
-                        queues.promote_due_jobs(list(queue_names))
+                        infra.promote_due_jobs(list(queue_names))
                     finally:
                         connections.close_all()  # this thread's only: see the docstring
-            except queues.QueueUnavailable as exc:  # promotion waits; the beat went on
+            except infra.QueueUnavailable as exc:  # promotion waits; the beat went on
                 log.warning("worker heartbeat: %s", exc)
             except Exception:  # the next round retries; a long gap marks us dead
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)
 
-    workerbeats.beat(name=name, queues_=list(queue_names), version=version)
+    locks.beat(name=name, queues_=list(queue_names), version=version)
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()
-    worker = DjangoWorker([queues.queue(n) for n in queue_names], connection=conn, name=name)
+    worker = DjangoWorker([infra.queue(n) for n in queue_names], connection=conn, name=name)
     worker.apply_pauses()
     try:
         if burst:
-            queues.promote_due_jobs(list(queue_names))
+            infra.promote_due_jobs(list(queue_names))
         # No RQ scheduler process: it survives a SIGKILLed worker as an orphan. Due
         # jobs are promoted by the heartbeat thread above (and the reconciler).
         worker.work(burst=burst, with_scheduler=False, logging_level="WARNING")
@@ -284,7 +283,7 @@ def run_one_worker(
             worker.grace_timer.cancel()
         stop.set()
         beat_thread.join(timeout=5)
-        workerbeats.stop_beat(name)
+        locks.stop_beat(name)
         connections.close_all()
 
 
@@ -292,7 +291,7 @@ def release_locks_of(pid: int) -> int:
     """Release the locks a reaped work horse held, so its retry need not wait out the
     lease. Safe: the holder is provably dead (we collected its exit status), and the
     release is a compare-and-delete on that holder's nonce (``leases.release_locks_of``)."""
-    return leases.release_locks_of(host=socket.gethostname(), pid=pid)
+    return locks.release_locks_of(host=socket.gethostname(), pid=pid)
 
 
 def version_config(fingerprint: str) -> AnalyzerConfig:

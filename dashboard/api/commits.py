@@ -1,6 +1,6 @@
 """JSON API of one repository's pages: ``GET /api/repos/<id>/commits/<sha>`` (the commit
 page's data) and ``POST /api/repos/<id>/reanalyse`` (its page's button). Thin over
-``dashboard.commitdetails`` and ``dashboard.reanalysis``; authentication, rate limits
+``dashboard.repositories.one_commit`` and ``dashboard.repositories.reanalysis``; authentication, rate limits
 and JSON errors are ``dashboard.api.endpoint.api_view``'s."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error
-from dashboard.commitdetails import CommitNotFound, commit_details
 from dashboard.models import Repository
-from dashboard.reanalysis import reanalyse
+from dashboard.repositories import CommitNotFound, commit_details, reanalyse
 
 
 @api_view(("GET",))

@@ -15,8 +15,8 @@ from dashboard.api.endpoint import (
     operator_refusal,
     permission_refusal,
 )
-from dashboard.deadletters import act_now, group_runs, list_groups, start_bulk
 from dashboard.models import BulkAction
+from dashboard.runs import act_now, group_runs, list_groups, start_bulk
 
 
 @api_view(("GET",))

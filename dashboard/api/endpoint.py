@@ -21,10 +21,9 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found
 
-from dashboard.audit import record_audit
+from dashboard.accounts import check, record_audit
+from dashboard.infra import RedisUnavailable
 from dashboard.models import ApiToken
-from dashboard.queues import RedisUnavailable
-from dashboard.ratelimits import check
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from dashboard.api.endpoint import api_view, error, operator_refusal
-from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from dashboard.metrics import metrics_text
-from dashboard.queues import RedisUnavailable
+from dashboard.infra import RedisUnavailable
+from dashboard.operations import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dashboard.operations import metrics_text
 
 
 @api_view(("GET",))

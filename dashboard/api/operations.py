@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard import queues
+from dashboard import infra
+from dashboard.accounts import record_audit
 from dashboard.api.endpoint import api_view, error, json_body, operator_refusal, permission_refusal
-from dashboard.audit import record_audit
-from dashboard.leases import force_release_lock
-from dashboard.live import publish_event
-from dashboard.snapshots import ops_snapshot
-from workers import lockkeys
+from dashboard.infra import publish_event
+from dashboard.live.snapshots import ops_snapshot
+from dashboard.locks import force_release_lock
+from workers import locks
 
 
 @api_view(("GET",))
@@ -37,8 +37,8 @@ def lock_release(request: HttpRequest) -> HttpResponse:
         return refused
     data = json_body(request)
     key = data.get("key")
-    if not isinstance(key, str) or not key.startswith(lockkeys.PREFIX) or len(key) > 255:
-        return error(f'"key" must be a lock key ({lockkeys.PREFIX}…)', 400)
+    if not isinstance(key, str) or not key.startswith(locks.PREFIX) or len(key) > 255:
+        return error(f'"key" must be a lock key ({locks.PREFIX}…)', 400)
     return JsonResponse(force_release_lock(key=key, user=request.user))
 
 
@@ -54,9 +54,9 @@ def _pause(request: HttpRequest, paused: bool) -> HttpResponse:
     if refused is not None:
         return refused
     name = json_body(request).get("queue")
-    if name not in queues.queue_names():
-        return error(f'"queue" must be one of {", ".join(queues.queue_names())}', 400)
-    changed = queues.set_paused(name, paused)
+    if name not in infra.queue_names():
+        return error(f'"queue" must be one of {", ".join(infra.queue_names())}', 400)
+    changed = infra.set_paused(name, paused)
     record_audit(
         user=request.user,
         action=f"queue.{verb}",

@@ -5,15 +5,17 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, json_body, rate_limited
-from dashboard.commits import BadCursor, commit_dict, commit_page
 from dashboard.models import Repository
 from dashboard.repositories import (
-    InvalidRemote,
+    BadCursor,
+    commit_dict,
+    commit_page,
     current_fingerprint,
     repository_status,
+    repository_summary,
     submit_repository,
 )
-from dashboard.summaries import repository_summary
+from workers.remotes import InvalidRemote
 
 
 @api_view(("POST",))

@@ -2,7 +2,7 @@
 
 ``POST /api/rollouts`` starts one (CI after a merge), ``GET`` lists them; the actions
 go to the rollout's driver or, for a dead driver, take the deploy lock here
-(dashboard.deploylock). ``POST /api/versions/<fingerprint>/retire`` ends a drained or
+(dashboard.rollouts.deploy_lock). ``POST /api/versions/<fingerprint>/retire`` ends a drained or
 warm-failed version for good. Every refusal is audited; accepted actions are audited by the
 rollout's own timeline (rollouts.record_event writes an AuditEntry per event).
 """
@@ -13,21 +13,27 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from dashboard.accounts import record_audit
 from dashboard.api.endpoint import api_view, error, int_param, json_body, permitted, rate_limited
-from dashboard.audit import record_audit
-from dashboard.checklists import describe_rollout
-from dashboard.deploylock import abort_rollout, driver_alive, rollback_rollout
 from dashboard.models import Rollout
-from dashboard.rollouts import QUEUE as ROLLOUT_QUEUE
 from dashboard.rollouts import (
-    RolloutBusy,
-    RolloutError,
-    actor_name,
+    abort_rollout,
+    describe_rollout,
+    driver_alive,
     enqueue_driver_job,
     request_action,
+    rollback_rollout,
     start_rollout,
 )
-from dashboard.versions import InvalidTransition, VersionNotFound, retire_version
+from dashboard.versions import QUEUE as ROLLOUT_QUEUE
+from dashboard.versions import (
+    InvalidTransition,
+    RolloutBusy,
+    RolloutError,
+    VersionNotFound,
+    actor_name,
+    retire_version,
+)
 
 ROLLOUT_ACTIONS = {
     "promote": "dashboard.start_rollout",

@@ -5,11 +5,10 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, int_param, operator_refusal
-from dashboard.deadletters import run_dict
-from dashboard.listqueries import positive_int
 from dashboard.models import JobRun
-from dashboard.runs import search_runs
-from dashboard.traces import run_trace
+from dashboard.observability import run_trace
+from dashboard.runs import run_dict, search_runs
+from dashboard.web.list_params import positive_int
 
 
 @api_view(("GET",))

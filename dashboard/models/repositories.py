@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from workers import lockkeys
+from workers import locks
 from workers.remotes import redact
 
 
@@ -19,7 +19,7 @@ class Repository(models.Model):
         READY = "ready"
         FAILED = "failed"
 
-    #: Normalised URL (``workers.remotes``); with ``branch`` it identifies the repository.
+    #: Normalised URL (``workers.remotes.parse``); with ``branch`` it identifies the repository.
     url = models.CharField(max_length=2048)
     #: The URL handed to git (the submitted form, validated); ``url`` is only the dedup key.
     fetch_url = models.CharField(max_length=2048, blank=True, default="")
@@ -78,7 +78,7 @@ class Repository(models.Model):
 
     def lock_key(self) -> str:
         """The mirror lock: held by every write to this repository's mirror."""
-        return lockkeys.mirror(self.pk)
+        return locks.mirror(self.pk)
 
     def fail(self, reason: str, *, generation: int | None = None) -> bool:
         """Mark the repository failed with a readable reason; True if it changed.
@@ -138,7 +138,7 @@ class Chunk(models.Model):
         return self.shas.split()
 
     def lock_key(self) -> str:
-        return lockkeys.chunk(self.repository_id, self.key)
+        return locks.chunk(self.repository_id, self.key)
 
     def job_id(self) -> str:
         # RQ ids allow letters, digits, "-" and "_" only: "first..last" becomes "first-last".
@@ -197,7 +197,7 @@ class Commit(models.Model):
 class CommitCount(models.Model):
     """How many commits are stored for one (repository, fingerprint): ``COUNT(*)`` of
     those ``Commit`` rows, kept on a row so no page scans a million index entries to
-    show it (``dashboard.commitcounts``). Only ``write_chunk`` stores commits, and it
+    show it (``dashboard.repositories.commit_counts``). Only ``write_chunk`` stores commits, and it
     adds what it inserted in the same transaction; nothing deletes commits but the
     repository's own deletion, which cascades here too."""
 

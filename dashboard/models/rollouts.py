@@ -8,7 +8,7 @@ from django.db import models
 class AnalyzerVersion(models.Model):
     """One analyzer version (code version + config) of one logical queue.
 
-    State changes go through ``dashboard.rollouts.do_transition`` only; the constraints
+    State changes go through ``dashboard.rollouts.start.do_transition`` only; the constraints
     below repeat its invariants so that even a raw ORM write cannot break them.
     """
 

@@ -233,7 +233,7 @@
 
   function onSnapshot(data) {
     // A reconnect or a tab shown again: catch up. And a page the server reused from an
-    // earlier render (body data-reused, dashboard/pagecache.py): it may predate an event
+    // earlier render (body data-reused, dashboard/web/page_cache.py): it may predate an event
     // sent before this socket joined, so its regions are fetched afresh once.
     if (snapshots > 1 || (snapshots === 1 && document.body.dataset.reused === "1")) swapAllRegions();
     if (onRepoPage) { renderRepo(data); return; }
@@ -276,7 +276,7 @@
   }
 
   // ------------------------------------------------------------------ recent activity
-  // The overview's feed (dashboard/activity.py keeps the list): seeded from the page's
+  // The overview's feed (dashboard/infra/activity_feed.py keeps the list): seeded from the page's
   // snapshot, then every event worth a line is prepended, newest first; the select
   // filters by kind. Every value is text (textContent), links are built from ids.
   const FEED_MAX = 100;
@@ -331,7 +331,7 @@
     ["run-live", (t, ev) => t.startsWith("job.") && String(ev.run) === (($("run-live") || {}).dataset || {}).run],
   ];
   // A page's own URL fetched again for a live region: rendered afresh by the server
-  // (dashboard/pagecache.py reuses whole pages for a second, which may predate the
+  // (dashboard/web/page_cache.py reuses whole pages for a second, which may predate the
   // event that asks for this fetch).
   function fetchFresh(url) {
     return fetch(url, { credentials: "same-origin", headers: { "X-Gitward-Fresh": "1" } });

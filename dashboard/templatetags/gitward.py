@@ -1,6 +1,6 @@
 """Template filters every page uses: relative times, short ids with a copy button,
 counts with units and plurals, and the threshold class of a value; and the tags that
-print the repository list's and the audit log's rows (``dashboard.tablerows``).
+print the repository list's and the audit log's rows (``dashboard.web.prerendered_rows``).
 
 Everything returned escapes every value as ``format_html`` does (the characters are
 ``format_html``'s, built without its per-argument wrappers where a table calls them per
@@ -14,10 +14,10 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from dashboard import plurals, tablerows
-from dashboard.snapshots import shared_render
-from dashboard.timestamps import ago_html
-from dashboard.timestamps import parse_time as _parse
+from dashboard.live.snapshots import shared_render
+from dashboard.web import humanize, prerendered_rows
+from dashboard.web.humanize import ago_html
+from dashboard.web.humanize import parse_time as _parse
 
 register = template.Library()
 
@@ -25,7 +25,7 @@ register = template.Library()
 @register.filter
 def ago(value: Any) -> SafeString | str:
     """A ``<time>`` reading "3 s ago" with the exact UTC time on hover; the page's
-    script keeps the text current. ``—`` for no time (``dashboard.timestamps``)."""
+    script keeps the text current. ``—`` for no time (``dashboard.web.humanize``)."""
     return ago_html(value)
 
 
@@ -41,13 +41,13 @@ def shortid(value: Any, link: str = "") -> SafeString | str:
     """A long id shortened, the full one on hover, with a copy button; linked to
     ``link`` + the id (percent-encoded) when ``link`` is given, e.g. ``"/runs/?q="``;
     a ``{}`` in ``link`` marks where the id goes, e.g. ``"/runs/job/{}/"`` (the run page)."""
-    return tablerows.copyable_html(value, link, shorten(str(value)))
+    return prerendered_rows.copyable_html(value, link, shorten(str(value)))
 
 
 @register.filter
 def shortsha(value: Any, link: str = "") -> SafeString | str:
     """A commit id as its first 10 characters, with a copy button for the full one."""
-    return tablerows.copyable_html(value, link, str(value)[:10])
+    return prerendered_rows.copyable_html(value, link, str(value)[:10])
 
 
 def span(seconds: float) -> str:
@@ -72,8 +72,8 @@ def took(start: Any, end: Any) -> str:
 
 @register.filter
 def count(value: Any, noun: str) -> str:
-    """``1 repository``, ``2 repositories``, ``1,204 runs`` (``dashboard.plurals``)."""
-    return plurals.count(value, noun)
+    """``1 repository``, ``2 repositories``, ``1,204 runs`` (``dashboard.web.humanize``)."""
+    return humanize.count(value, noun)
 
 
 @register.filter
@@ -90,19 +90,19 @@ def level(value: Any, limits: str) -> str:
 @register.simple_tag
 def repository_rows(rows: Any, filters: Any = "") -> SafeString:
     """``{% repository_rows repositories filters %}``: the list's ``<tr>``s."""
-    return tablerows.repository_rows(rows or (), filters)
+    return prerendered_rows.repository_rows(rows or (), filters)
 
 
 @register.simple_tag
 def audit_rows(entries: Any, filters: Any = "") -> SafeString:
     """``{% audit_rows entries filters %}``: the audit log's ``<tr>``s."""
-    return tablerows.audit_rows(entries or (), filters)
+    return prerendered_rows.audit_rows(entries or (), filters)
 
 
 @register.simple_tag
 def commit_rows(commits: Any, link: str = "") -> SafeString:
     """``{% commit_rows commits commit_link %}``: the repository page's commit ``<tr>``s."""
-    return tablerows.commit_rows(commits or (), link)
+    return prerendered_rows.commit_rows(commits or (), link)
 
 
 class SharedNode(template.Node):

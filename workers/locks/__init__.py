@@ -29,9 +29,13 @@ from __future__ import annotations
 
 from workers.locks.algorithm import Redlock, TokenSource
 from workers.locks.errors import LockError, LockLost, LockNotAcquired, LockNotOwned
+from workers.locks.keys import PREFIX, chunk, deploy, mirror, parse, repo_prefix, warm
 from workers.locks.lock import Lock
+from workers.locks.stats import COUNTERS
 
 __all__ = [
+    "COUNTERS",
+    "PREFIX",
     "Lock",
     "LockError",
     "LockLost",
@@ -39,4 +43,10 @@ __all__ = [
     "LockNotOwned",
     "Redlock",
     "TokenSource",
+    "chunk",
+    "deploy",
+    "mirror",
+    "parse",
+    "repo_prefix",
+    "warm",
 ]

@@ -23,13 +23,13 @@ from typing import Any
 
 import redis
 
-from workers.locks import admin
+from workers.locks import inspection
 from workers.locks.errors import LockError, LockLost, LockNotAcquired, LockNotOwned
 from workers.locks.heartbeat import Callback
 from workers.locks.lock import Lock
-from workers.locks.metrics import Metrics
-from workers.locks.nodes import Round, Vote, judge_any
+from workers.locks.masters import Round, Vote, judge_any
 from workers.locks.scripts import encode
+from workers.locks.stats import Metrics
 from workers.locks.transport import Transport
 
 log = logging.getLogger("workers.locks")
@@ -414,20 +414,20 @@ class Redlock:
         if not body_failed and not held_to_the_end:
             raise LockLost(f"lock on {list(lock.keys)} was lost while held")
 
-    # Introspection and operator calls (workers.locks.admin) ---------------------------
+    # Introspection and operator calls (workers.locks.inspection) ---------------------------
 
     def inspect(self, key: str) -> dict[str, Any] | None:
         """Holder, remaining TTL (ms, minimum over the agreeing masters) and how many masters
         agree on the holder (same nonce); ``None`` when no master has the key."""
-        return admin.inspect_many(self.transport, [key]).get(key)
+        return inspection.inspect_many(self.transport, [key]).get(key)
 
     def list_locks(self, prefix: str = "locks:") -> list[dict[str, Any]]:
         """``inspect()`` of every key under ``prefix`` found by SCAN on any master."""
-        return admin.list_locks(self.transport, prefix)
+        return inspection.list_locks(self.transport, prefix)
 
     def force_release(self, key: str, nonce: str) -> int:
         """Delete ``key`` where ``nonce`` still holds it; return on how many masters."""
-        released = admin.force_release(self.transport, key, nonce)
+        released = inspection.force_release(self.transport, key, nonce)
         self.count("forced_releases")
         return released
 

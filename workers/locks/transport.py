@@ -1,11 +1,11 @@
 """Fan-out to N masters: every call goes to all of them at once, each bounded by a timeout.
 
 The lock scripts (acquire, extend, release, retag) are written on pooled connections from
-the calling thread and their replies collected with poll() (``workers.locks.rounds``, the
+the calling thread and their replies collected with poll() (``workers.locks.script_rounds``, the
 bytes on the wire in ``workers.locks.wire``); the thread pool only opens
 connections (a slow handshake never delays the other masters) and runs the rarer calls
 (inspect, SCAN). Replies nobody waits for any more are read by one ``LateReplies`` thread
-(``workers.locks.late``), which also carries the releases queued behind a failed attempt's
+(``workers.locks.late_replies``), which also carries the releases queued behind a failed attempt's
 pending SET.
 """
 
@@ -27,9 +27,9 @@ import redis
 from redis.exceptions import NoScriptError
 
 from workers.locks.errors import LockError, describe
-from workers.locks.late import LateReplies
-from workers.locks.nodes import CANCELLED, Node, Pending, Round, Vote, judge_any, releaser
-from workers.locks.rounds import ScriptRound
+from workers.locks.late_replies import LateReplies
+from workers.locks.masters import CANCELLED, Node, Pending, Round, Vote, judge_any, releaser
+from workers.locks.script_rounds import ScriptRound
 from workers.locks.scripts import RELEASE
 
 T = TypeVar("T")

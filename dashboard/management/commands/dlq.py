@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.audit import record_audit
-from dashboard.deadletters import list_groups, new_bulk, run_bulk
-from dashboard.plurals import count
+from dashboard.accounts import record_audit
+from dashboard.runs import list_groups, new_bulk, run_bulk
+from dashboard.web.humanize import count
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 """``manage.py ready``: is this process able to serve? Exit 0, or one line and exit 1.
 
-The checks (database, migrations, lock quorum, queue Redis) are ``dashboard.readiness``,
+The checks (database, migrations, lock quorum, queue Redis) are ``dashboard.operations.readiness``,
 the same ones ``GET /readyz`` answers over HTTP. Used by the worker containers'
 readiness probes (a worker serves no HTTP); the web image's HEALTHCHECK uses ``/readyz``.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.readiness import check_readiness
+from dashboard.operations import check_readiness
 
 
 class Command(BaseCommand):

@@ -7,10 +7,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.commits import iter_commits
 from dashboard.models import Repository
-from dashboard.repositories import current_fingerprint, repository_status, resolve_repository
-from dashboard.summaries import repository_summary
+from dashboard.repositories import (
+    current_fingerprint,
+    iter_commits,
+    repository_status,
+    repository_summary,
+    resolve_repository,
+)
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 """``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire``.
 
-Thin adapters over ``dashboard.rollouts`` / ``dashboard.deploylock``; every refusal is
+Thin adapters over ``dashboard.rollouts.start`` / ``dashboard.rollouts.deploy_lock``; every refusal is
 one line on stderr and a non-zero exit.
 """
 
@@ -16,19 +16,20 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dashboard import leases, rollouts
-from dashboard.checklists import describe_rollout, rollout_checklist
-from dashboard.deploylock import (
+from dashboard import locks, rollouts
+from dashboard import versions as dashboard_versions
+from dashboard.models import AnalyzerVersion, Rollout
+from dashboard.rollouts import (
     RolloutDriver,
     abort_rollout,
+    describe_rollout,
     rollback_rollout,
+    rollout_checklist,
     takeover_rollout,
+    warm_rollout,
 )
-from dashboard.models import AnalyzerVersion, Rollout
-from dashboard.rollouts import describe_lock, ensure_baseline
-from dashboard.versions import retire_version
-from dashboard.warming import warm_rollout
-from workers import lockkeys
+from dashboard.versions import describe_lock, ensure_baseline, retire_version
+from workers import locks as workers_locks
 
 TERMINAL = {"completed", "rolled_back", "failed", "aborted"}
 
@@ -74,7 +75,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
         start = sub.add_parser("start", help="start a rollout of a new analyzer config")
-        start.add_argument("--queue", default=rollouts.QUEUE)
+        start.add_argument("--queue", default=dashboard_versions.QUEUE)
         src = start.add_mutually_exclusive_group(required=True)
         src.add_argument("--config", type=Path, help="a JSON file with the analyzer config")
         src.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config key")
@@ -100,7 +101,7 @@ class Command(BaseCommand):
         start.add_argument("--wait", action="store_true", help="block until it ends")
         start.add_argument("--timeout", type=float, default=30.0)
         status = sub.add_parser("status", help="versions and rollouts")
-        status.add_argument("--queue", default=rollouts.QUEUE)
+        status.add_argument("--queue", default=dashboard_versions.QUEUE)
         status.add_argument("--json", action="store_true")
         for name, text in [
             ("promote", "next ramp step, or make the version current after the last"),
@@ -121,7 +122,7 @@ class Command(BaseCommand):
                 p.add_argument("--takeover", action="store_true")
         retire = sub.add_parser("retire", help="retire a drained or warm-failed version for good")
         retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
-        retire.add_argument("--queue", default=rollouts.QUEUE)
+        retire.add_argument("--queue", default=dashboard_versions.QUEUE)
         retire.add_argument("--reason", default="")
         for p in sub.choices.values():
             p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
@@ -129,7 +130,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             getattr(self, f"do_{options['action']}")(options)
-        except rollouts.RolloutError as exc:
+        except dashboard_versions.RolloutError as exc:
             raise CommandError(str(exc)) from None
         except Rollout.DoesNotExist:
             raise CommandError(f"no rollout #{options.get('id')}") from None
@@ -222,7 +223,7 @@ class Command(BaseCommand):
 
         versions = AnalyzerVersion.objects.filter(queue=o["queue"]).order_by("-created_at")
         active = rollouts.active_rollout(o["queue"])
-        lock = leases.redlock().inspect(lockkeys.deploy(o["queue"]))
+        lock = locks.redlock().inspect(workers_locks.deploy(o["queue"]))
         data = {
             "queue": o["queue"],
             "versions": [
@@ -231,7 +232,7 @@ class Command(BaseCommand):
                     "state": v.state,
                     "ramp_percent": v.ramp_percent,
                     "config": v.config,
-                    "queue": rollouts.physical_queue(v.queue, v.fingerprint),
+                    "queue": dashboard_versions.physical_queue(v.queue, v.fingerprint),
                     "verified_at": v.verified_at.isoformat() if v.verified_at else None,
                 }
                 for v in versions

@@ -12,10 +12,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from dashboard.infra import RedisUnavailable
 from dashboard.models import Repository
-from dashboard.plurals import count
-from dashboard.queues import RedisUnavailable
-from dashboard.repositories import InvalidRemote, repository_status, submit_repository
+from dashboard.repositories import repository_status, submit_repository
+from dashboard.web.humanize import count
+from workers.remotes import InvalidRemote
 
 
 class Command(BaseCommand):

@@ -22,21 +22,20 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from dashboard import embedded
 from dashboard.accounts import ensure_admin
-from dashboard.dbpool import close_thread_connections
-from dashboard.plurals import count
-from dashboard.reconciler import reconcile
-from dashboard.samples import record_samples
-from dashboard.webprocesses import BalancedMultiprocess, bind_sockets
+from dashboard.infra import close_thread_connections
+from dashboard.operations import reconcile, record_samples
+from dashboard.server import embedded_redis
+from dashboard.server.web_processes import BalancedMultiprocess, bind_sockets
+from dashboard.web.humanize import count
 from workers.pool import Pool
-from workers.redisnode import RedisNode
+from workers.runtime import RedisNode
 
 #: The web processes' websocket options (uvicorn's defaults otherwise).
 WEBSOCKET_OPTIONS: dict[str, Any] = {
     # No permessage-deflate. Uvicorn offers it and browsers accept it, and then every
     # frame is compressed once per socket, each socket holding zlib contexts of its
-    # own: the text a feed serialised once for all its sockets (``dashboard.broadcasts``)
+    # own: the text a feed serialised once for all its sockets (``dashboard.live.fanout``)
     # was compressed again for each of them (BENCHMARKS.md, "Live view": the web
     # process's CPU per frame). The live view's frames are small, ~10 a second a socket.
     "ws_per_message_deflate": False,
@@ -78,12 +77,12 @@ class Command(BaseCommand):
         nodes: list[RedisNode] = []
         if not os.environ.get("REDIS_URLS"):
             try:
-                nodes = embedded.start_nodes(settings.EMBEDDED_REDIS_NODES)
-            except (embedded.AlreadyRunning, RuntimeError) as exc:
+                nodes = embedded_redis.start_nodes(settings.EMBEDDED_REDIS_NODES)
+            except (embedded_redis.AlreadyRunning, RuntimeError) as exc:
                 raise CommandError(str(exc)) from None
             urls = [n.url for n in nodes]
-            embedded.use_redis(urls)
-            embedded.write_state(
+            embedded_redis.use_redis(urls)
+            embedded_redis.write_state(
                 {
                     "pid": os.getpid(),
                     "redis_urls": urls,
@@ -156,7 +155,7 @@ class Command(BaseCommand):
                 # dropping its connections; on a CPU-starved host that is a busy one.
                 config.timeout_worker_healthcheck = 60
                 # A listening socket per process, so the kernel spreads the connections
-                # evenly (dashboard/webprocesses.py), not whichever process woke first.
+                # evenly (dashboard/server/web_processes.py), not whichever process woke first.
                 sockets = bind_sockets(host, port, options["web_workers"])
                 BalancedMultiprocess(config, sockets=sockets).run()
             else:
@@ -167,8 +166,8 @@ class Command(BaseCommand):
                 self.stdout.write("stopping workers (finishing current jobs)…")
                 pool.stop()
             if nodes:
-                embedded.stop_nodes(nodes)
-                embedded.clear_state()
+                embedded_redis.stop_nodes(nodes)
+                embedded_redis.clear_state()
             self.stdout.write("gitward stopped")
 
 
@@ -186,7 +185,7 @@ def _reconcile_periodically(stop: threading.Event) -> None:
             logging.getLogger(__name__).exception("reconciler round failed")
         finally:
             # Hand this thread's connection back between rounds: with the pool of a web
-            # process (dashboard/dbpool.py) an idle thread would hold one of its slots
+            # process (dashboard/infra/dbpool.py) an idle thread would hold one of its slots
             # for the whole interval; without it, an idle server backend.
             close_thread_connections()
 

@@ -20,10 +20,10 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.plurals import count
-from dashboard.queues import MAINTENANCE_QUEUE, SYNC_QUEUE, RedisUnavailable, redis_urls
+from dashboard.infra import MAINTENANCE_QUEUE, SYNC_QUEUE, RedisUnavailable, redis_urls
 from dashboard.versions import served_fingerprint
-from workers.analyzer import AnalyzerConfig, queue_name
+from dashboard.web.humanize import count
+from workers.analysis import AnalyzerConfig, queue_name
 from workers.pool import Pool, run_one_worker, version_config
 
 

@@ -1,0 +1,337 @@
+"""Redis connections and RQ queues: names, enqueueing, scheduled jobs, pauses.
+
+The process-wide Redlock lives in ``dashboard.locks.leases``; this module knows no lock.
+
+The queue server (``REDIS_URL``) may be down or stalled at any moment. Every client
+built here has short timeouts (``GITWARD_QUEUE_TIMEOUT``), no redis-py retries, and
+turns a refused, dropped or timed-out command into one exception, ``QueueUnavailable``
+(``"queue server unreachable"``). After a failure every command fails at once for
+``RETRY_AFTER_SECONDS`` (a per-process circuit), so a page that reads the queue server
+ten times waits for one timeout, not ten. Adapters catch ``QueueUnavailable`` and
+degrade; the database stays the truth and the reconciler enqueues what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+from redis.client import Pipeline
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+from rq import Queue
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry
+
+from dashboard.models import AnalyzerVersion
+from workers.analysis import DEFAULT, queue_name
+from workers.runtime import is_sentinel_url, parse_sentinel_url, safe_sentinel_url
+
+log = logging.getLogger(__name__)
+
+SYNC_QUEUE = "sync"
+#: Bulk dead-letter actions (``dashboard.runs.dead_letters``) run here, never in a request.
+MAINTENANCE_QUEUE = "maintenance"
+
+
+def queue_names() -> list[str]:
+    """The queues the operations view shows (and pause/resume accept): sync, the
+    physical queue of every staffed analyzer version (the current one first; the
+    deployed default's before any rollout), maintenance and, once a rollout exists, the
+    ``rollouts`` driver queue."""
+    rows = list(
+        AnalyzerVersion.objects.filter(state__in=_STAFFED)
+        .order_by("-state_changed_at")
+        .values_list("fingerprint", "state")
+    )
+    current = [fp for fp, st in rows if st == AnalyzerVersion.State.CURRENT]
+    fps = current or [DEFAULT.fingerprint()]
+    fps += [fp for fp, _ in rows if fp not in fps]
+    names = [SYNC_QUEUE, *(queue_name(fp) for fp in fps), MAINTENANCE_QUEUE]
+    return names + (["rollouts"] if rows else [])
+
+
+#: ``dashboard.versions.state_machine.STAFFED`` (that module imports this one).
+_STAFFED = ("warming", "verified", "ramping", "current", "draining")
+
+
+class RedisUnavailable(ImproperlyConfigured):
+    pass
+
+
+def redis_urls() -> list[str]:
+    urls = list(settings.REDIS_URLS)
+    if not urls:
+        raise RedisUnavailable(
+            "no Redis configured: start `make run` (embedded nodes) or set REDIS_URLS"
+        )
+    return urls
+
+
+def redis_url() -> str:
+    return str(settings.REDIS_URL or redis_urls()[0])
+
+
+#: The one message pages, the API and logs show while the queue server is down.
+QUEUE_DOWN = "queue server unreachable"
+#: After a failed command, commands fail at once for this long (then one tries again).
+RETRY_AFTER_SECONDS = 0.5
+
+
+class QueueUnavailable(RedisUnavailable, redis.ConnectionError):
+    """The queue server (``REDIS_URL``) refused, dropped or did not answer in time.
+
+    A ``RedisUnavailable`` (adapters that already answer that with a 503 keep doing
+    so) and a ``redis.ConnectionError`` (RQ's worker loop backs off and retries on it).
+    """
+
+
+class _Circuit:
+    """Per process: the time until which commands fail without trying."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open_until = 0.0
+        self.last_error = ""
+
+    def check(self) -> None:
+        # Race: two threads read ``open_until`` while a third trips it; the worst case
+        # is one extra attempt that times out on its own, never a wrong answer.
+        if time.monotonic() < self.open_until:
+            raise QueueUnavailable(f"{QUEUE_DOWN} ({self.last_error})")
+
+    def trip(self, exc: BaseException) -> QueueUnavailable:
+        if isinstance(exc, QueueUnavailable):
+            return exc
+        with self.lock:
+            self.open_until = time.monotonic() + RETRY_AFTER_SECONDS
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        log.warning("%s: %s", QUEUE_DOWN, self.last_error)
+        return QueueUnavailable(f"{QUEUE_DOWN} ({self.last_error})")
+
+    def reset(self) -> None:
+        with self.lock:
+            self.open_until = 0.0
+
+
+CIRCUIT = _Circuit()
+_FAILURES = (redis.ConnectionError, redis.TimeoutError)
+
+
+class _QueuePipeline(Pipeline):
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        CIRCUIT.check()
+        try:
+            return super().execute(raise_on_error)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        """Commands a WATCHing pipeline sends at once (RQ's check-and-set enqueues)."""
+        CIRCUIT.check()
+        try:
+            return super().immediate_execute_command(*args, **options)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
+
+class QueueRedis(redis.Redis):
+    """A client whose connection failures are ``QueueUnavailable`` (see the module)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        CIRCUIT.check()
+        try:
+            return super().execute_command(*args, **options)
+        except _FAILURES as exc:
+            raise CIRCUIT.trip(exc) from exc
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> _QueuePipeline:
+        return _QueuePipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+
+
+def connection_options() -> dict[str, Any]:
+    """Timeouts of every queue-server client: a stalled server costs one timeout."""
+    timeout = float(settings.QUEUE_TIMEOUT)
+    return {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),  # no silent retries: the circuit decides
+        "health_check_interval": 30,
+    }
+
+
+def build_client(url: str, **overrides: Any) -> QueueRedis:
+    """A new client for ``url``: ``redis://``/``rediss://``/``unix://`` directly, or the
+    master of a ``redis+sentinel://`` group, rediscovered through the Sentinels on every
+    new connection (so after a failover the next connection goes to the new master)."""
+    options = {**connection_options(), **overrides}
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinel = Sentinel(
+            list(target.sentinels),
+            sentinel_kwargs={
+                "socket_connect_timeout": options["socket_connect_timeout"],
+                "socket_timeout": options["socket_timeout"],
+            },
+        )
+        client = sentinel.master_for(
+            target.service,
+            redis_class=QueueRedis,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            **options,
+        )
+        assert isinstance(client, QueueRedis)
+        return client
+    client = QueueRedis.from_url(url, **options)
+    assert isinstance(client, QueueRedis)
+    return client
+
+
+@functools.cache
+def _connection(url: str, timeout: float) -> QueueRedis:
+    return build_client(url)
+
+
+def connection() -> QueueRedis:
+    """The process's shared client for the queue server (short timeouts). Cached per URL
+    *and* timeout: a client built before ``QUEUE_TIMEOUT`` changed keeps its old socket
+    timeouts, so a changed setting must get a new client, not the cached one."""
+    return _connection(redis_url(), float(settings.QUEUE_TIMEOUT))
+
+
+def worker_connection() -> QueueRedis:
+    """A client of its own for an RQ worker: RQ raises the socket timeout of the
+    connection it is given above its blocking dequeue time, which must not leak into
+    the shared client that requests use."""
+    return build_client(redis_url())
+
+
+def safe_queue_url() -> str:
+    """``REDIS_URL`` without its password."""
+    url = redis_url()
+    if is_sentinel_url(url):
+        return safe_sentinel_url(parse_sentinel_url(url))
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def queue_server() -> dict[str, Any]:
+    """``{ok, url, latency_ms | error}``: one PING of the queue server (bounded by the
+    client's timeouts, at once while the circuit is open)."""
+    start = time.perf_counter()
+    try:
+        connection().ping()
+    except QueueUnavailable as exc:
+        return {"ok": False, "url": safe_queue_url(), "error": QUEUE_DOWN, "detail": str(exc)}
+    latency = round((time.perf_counter() - start) * 1000, 2)
+    return {"ok": True, "url": safe_queue_url(), "latency_ms": latency}
+
+
+def queue(name: str) -> Queue:
+    return Queue(name, connection=connection(), default_timeout=settings.JOB_TIMEOUT)
+
+
+def analysis_queue(fingerprint: str) -> Queue:
+    return queue(queue_name(fingerprint))
+
+
+def _put(q: Queue, func: str, args: tuple[object, ...], job_id: str, delay: float) -> None:
+    options: dict[str, object] = {
+        "job_id": job_id,
+        "unique": True,
+        "result_ttl": 3600,
+        "failure_ttl": 7 * 24 * 3600,
+    }
+    if delay > 0:
+        q.enqueue_in(timedelta(seconds=delay), func, *args, **options)
+    else:
+        q.enqueue(func, *args, **options)
+
+
+def enqueue_unique(q: Queue, func: str, *args: object, job_id: str, delay: float = 0.0) -> bool:
+    """Enqueue under a deterministic id; False if that job already exists in Redis.
+
+    Two processes enqueuing the same id concurrently: RQ's ``unique`` enqueue is one Lua
+    script (check-and-save), so exactly one succeeds and the other gets
+    DuplicateJobError. The job itself is idempotent too, so a redelivery is harmless.
+    """
+    try:
+        _put(q, func, args, job_id, delay)
+    except DuplicateJobError:
+        pass
+    else:
+        return True
+    # The id exists. A live job (queued, started, scheduled) is the same work: done.
+    # A finished or failed one is a leftover of an earlier round: replace it. Two
+    # replacers racing both delete, then both enqueue with ``unique``: one wins.
+    try:
+        existing = Job.fetch(job_id, connection=q.connection)
+        status = existing.get_status(refresh=True)
+    except NoSuchJobError:
+        status = None
+    if status in {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED}:
+        return False
+    if status is not None:
+        existing.delete()
+    try:
+        _put(q, func, args, job_id, delay)
+    except DuplicateJobError:
+        return False
+    return True
+
+
+def promote_due_jobs(queue_names: list[str]) -> int:
+    """Move scheduled jobs (retry back-offs, lock waits) whose time has come onto their
+    queues. Workers call this every second instead of running RQ's scheduler process,
+    which outlives a SIGKILLed worker as an orphan and, once dead, holds its lock.
+
+    Race: every worker promotes; ``ZREM`` removes a job id for exactly one caller, and
+    only that caller enqueues it.
+    """
+    conn = connection()
+    moved = 0
+    for name in queue_names:
+        q = queue(name)
+        registry = ScheduledJobRegistry(queue=q)
+        for job_id in registry.get_jobs_to_schedule(int(time.time())):
+            if not conn.zrem(registry.key, job_id):
+                continue
+            try:
+                job = Job.fetch(job_id, connection=conn)
+            except NoSuchJobError:
+                continue
+            q.enqueue_job(job)
+            moved += 1
+    return moved
+
+
+PAUSED_KEY = "gitward:paused-queues"
+#: What a worker listens on while every one of its queues is paused (always empty).
+IDLE_QUEUE = "gitward-idle"
+
+
+def paused_queue_names() -> set[str]:
+    return {m.decode() for m in connection().smembers(PAUSED_KEY)}  # type: ignore[union-attr]
+
+
+def set_paused(name: str, paused: bool) -> bool:
+    """Pause or resume a queue; returns whether anything changed. Workers stop taking
+    jobs from a paused queue within a second; jobs already running finish."""
+    conn = connection()
+    changed = conn.sadd(PAUSED_KEY, name) if paused else conn.srem(PAUSED_KEY, name)
+    return bool(changed)

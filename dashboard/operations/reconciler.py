@@ -1,0 +1,175 @@
+"""Repairs drift between the database (the truth) and Redis (the transport)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from rq import Queue
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
+
+from dashboard import infra
+from dashboard.locks import live_worker_names, orphaned_runs
+from dashboard.models import JobRun, Repository
+from dashboard.repositories import complete_repository, publish_repo_changed
+from dashboard.rollouts import reconcile_drains, reconcile_pending_drivers
+from dashboard.runs import cancel_runs, closed_fingerprints, crash_attempt, enqueue_run
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000
+
+
+def reconcile() -> dict[str, int]:
+    """One round, safe to run from any number of processes at once.
+
+    1. Runs marked running whose worker's heartbeat is gone: the attempt is recorded as
+       crashed (``worker died``) and retried, or dead-lettered after the budget.
+    2. Queued or waiting runs whose RQ job cannot run any more are enqueued again: the
+       job is missing (Redis flushed, a node restarted empty), ended (its horse was
+       killed before it claimed the attempt), marked queued but in no queue (its worker
+       died between dequeue and start), started by a dead worker, or scheduled and long
+       overdue. The attempt is claimed in the database, so even a false alarm here
+       cannot run the work twice.
+    3. Analysing repositories whose chunks have all ended are marked ready (or failed).
+    4. Queued runs of closed analyzer versions are cancelled (a retry scheduled just
+       before a rollback), and every draining version gets a drain check
+       (``rollouts.reconcile_drains``: drained after two empty checks).
+    5. Pending rollouts owed a driver whose driver job is missing get it enqueued
+       (``rollouts.reconcile_pending_drivers``): one started while the queue server
+       was unreachable is driven once it returns.
+
+    With the queue server unreachable, steps 1 and 3 (database only) still run and
+    steps 2, 4 and 5 wait for the next round (``queue_unreachable: 1`` in the result): a run
+    submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
+    missing and enqueues once the server is back.
+
+    Races: two reconcilers, or a reconciler and a worker finishing late, both go
+    through the conditional UPDATEs of ``dashboard.runs.lifecycle``: one wins, the rest no-op.
+    """
+    crashed = sum(
+        1
+        for run in orphaned_runs()
+        if crash_attempt(run_id=run.pk, number=run.attempts, reason="worker died (heartbeat lost)")
+    )
+    try:
+        promoted, requeued = _requeue_stale()
+        cancelled = sum(
+            cancel_runs(fingerprint=fp, reason="its analyzer version is closed")
+            for fp in closed_fingerprints()
+        )
+        drained = reconcile_drains()
+        drivers = reconcile_pending_drivers()
+        queue_down = 0
+    except infra.QueueUnavailable as exc:
+        # The database keeps every queued run; the next round (once the queue server
+        # answers) finds their RQ jobs missing and enqueues them; cancels and drain
+        # checks (which read and edit the queues) wait for it too.
+        log.warning("reconciler: %s; queued runs wait for it", exc)
+        promoted = requeued = cancelled = drained = drivers = 0
+        queue_down = 1
+    completed = 0
+    for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
+        if complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint):
+            completed += 1
+            publish_repo_changed(repo.pk)  # watchers see "ready" without a reload
+    result = {
+        "crashed": crashed,
+        "requeued": requeued,
+        "completed": completed,
+        "promoted": promoted,
+        "cancelled": cancelled,
+        "drained": drained,
+        "drivers": drivers,
+        "queue_unreachable": queue_down,
+    }
+    if any(result.values()):
+        log.info("reconciler: %s", result)
+    return result
+
+
+def _requeue_stale() -> tuple[int, int]:
+    """Step 2 of ``reconcile``: promote due scheduled jobs, enqueue stale runs again.
+    Raises ``QueueUnavailable`` while the queue server is unreachable."""
+    requeued = 0
+    conn = infra.connection()
+    promoted = infra.promote_due_jobs(
+        sorted(
+            set(
+                JobRun.objects.filter(
+                    state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
+                ).values_list("queue", flat=True)
+            )
+        )
+    )
+    pending = JobRun.objects.filter(state__in=[JobRun.State.QUEUED, JobRun.State.FAILED])
+    live = live_worker_names()
+    in_queue: dict[str, set[bytes]] = {}
+    last = 0
+    while True:
+        batch = list(pending.filter(pk__gt=last).order_by("pk")[:BATCH])
+        if not batch:
+            break
+        last = batch[-1].pk
+        with conn.pipeline(transaction=False) as pipe:
+            for run in batch:
+                pipe.hmget(f"rq:job:{run.rq_id()}", ["status", "enqueued_at", "worker_name"])
+            states = pipe.execute()
+        for run, fields in zip(batch, states, strict=True):
+            if _stale(run, fields, conn, live, in_queue):
+                q = infra.queue(run.queue)
+                conn.lrem(q.key, 0, run.rq_id())  # never two copies of one attempt
+                conn.zrem(f"rq:scheduled:{run.queue}", run.rq_id())
+                conn.delete(Job.key_for(run.rq_id()))  # the stale hash, if any
+                if enqueue_run(run):
+                    requeued += 1
+    return promoted, requeued
+
+
+#: A job younger than this is never judged stale (it may be between two Redis steps).
+GRACE_SECONDS = 10.0
+
+
+def _queued_ids(conn: object, name: str, cache: dict[str, set[bytes]]) -> set[bytes]:
+    """Every job id in a queue and its intermediate list, read once per round."""
+    if name not in cache:
+        q = Queue(name, connection=conn)  # type: ignore[arg-type]
+        ids = set(conn.lrange(q.key, 0, -1))  # type: ignore[attr-defined]
+        ids |= set(conn.lrange(q.intermediate_queue_key, 0, -1))  # type: ignore[attr-defined]
+        cache[name] = ids
+    return cache[name]
+
+
+def _stale(
+    run: JobRun,
+    fields: list[bytes | None],
+    conn: object,
+    live: set[str],
+    cache: dict[str, set[bytes]],
+) -> bool:
+    status, enqueued_at, worker = (f.decode() if f else None for f in fields)
+    if status is None:
+        return True  # missing: Redis lost it
+    if status in {"finished", "failed", "stopped", "canceled"}:
+        return True  # ended without the run moving on (killed before the claim)
+    age = GRACE_SECONDS + 1
+    if enqueued_at:
+        try:
+            stamp = datetime.fromisoformat(enqueued_at.replace("Z", "+00:00"))
+            stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+            age = (datetime.now(UTC) - stamp).total_seconds()
+        except ValueError:
+            pass
+    if age < GRACE_SECONDS:
+        return False
+    if status == "queued":
+        return run.rq_id().encode() not in _queued_ids(conn, run.queue, cache)
+    if status == "started":
+        return worker not in live
+    if status == "scheduled":
+        registry = ScheduledJobRegistry(queue=infra.queue(run.queue))
+        score = conn.zscore(registry.key, run.rq_id())  # type: ignore[attr-defined]
+        return score is None or float(score) < time.time() - 30
+    return False

@@ -1,0 +1,433 @@
+"""A repository's planned work: chunks planned from a sync, and each chunk's states
+(``queued → running → done | failed``) as analyze jobs take them.
+
+Emits ``job.progress`` when a chunk is stored and ``repo.changed`` when the
+repository's analysis completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import NamedTuple
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from dashboard import infra
+from dashboard.infra import publish_event
+from dashboard.locks import check_token
+from dashboard.models import Chunk, Commit, JobRun, Repository
+from dashboard.repositories.commit_counts import stored_commits
+from dashboard.repositories.commits import stored_shas
+from dashboard.repositories.lifecycle import (
+    complete_repository,
+    publish_repo_changed,
+    refresh_repository,
+)
+from dashboard.repositories.summaries import repository_summary
+from dashboard.runs import enqueue_after_commit, ensure_run
+from dashboard.versions import planned_fingerprints, repository_key, served_fingerprint
+from workers.analysis import chunk_key, chunk_target, iter_chunks, queue_name
+
+OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
+
+
+class Plan(NamedTuple):
+    """What ``plan_repository`` planned: the analyze run of every open chunk, and the
+    one of them it left for the caller to analyse itself (not enqueued), if any."""
+
+    runs: list[int]
+    inline: int | None = None
+
+
+def plan_repository(
+    *,
+    repo_id: int,
+    generation: int,
+    head: str,
+    shas: Sequence[str],
+    lock_key: str,
+    token: int | None,
+    fingerprint: str | None = None,
+    since: str | None = None,
+    inline_for: Collection[str] = (),
+) -> Plan | None:
+    """Record the new head and plan chunks for commits not yet analysed; return the ids
+    of the open chunks' analyze runs, enqueued after commit except ``Plan.inline``.
+
+    ``inline_for`` (the inline chunk): the fingerprints the caller can analyse
+    with. If the served one is among them, the first of its open chunks whose run is
+    queued and never attempted is left un-enqueued and returned as ``Plan.inline``: the
+    caller (the sync's work horse) runs its first attempt itself. If the caller dies
+    before it claims that attempt, the run is ``queued`` with no RQ job, which the
+    reconciler's step 2 enqueues (``reconciler._stale``: a missing job is stale at once).
+
+    ``since`` (an incremental sync): ``shas`` are only the commits reachable
+    from ``head`` and not from ``since``, an ancestor of ``head`` that the repository's
+    previous plan was made from (``incremental_base``). Such a plan is complete for
+    what ``since`` reaches: each of those commits is stored, or in a chunk that is open
+    or failed. So when, inside this transaction, ``since`` is still the recorded head,
+    the served version is still the one it was planned for (and no other is ramping) and
+    no failed chunk holds a commit not stored and not in an open chunk, the full plan
+    would find exactly ``shas`` pending, and the total is the old one plus
+    ``len(shas)``. Otherwise nothing is written and None is returned: the caller lists
+    the whole history and plans again without ``since``.
+
+    ``fingerprint`` plans for that version only; by default the fingerprints are the
+    routing's (``canary.planned_fingerprints``): the served (current) one, plus the
+    ramping version's when the repository's key routes to it. The served one comes
+    first and decides the repository's status; the ramping one is a shadow analysis
+    whose runs go to its own physical queue.
+
+    One transaction, guarded by the mirror lock ``lock_key``: its fencing ``token`` is
+    checked first (``StaleToken`` if a newer holder exists), then:
+
+    1. Lock the repository row (serialises with ``complete_repository``).
+    2. Per fingerprint: pending = reachable commits − stored for this fingerprint −
+       already in an open chunk (queued/running, e.g. from an earlier generation).
+    3. Plan content-defined chunks; insert the new ones (existing keys are kept, and a
+       failed one is reset to queued: a re-submission retries it).
+    4. Status (served fingerprint): analyzing while any chunk is open, else ready.
+
+    Race: a promote or rollback commits right after the fingerprints were read. The
+    plan is then for the version that was current a moment ago; that version is
+    draining, its queued runs are cancelled (``runs.cancel_runs``), and the catch-up of
+    the new current version (``catch_up``) re-syncs this repository because its
+    ``fingerprint`` column names the old one.
+    """
+    with transaction.atomic():
+        check_token(lock_key, token)
+        repo = Repository.objects.select_for_update().get(pk=repo_id)
+        fps = [fingerprint] if fingerprint else planned_fingerprints(key=repository_key(repo_id))
+        total = len(shas)
+        if since is not None:
+            # Race: a chunk of the previous plan failing after this check stays failed
+            # until the next submission, exactly as after a full plan that found it
+            # running (it was in flight then, so not re-planned either).
+            if not (
+                since == repo.head
+                and fps == [repo.fingerprint]
+                and not _uncovered_failures(repo_id, fps[0])
+            ):
+                return None
+            total += repo.commits_total
+        run_ids, open_served = _plan_chunks(repo_id, fps[0], shas)
+        inline = _first_fresh(run_ids) if fps[0] in inline_for else None
+        for extra in fps[1:]:  # shadow chunks of a ramping version: always enqueued
+            run_ids += _plan_chunks(repo_id, extra, shas)[0]
+        _record_plan(repo, fps[0], head, total, open_served)
+        enqueue_after_commit([pk for pk in run_ids if pk != inline])
+        return Plan(run_ids, inline)
+
+
+def _first_fresh(run_ids: list[int]) -> int | None:
+    """The first run (in chunk order) that is queued and was never attempted.
+
+    Race: such a run may have an RQ job already (planned by an earlier generation and
+    still waiting in the queue), or the reconciler may enqueue one for it before the
+    caller claims it (a missing job is stale at once). Then two deliveries of attempt 1
+    exist; ``runs.begin_attempt`` lets exactly one claim it and the other does nothing,
+    so the chunk is analysed once either way.
+    """
+    fresh = set(
+        JobRun.objects.filter(
+            pk__in=run_ids[:_SHA_BATCH], state=JobRun.State.QUEUED, attempts=0
+        ).values_list("pk", flat=True)
+    )
+    return next((pk for pk in run_ids if pk in fresh), None)
+
+
+#: Up to this many shas, the stored ones among them are looked up by sha (in batches);
+#: beyond, every stored sha of the repository is read once (cheaper for a whole history).
+LOOKUP_BY_SHA = 2000
+_SHA_BATCH = 500  # below SQLite's bound on query parameters
+
+
+def incremental_base(repo: Repository) -> str | None:
+    """The head to list new commits from (``plan_repository(since=…)``): the head the
+    repository was last planned from, if any. A hint read before the fetch; the plan's
+    own transaction decides whether it still holds."""
+    return repo.head or None
+
+
+def _in_flight(repo_id: int, fingerprint: str) -> set[str]:
+    """The shas of the fingerprint's open (queued or running) chunks."""
+    shas: set[str] = set()
+    for text in Chunk.objects.filter(
+        repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES
+    ).values_list("shas", flat=True):
+        shas.update(text.split())
+    return shas
+
+
+def _uncovered_failures(repo_id: int, fingerprint: str) -> bool:
+    """Whether a failed chunk holds a commit that is neither stored nor in an open chunk:
+    a full plan would plan it again, an incremental one would not. (A failed chunk whose
+    commits a later plan re-planned and stored, under other chunk keys, does not count:
+    otherwise it would force a full plan on every later sync.)"""
+    failed = [
+        sha
+        for text in Chunk.objects.filter(
+            repository_id=repo_id, fingerprint=fingerprint, state=Chunk.State.FAILED
+        ).values_list("shas", flat=True)
+        for sha in text.split()
+    ]
+    if not failed:
+        return False
+    covered = _stored(repo_id, fingerprint, failed) | _in_flight(repo_id, fingerprint)
+    return any(sha not in covered for sha in failed)
+
+
+def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
+    """The shas of ``shas`` stored under ``fingerprint`` (possibly a superset: others)."""
+    rows = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+    if len(shas) > LOOKUP_BY_SHA:
+        return set(rows.values_list("sha", flat=True))
+    found: set[str] = set()
+    for i in range(0, len(shas), _SHA_BATCH):
+        found.update(rows.filter(sha__in=shas[i : i + _SHA_BATCH]).values_list("sha", flat=True))
+    return found
+
+
+#: Chunk rows per INSERT while planning: the plan holds this many chunks' text at most.
+_ROWS_PER_INSERT = 25
+
+
+def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[list[int], bool]:
+    """Plan one fingerprint's chunks; ``(run ids of its open chunks, any open)``.
+
+    Streams (memory flat as histories grow): the pending shas are filtered as the chunks
+    are cut, and the chunk rows are inserted ``_ROWS_PER_INSERT`` at a time, so a whole
+    history costs
+    ``shas`` (a compact ``ShaList`` from the sync) plus a batch of chunks, not a list of
+    every pending sha and every chunk's text at once. The same rows as one INSERT: a
+    batch's keys exist before the next batch is cut, and keys are unique per chunk.
+    """
+    stored = _stored(repo_id, fingerprint, shas)
+    in_flight = _in_flight(repo_id, fingerprint)
+    pending = (s for s in shas if s not in stored and s not in in_flight)
+    # The target is the listed history's (``shas``), not the pending part's: a re-plan
+    # of the same history (a re-submission after a failed chunk) cuts the same chunks,
+    # whatever is stored by now, so a failed chunk gets its own key (and run) back.
+    target = chunk_target(
+        len(shas),
+        floor=settings.CHUNK_SIZE,
+        ceiling=settings.CHUNK_MAX,
+        spread=settings.CHUNK_SPREAD,
+    )
+    position = (
+        Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint).aggregate(
+            m=Max("position")
+        )["m"]
+        or 0
+    )
+    batch: list[Chunk] = []
+    for part in iter_chunks(pending, target=target):
+        position += 1
+        batch.append(
+            Chunk(
+                repository_id=repo_id,
+                fingerprint=fingerprint,
+                key=chunk_key(part),
+                shas="\n".join(part),
+                size=len(part),
+                position=position,
+            )
+        )
+        if len(batch) >= _ROWS_PER_INSERT:
+            _insert_chunks(repo_id, fingerprint, batch)
+            batch = []
+    _insert_chunks(repo_id, fingerprint, batch)
+    # only what _runs_for reads: not every open chunk's list of shas
+    open_chunks = list(
+        Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES)
+        .only("pk", "repository_id", "fingerprint", "key")
+        .order_by("position")  # the first chunk first: the one a sync analyses inline
+    )
+    return _runs_for(open_chunks, fingerprint), bool(open_chunks)
+
+
+def _insert_chunks(repo_id: int, fingerprint: str, rows: list[Chunk]) -> None:
+    """Insert new chunk rows (a key that exists is kept) and reset a failed one of these
+    keys to queued: a re-submission retries it."""
+    if not rows:
+        return
+    Chunk.objects.bulk_create(rows, ignore_conflicts=True)
+    Chunk.objects.filter(
+        repository_id=repo_id,
+        fingerprint=fingerprint,
+        key__in=[r.key for r in rows],
+        state=Chunk.State.FAILED,
+    ).update(state=Chunk.State.QUEUED, error="")
+
+
+def _record_plan(repo: Repository, fingerprint: str, head: str, total: int, busy: bool) -> None:
+    now = timezone.now()
+    repo.head = head
+    repo.commits_total = total
+    repo.fingerprint = fingerprint
+    repo.synced_at = now
+    repo.error = ""
+    if busy:
+        repo.status = Repository.Status.ANALYZING
+    else:
+        repo.status = Repository.Status.READY
+        repo.analyzed_at = now
+    repo.save(
+        update_fields=[
+            "head",
+            "commits_total",
+            "fingerprint",
+            "synced_at",
+            "error",
+            "status",
+            "analyzed_at",
+            "updated_at",
+        ]
+    )
+
+
+def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
+    """The analyze run of every open chunk, created if missing. A dead run of a chunk
+    that is planned again (the user re-submitted) gets a fresh attempt budget."""
+    queue = queue_name(fingerprint)
+    ids = []
+    for chunk in chunks:
+        run = ensure_run(
+            kind=JobRun.Kind.ANALYZE,
+            job_id=chunk.job_id(),
+            queue=queue,
+            repository_id=chunk.repository_id,
+            chunk_id=chunk.pk,
+            fingerprint=fingerprint,
+        )
+        if run.state in {JobRun.State.DEAD, JobRun.State.DISCARDED}:
+            JobRun.objects.filter(pk=run.pk, state=run.state).update(
+                state=JobRun.State.QUEUED, budget_base=F("attempts"), error=""
+            )
+        ids.append(run.pk)
+    return ids
+
+
+def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
+    """Start analysing a chunk: ``(chunk, None)`` with the chunk marked running, or
+    ``(chunk, reason)`` when nothing is left to do (done already, or every commit of
+    it stored by an earlier attempt), after checking whether the repository is
+    complete.
+
+    Race: a redelivered or retried job whose earlier attempt committed. The commits'
+    unique constraint and this check make the second run a no-op; marking running
+    never moves a done chunk back (``exclude(state=done)``).
+    """
+    chunk = Chunk.objects.select_related("repository").get(pk=chunk_id)
+    if chunk.state == Chunk.State.DONE:
+        _complete(chunk)
+        return chunk, "already done"
+    shas = chunk.sha_list()
+    # one parameter for the chunk's shas (not one bound parameter per sha)
+    stored = len(stored_shas(chunk.repository_id, chunk.fingerprint, shas))
+    if stored == len(shas):
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE, finished_at=timezone.now())
+        _complete(chunk)
+        return chunk, "already stored"
+    Chunk.objects.filter(pk=chunk.pk).exclude(state=Chunk.State.DONE).update(
+        state=Chunk.State.RUNNING
+    )
+    return chunk, None
+
+
+def _complete(chunk: Chunk) -> None:
+    """A redelivered chunk found its work done: if that completes the repository, the
+    live view must hear it too (otherwise it shows "analyzing" at 100% until a reload)."""
+    if complete_repository(repo_id=chunk.repository_id, fingerprint=chunk.fingerprint):
+        publish_repo_changed(chunk.repository_id)
+
+
+def finish_chunk(chunk: Chunk) -> bool:
+    """After a chunk's commits are stored: publish progress and, if it was the last
+    open chunk, mark the repository ready, compute its aggregates once (so no page load
+    pays for them) and publish the change. True if the repository completed."""
+    repo = chunk.repository
+    analyzed = stored_commits(repo.pk, chunk.fingerprint)
+    publish_event(
+        "job.progress",
+        {"repo": repo.pk, "analyzed": analyzed, "total": repo.commits_total},
+        repo_id=repo.pk,
+    )
+    if not complete_repository(repo_id=repo.pk, fingerprint=chunk.fingerprint):
+        return False
+    repository_summary(Repository.objects.get(pk=repo.pk), chunk.fingerprint)
+    publish_repo_changed(repo.pk)
+    return True
+
+
+# ---------------------------------------------------------------------------- catch-up
+
+#: Repositories looked at per catch-up job; the next batch is a new job.
+CATCH_UP_BATCH = 50
+#: A catch-up batch waits while the sync queue holds more than this many jobs, so a
+#: promote on thousands of repositories never floods the workers (no stampede).
+CATCH_UP_BACKLOG = 100
+CATCH_UP_FUNC = "workers.jobs.catch_up_repositories"
+
+
+def needs_catch_up(repo: Repository, fingerprint: str) -> bool:
+    """Whether the repository's results under ``fingerprint`` are behind its last sync."""
+    if repo.status in {Repository.Status.QUEUED, Repository.Status.SYNCING}:
+        return False  # its sync plans for the served fingerprint anyway
+    if repo.fingerprint != fingerprint:
+        return True
+    return stored_commits(repo.pk, fingerprint) < repo.commits_total
+
+
+def catch_up(*, fingerprint: str, after: int = 0, batch: int = CATCH_UP_BATCH) -> int | None:
+    """Bring the next ``batch`` repositories (by id, after ``after``) up to date under
+    ``fingerprint`` by re-syncing those that lag (``refresh_repository``); return the
+    cursor of the next batch, or None when done or when ``fingerprint`` is no longer
+    served (a later promote or rollback runs its own catch-up).
+
+    Deduplicated: a refresh is a conditional UPDATE (one new generation per repository,
+    whatever the number of concurrent catch-ups) and the sync plans only commits not
+    stored and not in an open chunk, under deterministic job ids.
+    """
+    if served_fingerprint() != fingerprint:
+        return None
+    rows = list(Repository.objects.filter(pk__gt=after).order_by("pk")[:batch])
+    for repo in rows:
+        if needs_catch_up(repo, fingerprint):
+            refresh_repository(repo_id=repo.pk, fingerprint=fingerprint)
+    return rows[-1].pk if len(rows) == batch else None
+
+
+def enqueue_catch_up(fingerprint: str, after: int = 0) -> bool:
+    """Put the catch-up batch after ``after`` on the maintenance queue (deterministic id
+    ``catchup-<fp8>-<after>``: a second enqueue of the same batch is a no-op), delayed
+    while the sync queue is backed up."""
+    backlog = infra.queue(infra.SYNC_QUEUE).count
+    delay = 2.0 if backlog > CATCH_UP_BACKLOG else 0.0
+    return infra.enqueue_unique(
+        infra.queue(infra.MAINTENANCE_QUEUE),
+        CATCH_UP_FUNC,
+        fingerprint,
+        after,
+        job_id=f"catchup-{fingerprint[:8]}-{after}",
+        delay=delay,
+    )
+
+
+def plan_warm_set(*, fingerprint: str, items: Sequence[tuple[int, Sequence[str]]]) -> list[int]:
+    """Plan the warm set's commits (``[[repo_id, [sha, …]], …]``, newest first) under
+    ``fingerprint``: chunks and analyze runs on that version's physical queue, enqueued
+    after commit. The repositories' rows are not touched (readers keep the served
+    version). Idempotent: stored commits and open chunks are skipped and job ids are
+    deterministic, so planning twice enqueues nothing new."""
+    run_ids: list[int] = []
+    with transaction.atomic():
+        for repo_id, shas in items:
+            ordered = list(reversed(shas))
+            if ordered:
+                run_ids += _plan_chunks(repo_id, fingerprint, ordered)[0]
+        enqueue_after_commit(run_ids)
+    return run_ids

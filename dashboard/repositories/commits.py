@@ -1,0 +1,394 @@
+"""Writing analysed chunks and reading commits back."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from itertools import chain
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone as djtz
+
+from dashboard.locks import check_token
+from dashboard.models import Chunk, Commit, FileChange, Repository
+from dashboard.repositories.commit_counts import add_stored
+from workers.analysis import CommitRecord
+from workers.runtime import failpoint
+
+
+class ChunkMismatch(RuntimeError):
+    """git returned other commits than the chunk planned (history rewritten?)."""
+
+
+COMMIT_COLUMNS = (
+    "repository_id", "fingerprint", "sha", "parents", "author_name", "author_email",
+    "author_canonical_name", "author_canonical_email", "authored_at", "author_tz",
+    "committer_name", "committer_email", "committed_at", "committer_tz", "subject",
+    "is_merge", "files_changed", "insertions", "deletions", "token",
+)  # fmt: skip
+FILE_COLUMNS = (
+    "commit_id", "repository_id", "fingerprint", "path", "added", "deleted", "binary",
+    "language",
+)  # fmt: skip
+
+#: Minutes east of UTC per tzinfo: the parser shares one tzinfo object per offset.
+_OFFSETS: dict[tzinfo | None, int] = {}
+
+
+def _offset_minutes(moment: datetime) -> int:
+    tz = moment.tzinfo
+    minutes = _OFFSETS.get(tz)
+    if minutes is None:
+        off = moment.utcoffset()
+        minutes = int(off.total_seconds() // 60) if off is not None else 0
+        if len(_OFFSETS) < 10_000:
+            _OFFSETS[tz] = minutes
+    return minutes
+
+
+def _sqlite_datetime(moment: datetime) -> str:
+    """What Django's SQLite backend stores for an aware datetime (naive UTC text, as
+    ``adapt_datetimefield_value`` makes it with ``USE_TZ``), without its per-call checks."""
+    return moment.astimezone(UTC).isoformat(" ")[:-6]  # str(naive) without "+00:00"
+
+
+def _identity(moment: datetime) -> datetime:
+    return moment  # psycopg adapts an aware datetime to timestamptz itself
+
+
+def _text(value: str, limit: int | None = None) -> str:
+    """Repository text as the database can store it (PostgreSQL refuses NUL)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    return value[:limit] if limit else value
+
+
+def _table(model: Any) -> str:
+    return str(connection.ops.quote_name(model._meta.db_table))
+
+
+def _columns(model: Any, columns: Sequence[str]) -> str:
+    qn = connection.ops.quote_name
+    return ", ".join(qn(model._meta.get_field(c).column) for c in columns)
+
+
+class _Rows:
+    """Everything ``write_chunk`` inserts, built before its transaction: per commit its
+    row (``COMMIT_COLUMNS``), and its files' rows ``(k, path, added, deleted, binary,
+    language)`` with ``k`` the commit's index in the chunk, in chunk order. One pass over
+    the files of each commit, one tuple per file: the repository and fingerprint, the same
+    for every row, are added by the insert (``_insert_sqlite``: literals of the statement;
+    ``_copy_postgresql``: per row), and so is the commit id, which only exists inside the
+    transaction (SQLite: ``k`` plus the first id, in SQL; nothing is re-tupled)."""
+
+    __slots__ = ("commits", "files", "fp", "repo_id", "shas")
+
+    def __init__(self, repo_id: int, fp: str, records: Sequence[CommitRecord], token: int) -> None:
+        stamp = _sqlite_datetime if connection.vendor == "sqlite" else _identity
+        self.repo_id = repo_id
+        self.fp = fp
+        self.shas = [r.sha for r in records]
+        self.commits: list[tuple[Any, ...]] = []
+        self.files: list[list[tuple[Any, ...]]] = []
+        for k, r in enumerate(records):
+            insertions = deletions = 0
+            rows = []
+            # Unpacked, not read by attribute (a NamedTuple property call per field).
+            # A path cannot hold NUL: the parser split the -z stream at NUL (_text).
+            for path, added, deleted, binary, language, _old in r.files:
+                insertions += added
+                deletions += deleted
+                rows.append((k, path, added, deleted, binary, language))
+            self.files.append(rows)
+            self.commits.append(
+                (
+                    repo_id,
+                    fp,
+                    r.sha,
+                    " ".join(r.parents),
+                    _text(r.author_name, 512),
+                    _text(r.author_email, 512),
+                    _text(r.author_canonical_name, 512),
+                    _text(r.author_canonical_email, 512),
+                    stamp(r.authored_at),
+                    _offset_minutes(r.authored_at),
+                    _text(r.committer_name, 512),
+                    _text(r.committer_email, 512),
+                    stamp(r.committed_at),
+                    _offset_minutes(r.committed_at),
+                    _text(r.subject),
+                    r.is_merge,
+                    len(r.files),
+                    insertions,
+                    deletions,
+                    token,
+                )
+            )
+
+
+def _insert_sqlite(fresh: list[int], rows: _Rows) -> int:
+    """SQLite: two ``executemany`` INSERTs in the caller's (IMMEDIATE) transaction; WAL
+    and ``synchronous=NORMAL`` are set per connection in settings, so the commit does
+    not wait for an fsync. The commit ids are chosen here, after the table's
+    AUTOINCREMENT high-water mark, so each file row carries its commit's id as a plain
+    value: no index lookup per file row, nothing read back.
+
+    Race: the ids are read and used inside the caller's IMMEDIATE transaction, which
+    holds SQLite's single write lock from its ``BEGIN``: no other connection can insert a
+    commit (or move ``sqlite_sequence``) between this read and our commit, so the ids are
+    free. Explicit ids above the mark move it themselves (AUTOINCREMENT semantics), so
+    an id is never handed out twice, not even one of a deleted row. Returns the number
+    of commit rows inserted (sqlite3 sums ``executemany``'s changes)."""
+    table = _table(Commit)
+    commit_sql = (
+        f"INSERT INTO {table} (id, {_columns(Commit, COMMIT_COLUMNS)}) "  # noqa: S608
+        f"VALUES ({', '.join(['?'] * (len(COMMIT_COLUMNS) + 1))})"
+    )
+    # The raw sqlite3 cursor: Django's wrapper would only rewrite %s to ? on every call.
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        raw.execute(
+            f"SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = ?), 0), "  # noqa: S608
+            f"coalesce((SELECT max(id) FROM {table}), 0))",
+            [Commit._meta.db_table],
+        )
+        first = int(raw.fetchone()[0]) + 1
+        commits = rows.commits
+        raw.executemany(commit_sql, [(first + pos, *commits[i]) for pos, i in enumerate(fresh)])
+        inserted = int(raw.rowcount)
+        # The fresh commit at position ``pos`` got id ``first + pos``; a file row carries
+        # that position and the statement adds ``first``. Identifiers come from model
+        # metadata; ``first`` and the repository id are integers and the fingerprint a
+        # quoted literal (``_sql_text``), the same for every row of the chunk; everything
+        # from the repository (paths, languages) is a bound parameter: no injection.
+        file_sql = (
+            f"INSERT INTO {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) "  # noqa: S608
+            f"VALUES (? + {first:d}, {int(rows.repo_id):d}, {_sql_text(rows.fp)}, ?, ?, ?, ?, ?)"
+        )
+        files = rows.files
+        if len(fresh) == len(files):  # the usual case: nothing of the chunk stored yet
+            raw.executemany(file_sql, chain.from_iterable(files))
+        else:  # re-number the files of the fresh commits by their position among them
+            raw.executemany(
+                file_sql, ((pos, *row[1:]) for pos, i in enumerate(fresh) for row in files[i])
+            )
+    return inserted
+
+
+def _sql_text(value: str) -> str:
+    """``value`` as an SQL string literal (standard quoting: a quote is doubled; SQLite
+    has no backslash escapes). Only for our own values, such as a fingerprint."""
+    if "\x00" in value:
+        raise ValueError("an SQL literal cannot hold NUL")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
+    """PostgreSQL: ``COPY … FROM STDIN`` through psycopg's ``cursor.copy()``, in the
+    caller's transaction. The commit ids are drawn from the table's own identity sequence
+    first, so commits and their files are both copied with nothing read back. Returns
+    the number of commit rows COPY reported copied."""
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        # The commit of this transaction does not wait for its WAL flush (SQLite's
+        # synchronous=NORMAL, in PostgreSQL terms). Safe: a server crash can only lose
+        # the whole transaction (rows and the chunk's DONE mark together), never part of
+        # it, and only until the next synchronous commit, which flushes the WAL up to
+        # itself: the attempt's own "succeeded" record comes after this one, so a chunk
+        # is never recorded done without its rows. A lost chunk stays open and is retried.
+        raw.execute("SET LOCAL synchronous_commit TO OFF")
+        raw.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [Commit._meta.db_table, len(fresh)],
+        )
+        ids = [row[0] for row in raw.fetchall()]
+        commit_copy = f"COPY {_table(Commit)} (id, {_columns(Commit, COMMIT_COLUMNS)}) FROM STDIN"
+        with raw.copy(commit_copy) as copy:
+            for cid, i in zip(ids, fresh, strict=True):
+                copy.write_row((cid, *rows.commits[i]))
+        inserted = int(raw.rowcount)
+        file_copy = f"COPY {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) FROM STDIN"
+        repo_id, fp = rows.repo_id, rows.fp
+        with raw.copy(file_copy) as copy:
+            for cid, i in zip(ids, fresh, strict=True):
+                for _k, path, added, deleted, binary, language in rows.files[i]:
+                    copy.write_row((cid, repo_id, fp, path, added, deleted, binary, language))
+    return inserted
+
+
+def stored_shas(repo_id: int, fp: str, shas: Sequence[str]) -> set[str]:
+    """The shas of ``shas`` already stored for (repository, fingerprint): one query on the
+    unique index, its 1,000 shas passed as one array (PostgreSQL) or as a JSON array read
+    by ``json_each`` (SQLite) instead of 1,000 bound parameters quoted one by one."""
+    commits = _table(Commit)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.cursor.execute(
+                f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
+                "WHERE repository_id = %s AND fingerprint = %s AND sha = ANY(%s)",
+                [repo_id, fp, list(shas)],
+            )
+        else:
+            cursor.cursor.execute(
+                f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
+                "WHERE repository_id = ? AND fingerprint = ? "
+                "AND sha IN (SELECT value FROM json_each(?))",
+                [repo_id, fp, json.dumps(list(shas))],
+            )
+        return {row[0] for row in cursor.cursor.fetchall()}
+
+
+def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | None) -> int:
+    """Store every commit of ``chunk`` in one transaction; return rows inserted.
+
+    1. Build the rows before the transaction (no database lock held meanwhile).
+    2. Check the fencing token of the chunk lock is still the newest (row locked until
+       commit, see ``check_token``): a holder whose lease ran out writes nothing.
+    3. Skip commits already stored for this fingerprint (another chunk or an earlier
+       attempt wrote them): the unique (repository, fingerprint, sha) constraint is the
+       last line of defence; this check keeps the common case free of errors.
+    4. Insert the commits and their file rows with the database's fastest bulk path
+       (SQLite ``executemany``, PostgreSQL ``COPY``); mark the chunk done.
+    5. Add the number of commit rows the database reported inserted to the stored
+       count (``commitcounts.add_stored``), last, in the same transaction.
+    """
+    planned = chunk.sha_list()
+    got = [r.sha for r in records]
+    if got != planned:
+        raise ChunkMismatch(
+            f"chunk {chunk.key}: git returned {len(got)} commits, {len(planned)} planned"
+        )
+    repo_id = chunk.repository_id
+    fp = chunk.fingerprint
+    rows = _Rows(repo_id, fp, records, token or 0)
+    with transaction.atomic():
+        # Race: the token check comes first, before any row is written. It locks the
+        # token row (PostgreSQL FOR UPDATE; SQLite's IMMEDIATE transaction already holds
+        # the write lock), so no newer token can be issued between this check and our
+        # commit. COPY and executemany are statements of this same transaction: if the
+        # check fails, or anything after it, nothing of the chunk becomes visible.
+        check_token(chunk.lock_key(), token)
+        existing = stored_shas(repo_id, fp, planned)
+        fresh = [i for i, sha in enumerate(rows.shas) if sha not in existing]
+        inserted = 0
+        if fresh:
+            if connection.vendor == "postgresql":
+                inserted = _copy_postgresql(fresh, rows)
+            else:
+                inserted = _insert_sqlite(fresh, rows)
+        failpoint("analyze.writing", chunk.repository.name)
+        Chunk.objects.filter(pk=chunk.pk).update(
+            state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()
+        )
+        # Last statement before the commit: on PostgreSQL it row-locks the count, so
+        # concurrent chunk writes of this repository wait for each other only for the
+        # commit itself. Exact because it is what this transaction inserted, and it
+        # rolls back with the rows (see dashboard.repositories.commit_counts).
+        add_stored(repo_id, fp, inserted)
+    return inserted
+
+
+# ---------------------------------------------------------------------------- reads
+
+
+def _local(moment: datetime, offset_minutes: int) -> str:
+    return moment.astimezone(timezone(timedelta(minutes=offset_minutes))).isoformat()
+
+
+def commit_dict(c: Commit, files: Iterable[FileChange] | None = None) -> dict[str, Any]:
+    """A commit in the API shape (docs/api.md); dates keep their own offset."""
+    out: dict[str, Any] = {
+        "sha": c.sha,
+        "parents": c.parent_list(),
+        "author_name": c.author_name,
+        "author_email": c.author_email,
+        "authored_at": _local(c.authored_at, c.author_tz),
+        "committer_name": c.committer_name,
+        "committer_email": c.committer_email,
+        "committed_at": _local(c.committed_at, c.committer_tz),
+        "subject": c.subject,
+        "is_merge": c.is_merge,
+        "files_changed": c.files_changed,
+        "insertions": c.insertions,
+        "deletions": c.deletions,
+    }
+    if files is not None:
+        out["files"] = [
+            {
+                "path": f.path,
+                "added": f.added,
+                "deleted": f.deleted,
+                "binary": f.binary,
+                "language": f.language,
+            }
+            for f in files
+        ]
+    return out
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def _encode_cursor(c: Commit) -> str:
+    raw = json.dumps([c.committed_at.isoformat(), c.pk]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        stamp, pk = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return datetime.fromisoformat(stamp), int(pk)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise BadCursor("invalid cursor") from exc
+
+
+def commit_page(
+    repo: Repository,
+    *,
+    fingerprint: str,
+    limit: int = 50,
+    cursor: str | None = None,
+    with_files: bool = False,
+) -> tuple[list[Commit], str | None]:
+    """Newest first, keyset-paginated on (committed_at, id): each page is one index
+    range scan, as fast at commit 100,000 as at commit 1."""
+    qs = Commit.objects.filter(repository=repo, fingerprint=fingerprint)
+    if cursor:
+        stamp, pk = _decode_cursor(cursor)
+        qs = qs.filter(Q(committed_at__lt=stamp) | Q(committed_at=stamp, pk__lt=pk))
+    rows = list(qs.order_by("-committed_at", "-id")[: limit + 1])
+    nxt = _encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+    rows = rows[:limit]
+    if with_files:
+        by_commit: dict[int, list[FileChange]] = {}
+        for f in FileChange.objects.filter(commit__in=[r.pk for r in rows]).order_by("id"):
+            by_commit.setdefault(f.commit_id, []).append(f)
+        for r in rows:
+            r.file_rows = by_commit.get(r.pk, [])
+    return rows, nxt
+
+
+def iter_commits(repo: Repository, *, fingerprint: str) -> Iterable[dict[str, Any]]:
+    """Every stored commit with its files, in storage order, streamed in batches."""
+    last_id = 0
+    while True:
+        batch = list(
+            Commit.objects.filter(
+                repository=repo, fingerprint=fingerprint, pk__gt=last_id
+            ).order_by("id")[:1000]
+        )
+        if not batch:
+            return
+        files: dict[int, list[FileChange]] = {}
+        for f in FileChange.objects.filter(commit__in=[c.pk for c in batch]).order_by("id"):
+            files.setdefault(f.commit_id, []).append(f)
+        for c in batch:
+            yield commit_dict(c, files.get(c.pk, []))
+        last_id = batch[-1].pk

@@ -1,0 +1,143 @@
+"""The deploy lock of a rollout and the driver that holds it (docs/locks.md, docs/rollouts.md).
+
+Where the lock lives. A rollout outlives the HTTP request or CLI call that starts it, so
+``locks:queue:{queue}:deploy`` is held by a **driver**, not by the caller:
+
+* ``drive_rollout(rollout_id)`` — an RQ job on the ``rollouts`` queue, run by a worker
+  of the ``up``/``worker`` pool (enqueued by ``start_rollout`` after commit), or
+* ``manage.py rollout drive ID`` — the same driver in the foreground (SIGTERM releases
+  the lock; the rollout then waits for a takeover).
+
+The driver (``dashboard.rollouts.driver.RolloutDriver``, re-exported here) takes the
+lock with a fencing token, keeps it alive from a heartbeat thread, runs operators'
+requests and, with ``auto``, advances the rollout; every routing change it makes
+presents its token.
+
+If the driver dies its lease runs out after one TTL; ``takeover_rollout`` then takes the
+lock with a *new* token (the dead holder's token is stale from that moment: any routing
+change it still attempts is rejected by ``rollouts.do_transition``), and
+``abort_rollout`` / ``rollback_rollout`` route back. ``force=True`` breaks a lease that is
+still running (emergency rollback); both are audited.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dashboard import locks
+from dashboard.models import Rollout
+from dashboard.rollouts import start, warming
+from dashboard.rollouts.driver import RolloutDriver
+from dashboard.rollouts.steps import abort_in_place
+from dashboard.versions import RolloutBusy
+from workers import locks as workers_locks
+
+R = Rollout.State
+
+__all__ = [
+    "RolloutDriver",
+    "abort_in_place",
+    "abort_rollout",
+    "drive_rollout",
+    "driver_alive",
+    "holder_alive",
+    "rollback_rollout",
+    "takeover_rollout",
+]
+
+
+def drive_rollout(rollout_id: int, takeover: bool = False, actor: str = "system") -> str:
+    """RQ entry point (queue ``rollouts``): take the rollout's deploy lock and drive it
+    to its end; returns the final state. A second delivery of the same job finds the
+    rollout no longer pending and stops (``RolloutError``)."""
+    driver = RolloutDriver(rollout_id, warmer=warming.warm_rollout)
+    driver.acquire(actor=actor, takeover=takeover, reason="driver started")
+    return driver.run()
+
+
+def takeover_rollout(
+    *, rollout: Rollout | int, actor: Any, reason: str, force: bool = False, **driver: Any
+) -> RolloutDriver:
+    """Take over a rollout whose holder died (its lease ran out) — or, with ``force``,
+    one whose holder is alive. Returns a driver holding the lock with a new token in
+    this process; call ``run()`` to keep driving or ``release()``. Audited."""
+    pk = rollout if isinstance(rollout, int) else rollout.pk
+    d = RolloutDriver(pk, **driver)
+    d.acquire(actor=actor, takeover=True, force=force, reason=reason or "takeover")
+    return d
+
+
+def rollback_rollout(
+    *,
+    rollout: Rollout | int,
+    actor: Any,
+    reason: str = "rollback",
+    force: bool = False,
+    wait: float = 0.0,
+    **driver: Any,
+) -> Rollout:
+    """The one-button rollback.
+
+    1. Take the deploy lock: a new lease with a new token when the holder is gone (a
+       completed rollout, or a dead driver); a live holder's lease only with ``force``
+       (emergency rollback, audited) — otherwise the request goes to that holder
+       (``request_action``) and this returns at once.
+    2. Route back (``rollouts.rollback``): the previous version's stored results are
+       served from the moment it commits.
+    3. Drain: tick until the new version is drained or ``wait`` seconds passed, then
+       release the lock. Drain bookkeeping needs no token, so an unfinished drain is
+       completed later by any driver or the reconciler (``drains.check_drain``).
+    """
+    pk = rollout if isinstance(rollout, int) else rollout.pk
+    ro = Rollout.objects.select_related("version").get(pk=pk)
+    live = ro.is_active and holder_alive(ro)
+    if live and not force:
+        return start.request_action(
+            rollout=ro, action="rollback", actor=actor, params={"reason": reason}
+        )
+    d = takeover_rollout(rollout=pk, actor=actor, reason=reason, force=force, **driver)
+    try:
+        token = int(d.token or 0)
+        ro = Rollout.objects.select_related("version").get(pk=pk)
+        if ro.state != R.ROLLING_BACK:
+            abort_in_place(ro, token=token, actor=actor, reason=reason)
+        deadline = time.monotonic() + wait
+        while d.tick() and time.monotonic() < deadline:
+            time.sleep(d.poll)
+    finally:
+        d.release(actor=actor, reason="rollback routed")
+    return Rollout.objects.get(pk=pk)
+
+
+def abort_rollout(
+    *,
+    rollout: Rollout | int,
+    actor: Any,
+    reason: str = "abort",
+    force: bool = False,
+    wait: float = 0.0,
+    **driver: Any,
+) -> Rollout:
+    """Abort a rollout whose holder died (or, with ``force``, any): same path as
+    :func:`rollback_rollout`, but never delegated to a live holder."""
+    pk = rollout if isinstance(rollout, int) else rollout.pk
+    ro = Rollout.objects.select_related("version").get(pk=pk)
+    if ro.is_active and holder_alive(ro) and not force:
+        raise RolloutBusy(
+            f"rollout #{pk} is driven by {ro.lock_holder} (heartbeat "
+            f"{ro.heartbeat_at.isoformat() if ro.heartbeat_at else 'never'}): ask it to roll "
+            "back, or force"
+        )
+    return rollback_rollout(rollout=pk, actor=actor, reason=reason, force=True, wait=wait, **driver)
+
+
+def holder_alive(ro: Rollout) -> bool:
+    """The rollout's deploy lock is in Redis under its recorded token (a live driver)."""
+    info = locks.redlock().inspect(workers_locks.deploy(ro.queue))
+    return bool(info and (info.get("holder") or {}).get("token") == ro.lock_token)
+
+
+def driver_alive(ro: Rollout) -> bool:
+    """Whether the rollout's recorded driver still holds its lease (read-only)."""
+    return ro.is_active and holder_alive(ro)

@@ -1,0 +1,333 @@
+"""Rollouts (docs/rollouts.md): one attempt to bring an analyzer version live on a queue.
+
+This module starts a rollout (``start_rollout``: validated, refused while the queue is
+busy, its driver enqueued) and takes operators' requests to its driver
+(``request_action``). A rollout owns the queue's deploy lock through a driver
+(``dashboard.rollouts.deploy_lock``); the driver's steps, each one transaction that moves the
+version through ``dashboard.versions.state_machine.do_transition`` (which checks the token), are in
+``dashboard.rollouts.steps``; drains in ``dashboard.rollouts.drains``.
+
+The version-level names (``do_transition``, ``register_version``, errors, states), the
+steps and the drain checks are re-exported here so callers need one import.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rq.exceptions import DuplicateJobError
+from rq.job import Job
+
+from dashboard import infra, locks
+from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.rollouts.drains import (
+    DRAIN_STOP_AFTER,
+    check_drain,
+    check_version_drain,
+    drain_counts,
+    reconcile_drains,
+    stop_overdue,
+)
+from dashboard.rollouts.steps import (
+    abort_in_place,
+    begin_warming,
+    locked_rollout,
+    promote,
+    record_diff,
+    record_verdict,
+    rerouted,
+    rollback,
+    set_ramp,
+    set_rollout_state,
+)
+from dashboard.versions import (
+    ALLOWED,
+    QUEUE,
+    ROUTABLE,
+    STAFFED,
+    TOKENLESS,
+    InvalidConfig,
+    InvalidTransition,
+    RolloutBusy,
+    RolloutConflict,
+    RolloutError,
+    actor_name,
+    check_fence,
+    current_version,
+    describe_lock,
+    do_transition,
+    ensure_baseline,
+    fingerprint_config,
+    physical_queue,
+    publish_rollout_event,
+    ramping_version,
+    record_event,
+    register_version,
+    served_fingerprint,
+)
+from workers import locks as workers_locks
+
+__all__ = [
+    "ALLOWED", "DRAIN_STOP_AFTER", "QUEUE", "ROUTABLE", "STAFFED", "TOKENLESS",
+    "InvalidConfig", "InvalidTransition", "RolloutBusy", "RolloutConflict", "RolloutError",
+    "abort_in_place", "actor_name", "begin_warming", "check_drain", "check_fence",
+    "check_version_drain", "current_version", "describe_lock", "do_transition", "drain_counts",
+    "ensure_baseline", "fingerprint_config", "locked_rollout", "physical_queue", "promote",
+    "publish_rollout_event", "ramping_version", "reconcile_drains", "record_diff",
+    "record_event", "record_verdict", "register_version", "rerouted", "rollback",
+    "served_fingerprint", "set_ramp", "set_rollout_state", "stop_overdue",
+]  # fmt: skip
+
+DEFAULT_STEPS = (10, 50, 100)
+#: The Redis queue rollout drivers run on (``workers.jobs.drive_rollout``).
+DRIVER_QUEUE = "rollouts"
+
+log = logging.getLogger(__name__)
+S = AnalyzerVersion.State
+
+
+def active_rollout(queue: str = QUEUE) -> Rollout | None:
+    return Rollout.objects.filter(queue=queue, state__in=Rollout.ACTIVE_STATES).first()
+
+
+def _describe_holder(ro: Rollout) -> str:
+    if ro.lock_since is not None:
+        return (
+            f"rollout #{ro.pk} of {ro.queue}@{ro.version.fp12} (started by {ro.started_by}); "
+            f"deploy lock held by {ro.lock_holder} since {ro.lock_since.isoformat()}"
+        )
+    return (
+        f"rollout #{ro.pk} of {ro.queue}@{ro.version.fp12}, started by {ro.lock_holder} "
+        f"since {ro.created_at.isoformat()} (its driver has not taken the deploy lock yet)"
+    )
+
+
+def busy_message(queue: str) -> str | None:
+    """Why a new rollout of ``queue`` would be refused now, or None."""
+    ro = active_rollout(queue)
+    if ro is not None:
+        return f"{queue!r} is already being rolled out: {_describe_holder(ro)}"
+    return None
+
+
+def _lock_busy_message(queue: str) -> str | None:
+    """A deploy lock held in Redis without an active rollout (a baseline adoption, or
+    an operator's manual hold): refused too, naming its holder."""
+
+    info = locks.redlock().inspect(workers_locks.deploy(queue))
+    if info is None:
+        return None
+    return f"the deploy lock of {queue!r} is held by {describe_lock(info)}"
+
+
+OPTIONS = {"step_pause": 60.0, "min_samples": 20, "warm_timeout": 600.0}
+
+
+def validate_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Driver knobs with their defaults (``OPTIONS``); unknown or negative ones refused."""
+    out = dict(OPTIONS)
+    for key, value in (options or {}).items():
+        if key not in OPTIONS:
+            raise RolloutError(f"unknown rollout option {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise RolloutError(f"{key} must be a non-negative number, not {value!r}")
+        out[key] = type(OPTIONS[key])(value)
+    return out
+
+
+def validate_steps(steps: Sequence[int] | None) -> list[int]:
+    chosen = list(DEFAULT_STEPS if steps is None else steps)
+    if not chosen:
+        raise RolloutError("steps must name at least one ramp percentage")
+    if any(not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= 100 for s in chosen):
+        raise RolloutError(f"steps must be percentages 1..100, not {chosen}")
+    if any(b <= a for a, b in itertools.pairwise(chosen)):
+        raise RolloutError(f"steps must increase, not {chosen}")
+    return chosen
+
+
+def start_rollout(
+    *,
+    queue: str = QUEUE,
+    config: Mapping[str, Any],
+    steps: Sequence[int] | None = None,
+    auto: bool = False,
+    actor: Any,
+    warm_set: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    enqueue_driver: bool = True,
+) -> Rollout:
+    """Create a rollout of ``config`` on ``queue`` in state ``pending``; refuse at once if
+    the queue already has one (``RolloutBusy`` naming its holder and since when).
+
+    1. Validate config, steps and options; the config must not be the current
+       version's (a queue without one first adopts the deployed default: the baseline).
+    2. Refuse if an active rollout row exists for the queue, or its deploy lock is held.
+       Then register the version (idempotent); it must be registered, warm_failed or
+       drained (startable).
+    3. Create the row. Race: two starts at once both pass step 2; the partial unique
+       constraint ``rollout_one_active_per_queue`` lets exactly one INSERT commit and
+       the loser (IntegrityError) is refused naming the winner.
+    4. After commit, enqueue the driver (``workers.jobs.drive_rollout``) on the
+       ``rollouts`` queue; it takes ``locks:queue:{queue}:deploy`` and moves the rollout
+       to ``active``. ``enqueue_driver=False`` leaves that to the caller (tests, or
+       ``manage.py rollout drive``). With the queue server unreachable the rollout
+       stays pending and the reconciler enqueues its driver once the server answers
+       (:func:`reconcile_pending_drivers`).
+    """
+    chosen = validate_steps(steps)
+    knobs = validate_options(options)
+    fp, _ = fingerprint_config(config)
+    current = current_version(queue) or ensure_baseline(queue=queue, actor=actor)
+    if current is not None and current.fingerprint == fp:
+        raise RolloutError(f"{current} is already current: nothing to roll out")
+    # Refused before anything is written: a refused start leaves no trace but its message.
+    busy = busy_message(queue) or _lock_busy_message(queue)
+    if busy:
+        raise RolloutBusy(busy)
+    version = register_version(queue=queue, config=config, actor=actor)
+    if version.state not in {S.REGISTERED, S.WARM_FAILED, S.DRAINED}:
+        raise RolloutError(f"{version} cannot be rolled out from state {version.state}")
+    who = f"{actor_name(actor)}@{socket.gethostname()}"
+    try:
+        with transaction.atomic():
+            ro = Rollout.objects.create(
+                queue=queue,
+                version=version,
+                previous=current_version(queue),
+                steps=chosen,
+                auto=auto,
+                started_by=actor_name(actor),
+                lock_holder=who,
+                warm_set=dict(warm_set or {}),
+                options=knobs,
+            )
+            record_event(
+                ro,
+                version,
+                "rollout",
+                "",
+                Rollout.State.PENDING,
+                actor,
+                "started",
+                None,
+                # "driver": a driver job is owed to this rollout (the reconciler enqueues
+                # it if the queue server did not take it: reconcile_pending_drivers).
+                {"steps": chosen, "auto": auto, "config": version.config, "driver": enqueue_driver},
+            )
+            publish_rollout_event(version, ro, Rollout.State.PENDING)
+            if enqueue_driver:
+                transaction.on_commit(lambda: enqueue_driver_or_leave(ro.pk))
+    except IntegrityError:
+        busy = busy_message(queue)
+        raise RolloutBusy(busy or f"{queue!r} is already being rolled out") from None
+    return ro
+
+
+def driver_job_id(rollout_id: int, *, takeover: bool = False) -> str:
+    return f"rollout-{rollout_id}-{'takeover' if takeover else 'start'}"
+
+
+def enqueue_driver_or_leave(rollout_id: int) -> bool:
+    """``enqueue_driver_job``, except that an unreachable queue server leaves the rollout
+    pending for :func:`reconcile_pending_drivers` (an on-commit callback must not fail
+    the request that committed the rollout)."""
+    try:
+        return enqueue_driver_job(rollout_id)
+    except infra.QueueUnavailable as exc:
+        log.warning("rollout %s: driver left for the reconciler: %s", rollout_id, exc)
+        return False
+
+
+def reconcile_pending_drivers() -> int:
+    """Enqueue the driver of every pending rollout that is owed one (started with
+    ``enqueue_driver``) and whose driver job is not in Redis: the queue server was
+    unreachable when it started, or lost the job (restarted empty, flushed). Returns
+    how many were enqueued; raises ``QueueUnavailable`` while the server is down.
+
+    Races: two reconcilers enqueue through RQ's ``unique`` enqueue (one job). A driver
+    job that ran, ended and expired while its rollout is still pending is enqueued
+    again, which is safe: a driver takes the rollout's deploy lock first, and a second
+    delivery finds the rollout no longer pending and stops (``deploylock``).
+    """
+    conn = infra.connection()
+    owed = Rollout.objects.filter(
+        state=Rollout.State.PENDING, events__action="rollout", events__detail__driver=True
+    ).values_list("pk", flat=True)
+    enqueued = 0
+    for pk in sorted(set(owed)):
+        if not conn.exists(Job.key_for(driver_job_id(pk))) and enqueue_driver_job(pk):
+            log.info("rollout %s: driver enqueued by the reconciler", pk)
+            enqueued += 1
+    return enqueued
+
+
+def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = "system") -> bool:
+    """Put the rollout's driver on the ``rollouts`` queue; False if that job exists.
+
+    The id is deterministic (one driver job per rollout and mode) and the enqueue is
+    RQ's ``unique`` one (check-and-save in one script), so two enqueuers give one job.
+    No job timeout: the driver lives as long as the rollout (its lease, not RQ, bounds
+    a dead one).
+    """
+
+    try:
+        infra.queue(DRIVER_QUEUE).enqueue(
+            "workers.jobs.drive_rollout",
+            rollout_id,
+            takeover,
+            actor,
+            job_id=driver_job_id(rollout_id, takeover=takeover),
+            job_timeout=-1,
+            unique=True,
+            result_ttl=3600,
+            failure_ttl=7 * 24 * 3600,
+        )
+    except DuplicateJobError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- operator actions
+
+ACTIONS = frozenset({"promote", "rollback", "set_ramp", "abort"})
+
+
+def request_action(
+    *, rollout: Rollout | int, action: str, actor: Any, params: Mapping[str, Any] | None = None
+) -> Rollout:
+    """Ask the rollout's driver (the deploy-lock holder) to ``promote``, ``rollback``,
+    ``set_ramp`` (``params={"percent": p}``) or ``abort``; it runs it with its token
+    within a poll interval. One request at a time: a conditional UPDATE on an empty
+    ``pending_action`` makes two operators' clicks give one request and one refusal.
+    """
+    if action not in ACTIONS:
+        raise RolloutError(f"unknown action {action!r}")
+    pk = rollout if isinstance(rollout, int) else rollout.pk
+    request = {
+        "action": action,
+        "actor": actor_name(actor),
+        "params": dict(params or {}),
+        "at": timezone.now().isoformat(),
+    }
+    with transaction.atomic():
+        updated = Rollout.objects.filter(
+            pk=pk, state__in=Rollout.ACTIVE_STATES, pending_action__isnull=True
+        ).update(pending_action=request, updated_at=timezone.now())
+        ro = Rollout.objects.select_related("version").get(pk=pk)
+        if not updated:
+            if not ro.is_active:
+                raise RolloutError(f"rollout #{pk} is {ro.state}: nothing to {action}")
+            raise RolloutBusy(f"rollout #{pk} already has a pending request: {ro.pending_action}")
+        record_event(ro, ro.version, "action.requested", "", "", actor, action, None, request)
+    return ro
+
+
+def events(rollout: Rollout) -> Iterable[RolloutEvent]:
+    return RolloutEvent.objects.filter(rollout=rollout).order_by("at", "id")

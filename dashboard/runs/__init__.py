@@ -1,0 +1,124 @@
+"""Job runs: attempts, retries, the dead-letter queue and its counts.
+See docs/lifecycle.md."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dashboard.runs.dead_letter_counts import groups
+    from dashboard.runs.dead_letters import (
+        act_now,
+        dead_runs,
+        group_page,
+        group_runs,
+        list_groups,
+        new_bulk,
+        run_bulk,
+        run_dict,
+        start_bulk,
+    )
+    from dashboard.runs.lifecycle import (
+        Attempt,
+        begin_attempt,
+        cancel_runs,
+        closed_fingerprints,
+        crash_attempt,
+        defer_attempt,
+        enqueue_after_commit,
+        enqueue_or_leave,
+        enqueue_run,
+        ensure_run,
+        fail_attempt,
+        flush_phases,
+        hand_back_attempt,
+        is_run_job,
+        mark_phase,
+        record_lock,
+        repository_name,
+        reroute_attempt,
+        running_runs_of,
+        search_runs,
+        succeed_attempt,
+    )
+
+__all__ = [
+    "Attempt",
+    "act_now",
+    "begin_attempt",
+    "cancel_runs",
+    "closed_fingerprints",
+    "crash_attempt",
+    "dead_runs",
+    "defer_attempt",
+    "enqueue_after_commit",
+    "enqueue_or_leave",
+    "enqueue_run",
+    "ensure_run",
+    "fail_attempt",
+    "flush_phases",
+    "group_page",
+    "group_runs",
+    "groups",
+    "hand_back_attempt",
+    "is_run_job",
+    "list_groups",
+    "mark_phase",
+    "new_bulk",
+    "record_lock",
+    "repository_name",
+    "reroute_attempt",
+    "run_bulk",
+    "run_dict",
+    "running_runs_of",
+    "search_runs",
+    "start_bulk",
+    "succeed_attempt",
+]
+
+#: Each public name and the module that defines it. A module loads when one of its names is
+#: first read (PEP 562), so settings can import a package before Django's app registry is
+#: ready, and a name is read from its module each time: a test that patches the module is
+#: seen here too. See docs/architecture.md#package-surfaces.
+_SURFACE: dict[str, str] = {
+    "groups": "dashboard.runs.dead_letter_counts",
+    "act_now": "dashboard.runs.dead_letters",
+    "dead_runs": "dashboard.runs.dead_letters",
+    "group_page": "dashboard.runs.dead_letters",
+    "group_runs": "dashboard.runs.dead_letters",
+    "list_groups": "dashboard.runs.dead_letters",
+    "new_bulk": "dashboard.runs.dead_letters",
+    "run_bulk": "dashboard.runs.dead_letters",
+    "run_dict": "dashboard.runs.dead_letters",
+    "start_bulk": "dashboard.runs.dead_letters",
+    "Attempt": "dashboard.runs.lifecycle",
+    "begin_attempt": "dashboard.runs.lifecycle",
+    "cancel_runs": "dashboard.runs.lifecycle",
+    "closed_fingerprints": "dashboard.runs.lifecycle",
+    "crash_attempt": "dashboard.runs.lifecycle",
+    "defer_attempt": "dashboard.runs.lifecycle",
+    "enqueue_after_commit": "dashboard.runs.lifecycle",
+    "enqueue_or_leave": "dashboard.runs.lifecycle",
+    "enqueue_run": "dashboard.runs.lifecycle",
+    "ensure_run": "dashboard.runs.lifecycle",
+    "fail_attempt": "dashboard.runs.lifecycle",
+    "flush_phases": "dashboard.runs.lifecycle",
+    "hand_back_attempt": "dashboard.runs.lifecycle",
+    "is_run_job": "dashboard.runs.lifecycle",
+    "mark_phase": "dashboard.runs.lifecycle",
+    "record_lock": "dashboard.runs.lifecycle",
+    "repository_name": "dashboard.runs.lifecycle",
+    "reroute_attempt": "dashboard.runs.lifecycle",
+    "running_runs_of": "dashboard.runs.lifecycle",
+    "search_runs": "dashboard.runs.lifecycle",
+    "succeed_attempt": "dashboard.runs.lifecycle",
+}
+
+
+def __getattr__(name: str) -> object:
+    try:
+        module = _SURFACE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from dashboard.repositories import validate_remote
+from dashboard.rollouts import validate_steps
+from dashboard.versions import InvalidConfig, RolloutError, fingerprint_config
+from workers import locks
+from workers.remotes import InvalidRemote, normalise_branch
+
+
+class SubmitRepositoryForm(forms.Form):
+    url = forms.CharField(
+        label="Repository URL",
+        max_length=2048,
+        widget=forms.TextInput(attrs={"placeholder": "https://github.com/owner/repo.git"}),
+    )
+    branch = forms.CharField(
+        label="Branch",
+        max_length=255,
+        required=False,
+        widget=forms.TextInput(attrs={"placeholder": "default branch"}),
+    )
+
+    def clean_url(self) -> str:
+        raw = self.cleaned_data["url"]
+        try:
+            validate_remote(raw)
+        except InvalidRemote as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return str(raw).strip()
+
+    def clean_branch(self) -> str:
+        raw = self.cleaned_data.get("branch") or ""
+        try:
+            return normalise_branch(raw)
+        except InvalidRemote as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        return super().clean() or {}
+
+
+def _split_lines(raw: str) -> list[str]:
+    return [line.strip() for line in raw.replace(",", "\n").splitlines() if line.strip()]
+
+
+class StartRolloutForm(forms.Form):
+    """A new analyzer configuration to roll out (docs/rollouts.md); the domain validates the
+    config and the steps (``rollouts.fingerprint_config`` / ``validate_steps``) so the
+    page and the CLI refuse the same things with the same words."""
+
+    queue = forms.CharField(label="Queue", max_length=100, initial="analysis")
+    detect_renames = forms.BooleanField(label="detect_renames (like git log -M)", required=False)
+    ignore_whitespace = forms.BooleanField(
+        label="ignore_whitespace (like git log -w)", required=False
+    )
+    exclude_paths = forms.CharField(
+        label="exclude_paths (glob patterns, one per line)",
+        required=False,
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "vendor/**\n*.min.js"}),
+    )
+    steps = forms.CharField(label="Ramp steps (%)", max_length=100, initial="10,50,100")
+    auto = forms.BooleanField(label="auto (health-checked steps)", required=False)
+    reason = forms.CharField(label="Reason (audit log)", max_length=500, required=False)
+
+    def clean_queue(self) -> str:
+        raw = str(self.cleaned_data["queue"]).strip()
+        try:
+            locks.deploy(raw)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return raw
+
+    def clean_steps(self) -> list[int]:
+        raw = _split_lines(str(self.cleaned_data["steps"]))
+        try:
+            return validate_steps([int(s.rstrip("%")) for s in raw])
+        except ValueError:
+            raise forms.ValidationError("steps are whole percentages, e.g. 10,50,100") from None
+        except RolloutError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        config = {
+            "detect_renames": bool(data.get("detect_renames")),
+            "ignore_whitespace": bool(data.get("ignore_whitespace")),
+            "exclude_paths": _split_lines(str(data.get("exclude_paths") or "")),
+        }
+        try:
+            fingerprint_config(config)
+        except InvalidConfig as exc:
+            self.add_error("exclude_paths", str(exc))
+        data["config"] = config
+        return data
+
+
+class RolloutActionForm(forms.Form):
+    """A button's confirm step: the operator's reason, and the percentage of set ramp."""
+
+    reason = forms.CharField(label="Reason (audit log)", max_length=500, required=False)
+    percent = forms.IntegerField(label="Ramp %", min_value=1, max_value=100, required=False)
+    next = forms.CharField(required=False, max_length=500, widget=forms.HiddenInput)

@@ -1,0 +1,304 @@
+"""dashboard.repositories.chunk_plans: planning a repository's chunks under the mirror lock's fencing token,
+and each chunk's start and finish, against the real database and Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import tracemalloc
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, overload
+
+import pytest
+from django.db.models import Sum
+
+from dashboard.infra import queues
+from dashboard.locks.fencing import StaleToken, next_token
+from dashboard.models import Chunk, Commit, JobRun, Repository, Summary
+from dashboard.repositories import chunk_plans
+from dashboard.repositories.commit_counts import add_stored
+from tests.support.live_tap import Tap
+from workers.analysis.analyzer import queue_name
+from workers.analysis.chunks import ShaList, chunk_key, chunk_target, plan_chunks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FP = "0123456789abcdef"
+SHAS = [f"{i:040x}" for i in range(1, 8)]
+
+
+def a_repo(status: str = Repository.Status.SYNCING) -> Repository:
+    return Repository.objects.create(url="https://example.com/team/tool.git", status=status)
+
+
+def plan(repo: Repository, shas: Sequence[str] = SHAS, token: int | None = None) -> list[int]:
+    key = repo.lock_key()
+    planned = chunk_plans.plan_repository(
+        repo_id=repo.pk,
+        generation=repo.generation,
+        fingerprint=FP,
+        head=shas[-1],
+        shas=shas,
+        lock_key=key,
+        token=token if token is not None else next_token(key),
+    )
+    assert planned is not None and planned.inline is None  # no inline_for: all enqueued
+    return planned.runs
+
+
+def store(repo: Repository, sha: str) -> None:
+    """One stored commit, counted as ``write_chunk`` counts what it inserts."""
+    now = datetime(2024, 1, 1, tzinfo=UTC)
+    add_stored(repo.pk, FP, 1)
+    Commit.objects.create(
+        repository=repo,
+        fingerprint=FP,
+        sha=sha,
+        author_name="a",
+        author_email="a@x",
+        author_canonical_name="a",
+        author_canonical_email="a@x",
+        authored_at=now,
+        committer_name="a",
+        committer_email="a@x",
+        committed_at=now,
+        subject="s",
+    )
+
+
+def test_a_stale_token_plans_nothing() -> None:
+    repo = a_repo()
+    key = repo.lock_key()
+    old = next_token(key)
+    next_token(key)  # a newer holder of the mirror lock exists
+    with pytest.raises(StaleToken):
+        plan(repo, token=old)
+    assert Chunk.objects.count() == 0 and JobRun.objects.count() == 0
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.SYNCING and repo.head == ""
+
+
+def test_it_plans_every_pending_commit_once_and_enqueues_after_commit() -> None:
+    repo = a_repo()
+    run_ids = plan(repo)
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [s for c in chunks for s in c.sha_list()] == SHAS
+    assert sorted(run_ids) == sorted(
+        JobRun.objects.filter(kind=JobRun.Kind.ANALYZE).values_list("pk", flat=True)
+    )
+    assert len(queues.queue(queue_name(FP)).job_ids) == len(chunks)
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.ANALYZING and repo.head == SHAS[-1]
+    assert repo.commits_total == len(SHAS) and repo.fingerprint == FP
+    # Planning again (a redelivered sync) finds the same chunks and runs.
+    assert sorted(plan(repo)) == sorted(run_ids)
+    assert Chunk.objects.count() == len(chunks)
+
+
+def test_stored_commits_are_not_planned_and_nothing_pending_is_ready() -> None:
+    repo = a_repo()
+    for sha in SHAS:
+        store(repo, sha)
+    assert plan(repo) == []
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY and repo.analyzed_at is not None
+
+
+def test_a_failed_chunk_planned_again_is_queued_with_a_fresh_budget() -> None:
+    repo = a_repo()
+    plan(repo)
+    chunk = Chunk.objects.first()
+    assert chunk is not None
+    Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.FAILED, error="boom")
+    JobRun.objects.filter(chunk=chunk).update(state=JobRun.State.DEAD, attempts=3)
+    plan(repo)
+    chunk.refresh_from_db()
+    run = JobRun.objects.get(chunk=chunk)
+    assert chunk.state == Chunk.State.QUEUED and chunk.error == ""
+    assert run.state == JobRun.State.QUEUED and run.budget_used == 0
+
+
+def test_a_grown_target_cuts_the_same_chunks_when_the_same_history_is_planned_again(
+    settings: Any,
+) -> None:
+    """The target comes from the listed history, not from what is still pending: after
+    most chunks are stored and one failed, re-planning the history finds that chunk's
+    key again (queued with its run), instead of cutting its commits anew."""
+    settings.CHUNK_SIZE, settings.CHUNK_MAX, settings.CHUNK_SPREAD = 2, 16, 2
+    shas = [hashlib.sha1(b"grown %d" % i).hexdigest() for i in range(200)]
+    repo = a_repo()
+    plan(repo, shas)
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [s for c in chunks for s in c.sha_list()] == shas  # each commit once, in order
+    assert all(c.size <= 2 * 16 for c in chunks)
+    assert max(c.size for c in chunks) > 2 * 2  # the target grew past the floor's cap
+    failed = next(c for c in chunks if 16 < c.size < 32)
+    # planned on its own, it would get a smaller target whose cap would split it
+    assert failed.size > 2 * chunk_target(failed.size, floor=2, ceiling=16, spread=2)
+    for chunk in chunks:
+        if chunk.pk == failed.pk:
+            Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.FAILED, error="boom")
+            JobRun.objects.filter(chunk=chunk).update(state=JobRun.State.DEAD, attempts=3)
+            continue
+        for sha in chunk.sha_list():
+            store(repo, sha)
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE)
+    run_ids = plan(repo, shas)
+    failed.refresh_from_db()
+    assert failed.state == Chunk.State.QUEUED
+    assert Chunk.objects.filter(repository=repo).count() == len(chunks)  # no new cut
+    assert run_ids == [JobRun.objects.get(chunk=failed).pk]
+
+
+def test_beginning_a_chunk_marks_it_running_unless_its_work_is_done() -> None:
+    repo = a_repo()
+    plan(repo)
+    first, second = Chunk.objects.order_by("position")[:2]
+    chunk, reason = chunk_plans.begin_chunk(first.pk)
+    assert chunk.pk == first.pk and reason is None
+    assert Chunk.objects.get(pk=first.pk).state == Chunk.State.RUNNING
+    for sha in second.sha_list():
+        store(repo, sha)
+    assert chunk_plans.begin_chunk(second.pk)[1] == "already stored"
+    assert Chunk.objects.get(pk=second.pk).state == Chunk.State.DONE
+    assert chunk_plans.begin_chunk(second.pk)[1] == "already done"
+
+
+def test_finishing_the_last_chunk_completes_the_repository_once() -> None:
+    repo = a_repo()
+    plan(repo, SHAS[:2])
+    chunks = list(Chunk.objects.order_by("position"))
+    tap = Tap()
+    for i, chunk in enumerate(chunks):
+        for sha in chunk.sha_list():
+            store(repo, sha)
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DONE)
+        chunk.refresh_from_db()
+        assert chunk_plans.finish_chunk(chunk) is (i == len(chunks) - 1)
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    assert Summary.objects.filter(repository=repo, fingerprint=FP).exists()
+    events = tap.until(lambda evs: any(e["type"] == "repo.changed" for e in evs))
+    progress = [e for e in events if e["type"] == "job.progress"]
+    assert progress[-1]["analyzed"] == 2 and progress[-1]["total"] == 2
+    changed = next(e for e in events if e["type"] == "repo.changed")
+    assert changed["status"] == "ready" and changed["repo"] == repo.pk
+
+
+def test_a_redelivered_chunk_that_completes_the_repository_tells_the_live_view() -> None:
+    # The last chunk's work was committed by an attempt that died before finish_chunk;
+    # its redelivery finds it stored and completes the repository: watchers must hear it.
+    repo = a_repo()
+    plan(repo, SHAS[:2])
+    Repository.objects.filter(pk=repo.pk).update(status=Repository.Status.ANALYZING)
+    repo.refresh_from_db()
+    chunks = list(Chunk.objects.order_by("position"))
+    for chunk in chunks:
+        for sha in chunk.sha_list():
+            store(repo, sha)
+    Chunk.objects.filter(pk=chunks[0].pk).update(state=Chunk.State.DONE)
+    tap = Tap()
+    assert chunk_plans.begin_chunk(chunks[-1].pk)[1] == "already stored"
+    assert Repository.objects.get(pk=repo.pk).status == Repository.Status.READY
+    events = tap.until(lambda evs: any(e["type"] == "repo.changed" for e in evs))
+    changed = next(e for e in events if e["type"] == "repo.changed")
+    assert changed["status"] == "ready" and changed["repo"] == repo.pk
+
+
+def test_an_incremental_plan_writes_nothing_unless_the_previous_plan_still_covers_the_rest() -> (
+    None
+):
+    """``since`` must still be the recorded head and the plan must be for the version the
+    previous one was made for; otherwise None (the caller plans the whole history)."""
+    repo = a_repo()
+    key = repo.lock_key()
+    plan(repo, SHAS[:4])
+    repo.refresh_from_db()
+    assert repo.head == SHAS[3] and repo.commits_total == 4
+    chunks = Chunk.objects.filter(repository=repo).count()
+
+    def incremental(since: str, fingerprint: str = FP) -> chunk_plans.Plan | None:
+        return chunk_plans.plan_repository(
+            repo_id=repo.pk,
+            generation=repo.generation,
+            fingerprint=fingerprint,
+            head=SHAS[-1],
+            shas=SHAS[4:],
+            lock_key=key,
+            token=next_token(key),
+            since=since,
+        )
+
+    assert incremental(SHAS[2]) is None  # not the head the last plan was made from
+    assert incremental(SHAS[3], fingerprint="fedcba9876543210") is None  # another version
+    repo.refresh_from_db()
+    assert repo.head == SHAS[3] and Chunk.objects.filter(repository=repo).count() == chunks
+    assert incremental(SHAS[3])
+    repo.refresh_from_db()
+    assert repo.head == SHAS[-1] and repo.commits_total == len(SHAS)
+    new = Chunk.objects.filter(repository=repo).order_by("position")[chunks:]
+    assert sorted(sha for c in new for sha in c.sha_list()) == SHAS[4:]
+
+
+class _Watched(Sequence[str]):
+    """A sync's shas that note, as each one is read, how many chunk rows exist."""
+
+    def __init__(self, shas: ShaList) -> None:
+        self.shas = shas
+        self.rows_seen: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.shas)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        return self.shas[index]
+
+    def __iter__(self) -> Iterator[str]:
+        for sha in self.shas:
+            self.rows_seen.append(Chunk.objects.count())
+            yield sha
+
+
+def _hex_shas(n: int) -> ShaList:
+    return ShaList(hashlib.sha1(str(i).encode()).hexdigest() for i in range(n))
+
+
+def test_a_long_history_is_planned_while_it_is_read_into_the_same_chunks(settings: Any) -> None:
+    settings.CHUNK_SIZE = settings.CHUNK_MAX = 2  # a fixed target: many small chunks
+    repo = a_repo()
+    shas = _Watched(_hex_shas(160))
+    plan(repo, shas)
+    expected = plan_chunks(list(shas.shas), target=2)
+    assert len(expected) > 2 * chunk_plans._ROWS_PER_INSERT
+    chunks = list(Chunk.objects.filter(repository=repo).order_by("position"))
+    assert [c.sha_list() for c in chunks] == expected
+    assert [c.key for c in chunks] == [chunk_key(part) for part in expected]
+    assert [c.position for c in chunks] == list(range(1, len(expected) + 1))
+    # rows were inserted before the last sha was read: not one list of every chunk
+    assert shas.rows_seen[0] == 0 and shas.rows_seen[-1] >= chunk_plans._ROWS_PER_INSERT
+    # a failed chunk of a later batch is queued again by the next plan
+    last = chunks[-1]
+    Chunk.objects.filter(pk=last.pk).update(state=Chunk.State.FAILED, error="boom")
+    plan(repo, shas)
+    last.refresh_from_db()
+    assert last.state == Chunk.State.QUEUED and Chunk.objects.count() == len(expected)
+
+
+def test_planning_a_whole_history_allocates_less_than_its_text_once(settings: Any) -> None:
+    """The sync horse's memory stays flat as histories grow. Planning
+    40,000 commits from a ShaList may not hold every sha as text (1.6 MB)."""
+    settings.CHUNK_SIZE = settings.CHUNK_MAX = 400
+    repo = a_repo()
+    shas = _hex_shas(40_000)
+    tracemalloc.start()
+    try:
+        plan(repo, shas)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert Chunk.objects.filter(repository=repo).aggregate(n=Sum("size"))["n"] == 40_000
+    assert peak < 40_000 * 41, f"peak {peak} bytes"

@@ -1,0 +1,175 @@
+"""dashboard.runs.lifecycle: the run lifecycle of docs/lifecycle.md against the real database and a real
+Redis queue (no worker: each transition is driven and checked directly)."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
+
+from dashboard.infra import queues
+from dashboard.models import Chunk, JobAttempt, JobRun, Repository, WorkerBeat
+from dashboard.runs import lifecycle
+from tests.support.live_tap import Tap
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def a_repo(**fields: object) -> Repository:
+    return Repository.objects.create(url="https://example.com/team/tool.git", **fields)
+
+
+def a_sync_run(repo: Repository) -> JobRun:
+    return lifecycle.ensure_run(
+        kind=JobRun.Kind.SYNC,
+        job_id=repo.sync_job_id(),
+        queue=queues.SYNC_QUEUE,
+        repository_id=repo.pk,
+        generation=repo.generation,
+    )
+
+
+def a_chunk_run(repo: Repository) -> JobRun:
+    chunk = Chunk.objects.create(
+        repository=repo, fingerprint="f" * 16, key="aaaa1111..bbbb2222", shas="aaaa1111", size=1
+    )
+    return lifecycle.ensure_run(
+        kind=JobRun.Kind.ANALYZE,
+        job_id=chunk.job_id(),
+        queue="analysis",
+        repository_id=repo.pk,
+        chunk_id=chunk.pk,
+        fingerprint=chunk.fingerprint,
+    )
+
+
+def started(run: JobRun, worker: str = "w1") -> lifecycle.Attempt:
+    attempt = lifecycle.begin_attempt(run_id=run.pk, number=run.attempts + 1, worker=worker)
+    assert attempt is not None
+    return attempt
+
+
+def test_it_returns_the_same_run_for_the_same_job_id() -> None:
+    repo = a_repo()
+    assert a_sync_run(repo).pk == a_sync_run(repo).pk
+    assert JobRun.objects.count() == 1
+
+
+def test_enqueueing_puts_the_next_attempt_on_the_queue_once() -> None:
+    repo = a_repo()
+    run = a_sync_run(repo)
+    tap = Tap()
+    assert lifecycle.enqueue_run(run) is True
+    assert lifecycle.enqueue_run(run) is False  # the same attempt is already waiting
+    job = Job.fetch(run.rq_id(), connection=queues.connection())
+    assert job.func_name == lifecycle.FUNCS[JobRun.Kind.SYNC] and job.args == (run.pk, 1)
+    assert queues.queue(queues.SYNC_QUEUE).job_ids == [run.rq_id()]
+    tap.until(lambda evs: any(e["type"] == "job.queued" for e in evs))
+    assert lifecycle.is_run_job(job.func_name, job.args)
+    assert not lifecycle.is_run_job("workers.jobs.run_bulk_action", (1,))
+
+
+def test_an_attempt_is_claimed_once_and_recorded() -> None:
+    repo = a_repo()
+    run = a_sync_run(repo)
+    WorkerBeat.objects.create(name="w1", host="h", pid=1, last_seen=timezone.now())
+    attempt = started(run)
+    assert lifecycle.begin_attempt(run_id=run.pk, number=1, worker="w2") is None  # redelivery
+    run.refresh_from_db()
+    assert run.state == JobRun.State.RUNNING and run.attempts == 1 and run.worker == "w1"
+    assert JobAttempt.objects.get(run=run).outcome == JobAttempt.Outcome.RUNNING
+    assert WorkerBeat.objects.get(name="w1").current_run_id == run.pk
+    lifecycle.record_lock(attempt, key="locks:git:repo:1:mirror", token=7)
+    run.refresh_from_db()
+    assert run.lock_key == "locks:git:repo:1:mirror" and run.token == 7
+    assert run.lock_acquired_at is not None
+    lifecycle.succeed_attempt(attempt)
+    run.refresh_from_db()
+    assert run.state == JobRun.State.SUCCEEDED
+    assert JobAttempt.objects.get(run=run).outcome == JobAttempt.Outcome.SUCCEEDED
+    assert WorkerBeat.objects.get(name="w1").current_run_id is None
+
+
+def test_a_failed_attempt_is_retried_then_dead_lettered_with_its_chunk_and_repository(
+    settings,
+) -> None:
+    settings.MAX_ATTEMPTS = 2
+    repo = a_repo(status=Repository.Status.ANALYZING)
+    run = a_chunk_run(repo)
+    assert lifecycle.fail_attempt(started(run), ValueError("bad byte at offset 12")) == "failed"
+    run.refresh_from_db()
+    assert run.state == JobRun.State.FAILED
+    # The next attempt is on the queue (backoff 0 in the tests).
+    assert queues.queue("analysis").job_ids == [run.rq_id()]
+    tap = Tap()
+    assert lifecycle.fail_attempt(started(run), ValueError("bad byte at offset 99")) == "dead"
+    run.refresh_from_db()
+    assert run.state == JobRun.State.DEAD and run.error.startswith("ValueError: bad byte")
+    chunk = Chunk.objects.get(pk=run.chunk_id)
+    assert chunk.state == Chunk.State.FAILED and chunk.error.startswith("ValueError")
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.FAILED and repo.error == chunk.error
+    events = tap.until(
+        lambda evs: {"job.dead", "dlq.changed", "repo.changed"} <= {e["type"] for e in evs}
+    )
+    changed = next(e for e in events if e["type"] == "repo.changed")
+    assert changed["repo"] == repo.pk and changed["status"] == "failed"
+    assert changed["error"] == repo.error
+    # Both failures share one root cause: the numbers are normalised away.
+    first, second = JobAttempt.objects.filter(run=run).order_by("number")
+    assert first.outcome == second.outcome == JobAttempt.Outcome.FAILED
+    assert run.cause == "ValueError: bad byte at offset N"
+    assert lifecycle.cause_of(ValueError("bad byte at offset 12")) == lifecycle.cause_of(
+        ValueError("bad byte at offset 99")
+    )
+
+
+def test_a_permanent_failure_is_dead_at_once_and_shows_the_reason() -> None:
+    repo = a_repo(status=Repository.Status.SYNCING)
+    run = a_sync_run(repo)
+    state = lifecycle.fail_attempt(started(run), LookupError("x"), permanent=True, reason="no repo")
+    assert state == "dead"
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.FAILED and repo.error == "no repo"
+
+
+def test_a_dead_sync_of_an_old_generation_does_not_fail_the_newer_one() -> None:
+    repo = a_repo(status=Repository.Status.SYNCING)
+    run = a_sync_run(repo)
+    attempt = started(run)
+    Repository.objects.filter(pk=repo.pk).update(generation=2, status=Repository.Status.QUEUED)
+    lifecycle.fail_attempt(attempt, LookupError("gone"), permanent=True)
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.QUEUED and repo.error == ""
+
+
+def test_waiting_for_a_lock_defers_without_spending_the_budget() -> None:
+    repo = a_repo()
+    run = a_sync_run(repo)
+    assert lifecycle.defer_attempt(started(run), delay=30.0, reason="lock held by job x") is True
+    run.refresh_from_db()
+    assert run.state == JobRun.State.QUEUED and run.attempts == 1 and run.budget_used == 0
+    attempt = JobAttempt.objects.get(run=run)
+    assert attempt.outcome == JobAttempt.Outcome.DEFERRED and "lock held" in attempt.error
+    registry = ScheduledJobRegistry(queue=queues.queue(queues.SYNC_QUEUE))
+    assert registry.get_job_ids() == [run.rq_id()]  # attempt 2, in 30 s
+
+
+def test_a_crash_counts_as_an_attempt_once() -> None:
+    repo = a_repo()
+    run = a_sync_run(repo)
+    started(run)
+    assert lifecycle.crash_attempt(run_id=run.pk, number=1, reason="signal 9") == "failed"
+    assert lifecycle.crash_attempt(run_id=run.pk, number=1, reason="signal 9") == ""  # handled
+    attempt = JobAttempt.objects.get(run=run)
+    assert attempt.outcome == JobAttempt.Outcome.CRASHED and "signal 9" in attempt.error
+    run.refresh_from_db()
+    assert run.cause.startswith("WorkerDied")
+
+
+def test_root_causes_group_by_type_message_shape_and_frame() -> None:
+    assert lifecycle.normalise_message("file /tmp/a/b.txt line 12 sha 1a2b3c4d") == (
+        "file <path> line N sha <sha>"
+    )
+    assert lifecycle.cause_of(KeyError("a"))[0] != lifecycle.cause_of(ValueError("a"))[0]

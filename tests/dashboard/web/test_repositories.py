@@ -1,0 +1,94 @@
+"""Server-rendered pages: login, submission form, repository list and page."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from dashboard.models import Repository, RepositoryView
+from dashboard.repositories.view_counts import flush_views
+from tests.conftest import run_workers
+from tests.support.gitrepo import GitRepo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def logged_in(client: Client) -> Client:
+    client.force_login(User.objects.create_user("bob", password="pw-bob-12345"))
+    return client
+
+
+@pytest.mark.parametrize("path", ["/", "/repos/", "/repos/1/"])
+def test_pages_require_login(client: Client, path: str) -> None:
+    res = client.get(path)
+    assert res.status_code == 302 and res["Location"].startswith("/login/")
+
+
+def test_the_login_page_logs_in(client: Client) -> None:
+    User.objects.create_user("carol", password="pw-carol-123")
+    assert client.get("/login/").status_code == 200
+    bad = client.post("/login/", {"username": "carol", "password": "wrong"})
+    assert bad.status_code == 200 and b"didn't match" in bad.content
+    res = client.post("/login/", {"username": "carol", "password": "pw-carol-123"})
+    assert res.status_code == 302 and res["Location"] == "/"
+
+
+def test_the_form_shows_field_errors_and_saves_nothing(logged_in: Client) -> None:
+    res = logged_in.post("/repos/", {"url": "file:///etc/passwd", "branch": ""})
+    assert res.status_code == 400
+    assert b'id="url-error"' in res.content
+    res = logged_in.post("/repos/", {"url": "", "branch": "bad..branch"})
+    assert b'id="url-error"' in res.content and b'id="branch-error"' in res.content
+    assert Repository.objects.count() == 0
+
+
+def test_submitting_through_the_form_and_browsing_results(
+    logged_in: Client, git_repo: GitRepo
+) -> None:
+    res = logged_in.post("/repos/", {"url": str(git_repo.path), "branch": "main"})
+    repo = Repository.objects.get()
+    assert res.status_code == 302 and res["Location"] == f"/repos/{repo.pk}/"
+    page = logged_in.get(f"/repos/{repo.pk}/").content.decode()
+    assert 'id="repo-progress"' in page and "queued" in page
+    run_workers()
+    page = logged_in.get(f"/repos/{repo.pk}/").content.decode()
+    assert "ready" in page and "100.0%" in page
+    assert "Ada Lovelace" in page and "src/app.py" in page and "Python" in page
+    assert "<svg" in page and "<rect" in page  # commits-per-week chart
+    listing = logged_in.get("/repos/").content.decode()
+    assert f'href="/repos/{repo.pk}/"' in listing and "3 / 3" in listing
+    # Without operations access the home page is the repository list.
+    assert logged_in.get("/")["Location"] == "/repos/"
+
+
+def test_repository_data_is_escaped_in_pages(logged_in: Client, tmp_path) -> None:
+    evil = GitRepo.create(tmp_path / "evil")
+    payload = '<script>alert("x")</script>'
+    evil.commit(payload, {f"{payload}.txt": payload}, author=(payload, "x@example.com"))
+    logged_in.post("/repos/", {"url": str(evil.path)})
+    run_workers()
+    repo = Repository.objects.get()
+    assert repo.status == "ready", repo.error
+    page = logged_in.get(f"/repos/{repo.pk}/").content.decode()
+    assert payload not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+
+
+def test_pages_send_a_content_security_policy(logged_in: Client) -> None:
+    res = logged_in.get("/repos/")
+    assert "script-src 'self'" in res["Content-Security-Policy"]
+    assert res["X-Frame-Options"] == "DENY"
+
+
+def test_an_unknown_repository_page_is_a_404(logged_in: Client) -> None:
+    assert logged_in.get("/repos/4242/").status_code == 404
+
+
+def test_viewing_a_repository_counts_toward_the_rollout_warm_set(logged_in: Client) -> None:
+    repo = Repository.objects.create(url="https://example.com/team/tool.git")
+    for _ in range(3):
+        assert logged_in.get(f"/repos/{repo.pk}/").status_code == 200
+    flush_views()  # counted in memory, written in batches (dashboard.repositories.view_counts)
+    assert RepositoryView.objects.get(repository=repo).views == 3

@@ -1,0 +1,35 @@
+"""Analysis without Django: analyzer configurations and their fingerprints, the
+streamed history of a repository, git's numstat records, content-defined chunks and
+languages. See docs/analysis.md."""
+
+from __future__ import annotations
+
+from workers.analysis.analyzer import (
+    CODE_VERSION,
+    DEFAULT,
+    AnalyzerConfig,
+    InvalidConfig,
+    VersionNotLoaded,
+    config_for,
+    queue_name,
+)
+from workers.analysis.chunks import chunk_key, chunk_target, iter_chunks
+from workers.analysis.history import list_commits, stream_commits
+from workers.analysis.numstat import CommitRecord, CommitTooLarge
+
+__all__ = [
+    "CODE_VERSION",
+    "DEFAULT",
+    "AnalyzerConfig",
+    "CommitRecord",
+    "CommitTooLarge",
+    "InvalidConfig",
+    "VersionNotLoaded",
+    "chunk_key",
+    "chunk_target",
+    "config_for",
+    "iter_chunks",
+    "list_commits",
+    "queue_name",
+    "stream_commits",
+]
