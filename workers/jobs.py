@@ -17,12 +17,15 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 from rq import get_current_job
+from rq.job import Job
+from rq.utils import import_attribute
 
-from dashboard import infra, locks, observability, repositories, runs
+from dashboard import infra, locks, observability, repositories, rollouts, runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
     claim_sync,
@@ -159,6 +162,30 @@ def catch_up_repositories(fingerprint: str, after: int) -> str:
     if cursor is not None:
         repositories.enqueue_catch_up(fingerprint, cursor)
     return f"caught up to repository {cursor}" if cursor else "catch-up done"
+
+
+def drive_rollout(rollout_id: int, takeover: bool = False, actor: str = "system") -> str:
+    """RQ entry point (queue ``rollouts``): take the rollout's deploy lock and drive it
+    to its end; returns the final state. A second delivery of the same job finds the
+    rollout no longer pending and stops (``RolloutError``). See docs/rollouts.md."""
+    driver = rollouts.RolloutDriver(rollout_id, warmer=rollouts.warm_rollout)
+    driver.acquire(actor=actor, takeover=takeover, reason="driver started")
+    return driver.run()
+
+
+#: RQ stores a job's function as a dotted path in Redis. A function that moved is found
+#: under its old path too, for the jobs queued before the move (docs/architecture.md#rq).
+MOVED_FUNCTIONS = {"dashboard.deploylock.drive_rollout": "workers.jobs.drive_rollout"}
+
+
+class MovedPathsJob(Job):
+    """RQ's job, which reads a moved function's old path as its new one (the pool's
+    workers use it: ``workers.pool``)."""
+
+    @property
+    def func(self) -> Any:
+        moved = MOVED_FUNCTIONS.get(self.func_name or "")
+        return import_attribute(moved) if moved else super().func
 
 
 def run_bulk_action(action_id: int) -> str:

@@ -46,7 +46,7 @@ from dashboard.infra import close_thread_connections, use_direct_connections
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts import DRIVER_QUEUE
 from workers.analysis import DEFAULT, AnalyzerConfig, queue_name
-from workers.jobs import load_versions, loaded_fingerprints
+from workers.jobs import MovedPathsJob, load_versions, loaded_fingerprints
 from workers.runtime import ForkGuard, die_with_parent, kill_tree
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,9 @@ def run_one_worker(
     locks.beat(name=name, queues_=list(queue_names), version=version)
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()
-    worker = DjangoWorker([infra.queue(n) for n in queue_names], connection=conn, name=name)
+    worker = DjangoWorker(
+        [infra.queue(n) for n in queue_names], connection=conn, name=name, job_class=MovedPathsJob
+    )
     worker.apply_pauses()
     try:
         if burst:

@@ -109,7 +109,8 @@ class JobAttempt(models.Model):
     version = models.CharField(max_length=64, blank=True, default="")
     error = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
-    #: The attempt's trace (``dashboard.observability.traces``): ``[{name, start, end, attrs}]``, epoch
+    #: The attempt's trace (``dashboard.observability.traces``): ``[{name, start, end, attrs}]``,
+    #: epoch
     #: seconds, in the order the spans began, the attempt's own span last. NULL for rows
     #: written without it (raw inserts, rows from before traces): no spans.
     spans = models.JSONField(default=list, blank=True, null=True)

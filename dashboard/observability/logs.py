@@ -2,7 +2,8 @@
 the context of the job being run, and credentials redacted from every line.
 
 The context (job id, trace id, repository, lock key, fencing token, worker, version) is a
-``contextvars`` mapping bound by ``bind(...)`` — ``dashboard.observability.traces`` binds it for each
+``contextvars`` mapping bound by ``bind(...)`` — ``dashboard.observability.traces`` binds it for
+each
 job attempt — so every log call made while the job runs carries it, from any module,
 without passing it around. Threads started inside a job (the lock heartbeat) do not
 inherit it; their lines carry what the message itself says.

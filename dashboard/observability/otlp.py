@@ -1,6 +1,7 @@
 """OpenTelemetry export of job traces: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set, every job attempt's spans — the same spans
-``dashboard.observability.traces`` stores on ``JobAttempt.spans`` — are sent over OTLP/HTTP (protobuf)
+``dashboard.observability.traces`` stores on ``JobAttempt.spans`` — are sent over OTLP/HTTP
+(protobuf)
 when the attempt ends. Off by default; needs the ``otel`` extra
 (``pip install 'gitward[otel]'``: opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http).
 

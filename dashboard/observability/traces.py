@@ -8,7 +8,8 @@ Spans of one attempt, in order (each ``{name, start, end, attrs}``, epoch second
                 sync's RQ job)
 ``dequeued``    taken → attempt claimed in the database (``worker``, ``host``, ``pid``, ``version``)
 ``lock wait``   lock requested → acquired (``key``, ``token``, ``agreeing`` masters, ``wait_ms``)
-``mirror fetch`` / ``git stream`` / ``rows write``  the phases ``dashboard.runs.lifecycle.record_phase``
+``mirror fetch`` / ``git stream`` / ``rows write``  the phases
+``dashboard.runs.lifecycle.record_phase``
                 records (``fetched_at``, ``analysed_at``, ``written_at``), each from the previous
                 mark (the lock acquired, or the phase before)
 ``lock held``   acquired → released (``key``, ``token``, ``extensions``, ``lost``)
@@ -16,7 +17,8 @@ Spans of one attempt, in order (each ``{name, start, end, attrs}``, epoch second
 
 How it is wired, without the job code knowing much: ``traced`` wraps the RQ entry point
 (``workers.jobs._execute``) and keeps the attempt's ``Trace`` in a context variable;
-``dashboard.runs.lifecycle`` calls ``claimed``/``phase`` and ``dashboard.locks.leases.hold_lease`` calls
+``dashboard.runs.lifecycle`` calls ``claimed``/``phase`` and ``dashboard.locks.leases.hold_lease``
+calls
 ``lock_span``, each a no-op outside a traced attempt. The same wrapper binds the log
 context (``dashboard.observability.logs``: job, trace, run, repository, then worker, version, lock,
 token). Spans are written to the attempt row when the lock is acquired and when the

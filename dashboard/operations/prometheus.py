@@ -5,7 +5,8 @@ Two kinds of figures, both computed at scrape time by one custom ``Collector``:
 * **counters and histograms** recorded by every process of every host (jobs started,
   succeeded, failed, dead, retried, deferred; run and wait times; lock attempts, refusals,
   extensions, losses, fencing rejections, acquire latency, per-master calls/errors/time),
-  aggregated in one Redis hash by ``dashboard.observability.counters`` and read here in one ``HGETALL``;
+  aggregated in one Redis hash by ``dashboard.observability.counters`` and read here in one
+  ``HGETALL``;
 * **gauges** of the state right now: queue backlog, running and paused, oldest job age,
   runs by state, dead letters per root-cause group, repositories by status, workers per
   version and state, lock masters up and the quorum, locks held, analyzer versions and

@@ -211,7 +211,8 @@ def resolve_repository(ref: str) -> Repository:
 
 def commits_analyzed(repo: Repository, fingerprint: str | None = None) -> int:
     """Commits stored under ``fingerprint`` (default: the served one): the kept count,
-    one row read, never a ``COUNT(*)`` over the history (``dashboard.repositories.commit_counts``)."""
+    one row read, never a ``COUNT(*)`` over the history
+    (``dashboard.repositories.commit_counts``)."""
     return stored_commits(repo.pk, fingerprint or current_fingerprint())
 
 

@@ -3,12 +3,12 @@
 Where the lock lives. A rollout outlives the HTTP request or CLI call that starts it, so
 ``locks:queue:{queue}:deploy`` is held by a **driver**, not by the caller:
 
-* ``drive_rollout(rollout_id)`` — an RQ job on the ``rollouts`` queue, run by a worker
-  of the ``up``/``worker`` pool (enqueued by ``start_rollout`` after commit), or
+* ``workers.jobs.drive_rollout(rollout_id)`` — an RQ job on the ``rollouts`` queue, run
+  by a worker of the ``up``/``worker`` pool (enqueued by ``start_rollout`` after commit), or
 * ``manage.py rollout drive ID`` — the same driver in the foreground (SIGTERM releases
   the lock; the rollout then waits for a takeover).
 
-The driver (``dashboard.rollouts.driver.RolloutDriver``, re-exported here) takes the
+The driver (``dashboard.rollouts.driver.RolloutDriver``) takes the
 lock with a fencing token, keeps it alive from a heartbeat thread, runs operators'
 requests and, with ``auto``, advances the rollout; every routing change it makes
 presents its token.
@@ -27,7 +27,7 @@ from typing import Any
 
 from dashboard import locks
 from dashboard.models import Rollout
-from dashboard.rollouts import start, warming
+from dashboard.rollouts import start
 from dashboard.rollouts.driver import RolloutDriver
 from dashboard.rollouts.steps import abort_in_place
 from dashboard.versions import RolloutBusy
@@ -36,24 +36,12 @@ from workers import locks as workers_locks
 R = Rollout.State
 
 __all__ = [
-    "RolloutDriver",
-    "abort_in_place",
     "abort_rollout",
-    "drive_rollout",
     "driver_alive",
     "holder_alive",
     "rollback_rollout",
     "takeover_rollout",
 ]
-
-
-def drive_rollout(rollout_id: int, takeover: bool = False, actor: str = "system") -> str:
-    """RQ entry point (queue ``rollouts``): take the rollout's deploy lock and drive it
-    to its end; returns the final state. A second delivery of the same job finds the
-    rollout no longer pending and stops (``RolloutError``)."""
-    driver = RolloutDriver(rollout_id, warmer=warming.warm_rollout)
-    driver.acquire(actor=actor, takeover=takeover, reason="driver started")
-    return driver.run()
 
 
 def takeover_rollout(

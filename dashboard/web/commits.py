@@ -1,4 +1,5 @@
-"""The commit page (``/repos/<id>/commits/<sha>/``): thin over ``dashboard.repositories.one_commit``.
+"""The commit page (``/repos/<id>/commits/<sha>/``): thin over
+``dashboard.repositories.one_commit``.
 
 Reached from the repository page's commit table. An unknown repository or commit, or a
 malformed sha, is a 404 page saying which; a mirror missing on this host is said on the

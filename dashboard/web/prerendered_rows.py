@@ -5,7 +5,8 @@ engine resolves every ``{{ }}`` through its variable lookup, filter and localisa
 machinery, cell by cell).
 
 Contract: each function returns, character for character, what the template loop it
-replaces printed (``tests/dashboard/web/test_prerendered_rows.py`` keeps those loops as fixtures and compares
+replaces printed (``tests/dashboard/web/test_prerendered_rows.py`` keeps those loops as fixtures
+and compares
 them over hostile and edge-case rows). So every value goes through ``_text``, which is
 what ``{{ value }}`` does with autoescaping on: localise (numbers, booleans), ``str``,
 then ``conditional_escape`` (for a plain string ``html.escape`` directly, the function

@@ -1,6 +1,7 @@
 """The repository pages: the list with its search and submit form (rate-limited), and
 one repository (summary, history charts, commits, live panel, recent runs); thin over
-``dashboard.repositories.lifecycle``, ``dashboard.repositories.summaries`` and ``dashboard.repositories.commits``."""
+``dashboard.repositories.lifecycle``, ``dashboard.repositories.summaries`` and
+``dashboard.repositories.commits``."""
 
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ def runs(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def run(request: HttpRequest, run_id: int) -> HttpResponse:
-    """One run: its attempts, each with its trace as a timeline (``dashboard.observability.traces``).
+    """One run: its attempts, each with its trace as a timeline
+    (``dashboard.observability.traces``).
     Operations data: needs ``dashboard.view_jobrun``."""
     if not request.user.has_perm("dashboard.view_jobrun"):
         return render(request, "forbidden.html", status=403)

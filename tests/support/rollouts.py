@@ -157,5 +157,6 @@ def analyse_as(version: AnalyzerVersion, repo: Repository, shas: list[str]) -> i
 def report_worker(version: AnalyzerVersion) -> None:
     WorkerBeat.objects.create(
         name=f"w-{version.fp12}", host="h", pid=1, version=version.fingerprint,
-        queues=state_machine.physical_queue("analysis", version.fingerprint), last_seen=timezone.now(),
+        queues=state_machine.physical_queue("analysis", version.fingerprint),
+        last_seen=timezone.now(),
     )  # fmt: skip

@@ -1,4 +1,5 @@
-"""tests/support/channel_layer_reset.py: a receive cancelled on one event loop (a socket closed while its
+"""tests/support/channel_layer_reset.py: a receive cancelled on one event loop (a socket closed
+while its
 receive waited) leaves channels-redis's receive state bound to that loop, and the next
 loop's receive on the same layer fails; with the reset between loops (an autouse fixture
 between tests) it receives.

@@ -9,7 +9,8 @@ letters' "roll back to V" button itself, waits for the version to drain and reti
 with the Versions table's Retire button.
 
 ``up`` serves the ``rollouts`` driver queue and warms with the real warmer;
-``tests/support/rollout_browser.py`` adds what a test needs on top (a driver only if no worker serves
+``tests/support/rollout_browser.py`` adds what a test needs on top (a driver only if no worker
+serves
 ``rollouts``, a reported worker of the new fingerprint, and a run of the ramping version
 dead-lettered through the real attempt path). Screenshots go to artifacts/screenshots/
 and docs/screenshot-rollouts.png."""

@@ -17,11 +17,14 @@ from typing import Any
 
 import pytest
 from rq import SimpleWorker
+from rq.job import Job
+from rq.registry import FailedJobRegistry
 
 from dashboard.infra import queues
 from dashboard.locks import leases
 from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
 from dashboard.repositories.lifecycle import submit_repository
+from dashboard.rollouts.start import DRIVER_QUEUE
 from dashboard.runs.dead_letters import new_bulk
 from tests.support.gitrepo import GitRepo
 from tests.support.lease_thief import steal_when_held
@@ -386,3 +389,22 @@ def test_a_sync_that_fails_after_its_plan_enqueues_the_chunk_it_held(
     assert jobs.analyze_chunk(analyze.pk, 1) == "stored 3 commits"
     assert attempts(analyze) == ["succeeded"]
     assert Commit.objects.filter(repository=repo).count() == 3
+
+
+def test_a_driver_job_queued_under_its_old_path_still_runs() -> None:
+    """The rollout driver moved from ``dashboard.deploylock`` to ``workers.jobs``; a job
+    queued before the move names the old path in Redis. The pool's job class runs it as
+    the new function; RQ's own could not import it."""
+    q = queues.queue(DRIVER_QUEUE)
+    q.empty()
+    job = q.enqueue("dashboard.deploylock.drive_rollout", 999_999, job_id="legacy-driver")
+    assert jobs.MovedPathsJob.fetch(job.id, connection=q.connection).func is jobs.drive_rollout
+    with pytest.raises((ImportError, AttributeError, ValueError)):  # RQ: ValueError
+        _ = Job.fetch(job.id, connection=q.connection).func
+    SimpleWorker([q], connection=queues.worker_connection(), job_class=jobs.MovedPathsJob).work(
+        burst=True, logging_level="CRITICAL"
+    )
+    # It ran the driver, which found no such rollout (not an import error).
+    failed = jobs.MovedPathsJob.fetch(job.id, connection=q.connection)
+    assert failed.id in FailedJobRegistry(queue=q).get_job_ids()
+    assert "DoesNotExist" in (failed.exc_info or ""), failed.exc_info

@@ -1,11 +1,13 @@
 """The ``git log -z --numstat`` stream gitward reads, and its parser (at C speed).
 
 One commit is a header token and its numstat entries, all NUL-terminated (the format
-is :func:`_parse_log`'s docstring; git's options are :func:`workers.analysis.history.stream_commits`'s).
+is :func:`_parse_log`'s docstring; git's options are
+:func:`workers.analysis.history.stream_commits`'s).
 The parser splits whole 64 KiB blocks at NUL and entries at their tabs with one C call
 each, decodes and classifies each distinct path once per stream, and builds each file
 and commit as one tuple: nothing else is allocated per file.  Results are exactly git's
-(tests/workers/analysis/test_history.py, test_quirks.py and test_analyzer.py compare with git itself).
+(tests/workers/analysis/test_history.py, test_quirks.py and test_analyzer.py compare with git
+itself).
 """
 
 from __future__ import annotations

@@ -378,8 +378,8 @@ class Redlock:
         *,
         ttl: float = 30.0,
         holder: Mapping[str, Any] | None = None,
-        on_lost: Callback | None = None,
-        on_extended: Callback | None = None,
+        on_lost: Callback[Lock] | None = None,
+        on_extended: Callback[Lock] | None = None,
     ) -> Iterator[Lock]:
         """Acquire, extend from a heartbeat thread while inside, release on exit.
 

@@ -23,14 +23,39 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from workers.locks.lock import Lock
+from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger("workers.locks")
 
-Callback = Callable[["Lock"], object]
+
+class Counts(Protocol):
+    def count(self, name: str, n: int = 1) -> None: ...
+
+
+class Beating(Protocol):
+    """What a heartbeat needs of the lock it extends (``workers.locks.lock.Lock``), named
+    here so this module does not import the lock that imports it."""
+
+    keys: tuple[str, ...]
+    ttl: float
+    lost: threading.Event
+
+    @property
+    def redlock(self) -> Counts: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    def valid_for(self) -> float: ...
+
+    def extend(self, ttl: float | None = None) -> None: ...
+
+
+L = TypeVar("L", bound=Beating)
+T = TypeVar("T")
+
+#: ``on_lost`` / ``on_extended``: called with the lock, on the callback thread.
+Callback = Callable[[L], object]
 
 #: Notifications waiting for the callback thread; more are dropped (they only say "extended").
 QUEUE_SIZE = 8
@@ -42,15 +67,17 @@ def first_wait(ttl: float, valid_for: float) -> float:
     return max(0.0, min(ttl / 3.0, valid_for / 2.0))
 
 
-class Heartbeat:
+class Heartbeat(Generic[L]):
     """Extends ``lock`` from a daemon thread; see the module docstring."""
 
-    def __init__(self, lock: Lock, on_lost: Callback | None, on_extended: Callback | None) -> None:
+    def __init__(
+        self, lock: L, on_lost: Callback[L] | None, on_extended: Callback[L] | None
+    ) -> None:
         self._lock = lock
         self._on_lost = on_lost
         self._on_extended = on_extended
         self._stop = threading.Event()
-        self._calls: queue.Queue[Callback | None] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._calls: queue.Queue[Callback[L] | None] = queue.Queue(maxsize=QUEUE_SIZE)
         self._thread = threading.Thread(
             target=self._run, name=f"redlock-heartbeat:{lock.keys[0]}", daemon=True
         )
@@ -100,7 +127,7 @@ class Heartbeat:
             if self._on_extended is not None:
                 self._notify(self._on_extended)
 
-    def _notify(self, callback: Callback) -> None:
+    def _notify(self, callback: Callback[L]) -> None:
         if self._callback_thread is None:
             self._callback_thread = threading.Thread(
                 target=self._deliver,
@@ -145,7 +172,7 @@ class Heartbeat:
         threading.Thread(target=abort, name=f"redlock-on-lost:{lock.keys[0]}", daemon=True).start()
 
 
-def _put_nowait(q: queue.Queue[Callback | None], item: Callback | None) -> bool:
+def _put_nowait(q: queue.Queue[T], item: T) -> bool:
     try:
         q.put_nowait(item)
     except queue.Full:

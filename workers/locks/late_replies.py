@@ -11,17 +11,37 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
 
 import redis
 
-from workers.locks.masters import Node, Pending, Round, fileno
+from workers.locks.masters import Node, Pending, Round, Vote, fileno
 from workers.locks.scripts import SCRIPTS
 
-if TYPE_CHECKING:
-    from workers.locks.transport import Transport
+
+class Transport(Protocol):
+    """What the late-reply reader and a script round need of the transport
+    (``workers.locks.transport.Transport``), named here so neither imports the transport
+    that imports them."""
+
+    closed: bool
+    call_budget: float
+    node_timeout: float
+    nodes: list[Node]
+    late: LateReplies
+    pool: ThreadPoolExecutor
+
+    def record_call(self, node: Node, vote: Vote, took: float) -> None: ...
+
+    def drain(self, node: Node, p: Pending, judge: Callable[[object], Vote]) -> Vote: ...
+
+    def release_later(self, node: Node, keys: tuple[str, ...], prefix: str) -> None: ...
+
+    def settle_late(
+        self, rnd: Round, *, release: tuple[tuple[str, ...], str] | None, until: float
+    ) -> None: ...
 
 
 class _LateEntry:

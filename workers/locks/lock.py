@@ -5,15 +5,23 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from workers.locks.errors import LockError, LockLost, LockNotOwned
 from workers.locks.heartbeat import Callback, Heartbeat
 
-if TYPE_CHECKING:
-    from workers.locks.algorithm import Redlock
+
+class Keeper(Protocol):
+    """What a lock needs of the Redlock that handed it out (``workers.locks.algorithm
+    .Redlock``), named here so this module does not import the algorithm that imports it."""
+
+    def _extend(self, lock: Lock, ttl: float) -> None: ...
+
+    def _release(self, lock: Lock) -> None: ...
+
+    def count(self, name: str, n: int = 1) -> None: ...
 
 
 class Lock:
@@ -29,7 +37,7 @@ class Lock:
 
     def __init__(
         self,
-        redlock: Redlock,
+        redlock: Keeper,
         keys: tuple[str, ...],
         *,
         ttl: float,
@@ -54,7 +62,7 @@ class Lock:
         self.extensions = 0
         #: Masters that granted the lock when it was acquired (at least the quorum).
         self.agreeing = 0
-        self._heartbeat: Heartbeat | None = None
+        self._heartbeat: Heartbeat[Lock] | None = None
 
     @property
     def key(self) -> str:
@@ -130,7 +138,7 @@ class Lock:
     # Heartbeat -----------------------------------------------------------------------
 
     def _start_heartbeat(
-        self, on_lost: Callback | None, on_extended: Callback | None = None
+        self, on_lost: Callback[Lock] | None, on_extended: Callback[Lock] | None = None
     ) -> None:
         self._heartbeat = Heartbeat(self, on_lost, on_extended)
         self._heartbeat.start()

@@ -16,13 +16,13 @@ import select
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
 from workers.locks import wire
 from workers.locks.errors import describe
-from workers.locks.late_replies import Stragglers
+from workers.locks.late_replies import Stragglers, Transport
 from workers.locks.masters import (
     CANCELLED,
     Pending,
@@ -33,9 +33,6 @@ from workers.locks.masters import (
     has_idle_connection,
     stale,
 )
-
-if TYPE_CHECKING:
-    from workers.locks.transport import Transport
 
 Judge = Callable[[object], Vote]
 

@@ -1,7 +1,8 @@
 """Counters and latencies of one Redlock (``Redlock.stats()``), and the observer interface
 through which an application exports them (``Metrics.observe``).
 
-The core imports no metrics library: ``dashboard.observability.counters`` plugs a ``MetricsObserver``
+The core imports no metrics library: ``dashboard.observability.counters`` plugs a
+``MetricsObserver``
 in that feeds its Prometheus counters. Observers are called on whatever thread counted —
 the caller's, a pool thread, the heartbeat thread — so they must be quick and must not do
 I/O (the heartbeat never waits on anything but the masters); buffering in memory and

@@ -9,7 +9,8 @@ is there, instead of going through redis-py's per-connection packing and its
 poll-before-every-send/recv socket timeouts. That is what makes a three-master round cost
 little more than one redis-py call.
 
-redis-py internals used (pinned in tests/workers/locks/test_redis_internals.py): ``Connection._sock``
+redis-py internals used (pinned in tests/workers/locks/test_redis_internals.py):
+``Connection._sock``
 (via ``nodes.fileno``) and ``_RESP2Parser.parse_error`` (error line → the exception class
 redis-py itself would raise, e.g. ``NoScriptError``).
 

@@ -1,0 +1,1 @@
+"""The `manage.py` commands, one module per command (docs/cli.md)."""

@@ -1,4 +1,5 @@
-"""dashboard.accounts.first_admin.ensure_admin: the first user, created once, never over an existing one."""
+"""dashboard.accounts.first_admin.ensure_admin: the first user, created once, never over an
+existing one."""
 
 from __future__ import annotations
 

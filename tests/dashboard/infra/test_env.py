@@ -1,5 +1,6 @@
 """dashboard.infra.env: typed environment readers (the settings built on them, and the README
-listing every variable, are covered in tests/dashboard/test_settings.py and tests/system/test_docs.py)."""
+listing every variable, are covered in tests/dashboard/test_settings.py and
+tests/system/test_docs.py)."""
 
 from __future__ import annotations
 

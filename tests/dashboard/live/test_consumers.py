@@ -3,7 +3,8 @@ cookie, Origin check) and the real channel layer on a real redis-server: who is 
 with which close code, snapshot first and events after, frames that are not ours, a
 logout closing the socket, and re-joining the groups after a join that failed.
 
-The whole live view (coalescing bursts, pages, escaping) is in tests/dashboard/live/test_live_view.py; the
+The whole live view (coalescing bursts, pages, escaping) is in
+tests/dashboard/live/test_live_view.py; the
 queue server lost or stalled, in tests/system/test_queuedown.py.
 """
 

@@ -1,5 +1,6 @@
 """dashboard.observability.counters: the in-process buffer and its flush into the Redis hash (the
-Prometheus rendering and the figures of real jobs are in tests/dashboard/operations/test_prometheus.py and
+Prometheus rendering and the figures of real jobs are in
+tests/dashboard/operations/test_prometheus.py and
 tests/system/test_observability.py)."""
 
 from __future__ import annotations

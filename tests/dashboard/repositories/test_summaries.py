@@ -1,5 +1,6 @@
 """dashboard.repositories.summaries: aggregates against git's own numbers on a real repository (the
-pages and API that show them are covered in tests/dashboard/web/test_repositories.py and tests/dashboard/api/test_api.py)."""
+pages and API that show them are covered in tests/dashboard/web/test_repositories.py and
+tests/dashboard/api/test_api.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Repository page views counted in memory and written in batches (``dashboard.repositories.view_counts``):
+"""Repository page views counted in memory and written in batches
+(``dashboard.repositories.view_counts``):
 exact counts per day, no database write per view, concurrent flushes that lose nothing,
 a failed flush that keeps its counts, deleted repositories skipped."""
 

@@ -177,7 +177,8 @@ def test_views_are_counted_per_day_without_losing_any() -> None:
     repo = Repository.objects.create(url="https://example.com/x.git")
     for _ in range(5):
         record_view(repo.pk)
-    flush_views()  # counted in memory, written in batches (tests/dashboard/repositories/test_view_counts.py)
+    flush_views()  # counted in memory, written in batches
+    # (tests/dashboard/repositories/test_view_counts.py)
     assert RepositoryView.objects.get(repository=repo).views == 5
 
 

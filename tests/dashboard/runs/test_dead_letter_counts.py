@@ -1,4 +1,5 @@
-"""dashboard.runs.dead_letter_counts: /metrics reuses its dead-letter group counts while the dead set is
+"""dashboard.runs.dead_letter_counts: /metrics reuses its dead-letter group counts while the dead
+set is
 unchanged, and every change made through gitward (a run dying, a retry, a discard, a bulk
 action) shows at the very next scrape — real failing jobs, real RQ workers, real Redis."""
 

@@ -1,4 +1,5 @@
-"""dashboard.runs.lifecycle: the run lifecycle of docs/lifecycle.md against the real database and a real
+"""dashboard.runs.lifecycle: the run lifecycle of docs/lifecycle.md against the real database and a
+real
 Redis queue (no worker: each transition is driven and checked directly)."""
 
 from __future__ import annotations

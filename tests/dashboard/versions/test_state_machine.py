@@ -1,5 +1,6 @@
 """dashboard.versions.state_machine: the version state machine called directly (rollouts driving it
-end to end are in tests/dashboard/rollouts/test_start.py and tests/dashboard/rollouts/test_driver.py)."""
+end to end are in tests/dashboard/rollouts/test_start.py and
+tests/dashboard/rollouts/test_driver.py)."""
 
 from __future__ import annotations
 

@@ -193,7 +193,8 @@ def test_no_markup_from_the_database_reaches_the_pages_unescaped(client: Client)
 
 
 def _ago_reference(value: Any) -> str:
-    """``|ago`` as it was written with ``format_html`` (before ``dashboard.web.prerendered_rows``)."""
+    """``|ago`` as it was written with ``format_html`` (before
+    ``dashboard.web.prerendered_rows``)."""
     when = humanize.parse_time(value)
     if when is None:
         return "—"

@@ -4,7 +4,8 @@ worker meanwhile), two worker processes on one host syncing one repository with 
 lock out of the picture, and a lease lost in the middle of a clone.
 
 The host lock alone: ``tests/workers/git/test_host_lock.py``; the leftovers of dead writers:
-``tests/workers/git/test_sanitation.py``; the processes and the stall shim: ``tests/support/mirror_writers.py``.
+``tests/workers/git/test_sanitation.py``; the processes and the stall shim:
+``tests/support/mirror_writers.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """workers.git.workspace: the per-host layout (clean-up of left-over temporaries by real
-processes is covered in tests/workers/git/test_sanitation.py, host locks in tests/workers/git/test_host_lock.py)."""
+processes is covered in tests/workers/git/test_sanitation.py, host locks in
+tests/workers/git/test_host_lock.py)."""
 
 from __future__ import annotations
 
