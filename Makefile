@@ -39,7 +39,7 @@ browser: $(AXE)
 # TEST_JOBS=2 spreads either over two pytest-xdist processes, each with its own Redis
 # nodes, tmp dirs and test database; the slow tests share one xdist group, so no two of
 # them (each a whole system of processes) run at once. Off by default: not yet green
-# twice in a row under xdist (see README, "Tests").
+# twice in a row under xdist (see docs/testing.md).
 TEST_JOBS ?= 0
 XDIST := $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup,)
 

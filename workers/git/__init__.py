@@ -1,6 +1,6 @@
 """Git, hardened: the git runner, mirrors and their limits, refused fetches, the fsck
 policy, workspace sanitation, the per-host mirror lock and the commit view.
-See docs/security.md and docs/lifecycle.md#workspace-sanitation."""
+See docs/security.md and docs/lifecycle.md."""
 
 from __future__ import annotations
 
