@@ -111,7 +111,7 @@ def measure(client: Any, path: str, rounds: int, trips: RoundTrips) -> dict[str,
 def session_cost(rounds: int, cache_url: str, trips: RoundTrips) -> dict[str, Any]:
     """What a logged-in request pays to find its user: the session (``SessionStore``
     load) and the user row (``auth.get_user``: a query, and the session hash check),
-    ``rounds`` times each, with the database sessions and with ``cached_db`` over a
+    ``script_rounds`` times each, with the database sessions and with ``cached_db`` over a
     ``RedisCache`` on ``cache_url`` (a warm cache: every load is a hit). Medians per
     request of CPU, wall, queries and Redis round trips; this process only (the Redis
     server's own CPU for the GET is not in it)."""
@@ -177,7 +177,7 @@ def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
     kept in ``tests/support/fixtures/tablerows/``) and as ``dashboard.web.prerendered_rows`` prints
     them,
     for the seeded first pages (50 repositories, 100 audit entries, the analysed
-    repository's commits), alternated ``rounds`` times in this process. Median CPU ms
+    repository's commits), alternated ``script_rounds`` times in this process. Median CPU ms
     of one table's rows."""
     from django.template import Context, Template
 

@@ -5,7 +5,7 @@ One repository: a real git repository of 12 commits, mirrored where the web proc
 reads it (``workspace/mirrors/1.git``), plus 999,988 synthetic commits with one file row
 each, inserted directly (SQLite ``executemany``, PostgreSQL ``COPY``) in batches under the
 served fingerprint, each batch adding what it inserted to the kept count of stored
-commits (``commitcounts.add_stored``, as ``write_chunk`` does), so the tables hold
+commits (``commit_counts.add_stored``, as ``write_chunk`` does), so the tables hold
 1,000,000 commits and 1,000,000 file rows. The summary is computed once (a worker does
 that when a repository finishes), then every page is requested through Django's test
 client (the whole middleware stack and template rendering, no network) ``--rounds``

@@ -130,7 +130,7 @@ class _Held:
 
 
 def _analyze_inline(run_id: int) -> str:
-    """Attempt 1 of the held analyze run (``plans._first_fresh``: never attempted)."""
+    """Attempt 1 of the held analyze run (``chunk_plans._first_fresh``: never attempted)."""
     try:
         return _execute(run_id, 1, _analyze)
     except Exception:  # recorded by _execute (fail_attempt: retried or dead-lettered)
@@ -157,7 +157,7 @@ def analyze_chunk(run_id: int, attempt: int) -> str:
 
 
 def catch_up_repositories(fingerprint: str, after: int) -> str:
-    """One catch-up batch after a promote or rollback (``plans.catch_up``), then the next."""
+    """One catch-up batch after a promote or rollback (``chunk_plans.catch_up``), then the next."""
     cursor = repositories.catch_up(fingerprint=fingerprint, after=after)
     if cursor is not None:
         repositories.enqueue_catch_up(fingerprint, cursor)
@@ -254,7 +254,7 @@ def _plan(
 ) -> tuple[repositories.Plan | None, Sequence[str]]:
     """List the commits reachable from ``head`` (only those ``since`` does not reach,
     when given), then plan them under the mirror ``lock``'s fencing token. Returns the
-    plan (None: an incremental plan declined, see ``plans.plan_repository``) and the
+    plan (None: an incremental plan declined, see ``chunk_plans.plan_repository``) and the
     listed shas."""
     shas = list_commits(path, head, exclude=() if since is None else [since], git=git)
     lock.check()

@@ -3,7 +3,7 @@
 The reason an operator types into a confirm dialog travels with the request as the
 ``X-Audit-Reason`` header (``AuditReasonMiddleware``); every audit entry that request
 writes carries it in ``detail["reason"]``. A bulk action that runs later in a worker
-stores the reason in its selector and passes it explicitly (``deadletters.run_bulk``).
+stores the reason in its selector and passes it explicitly (``dead_letters.run_bulk``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each client gets a snapshot on connect (and whenever it asks, e.g. after a reconnect),
 then events, coalesced per group and web process and flushed every
-``broadcasts.FLUSH_SECONDS``: a burst of 10,000 events per second becomes at most one
+``fanout.FLUSH_SECONDS``: a burst of 10,000 events per second becomes at most one
 message per flush with the newest state of each lock, run, repository and worker, the
 same text for every socket of the process (``dashboard.live.fanout``).
 """
@@ -79,7 +79,7 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
 
     async def _rejoin_until_joined(self) -> None:
         """Only after a failed join. (A queue server restarted empty forgets the feeds'
-        memberships too: each feed re-adds itself, ``broadcasts.REFRESH_SECONDS``.)"""
+        memberships too: each feed re-adds itself, ``fanout.REFRESH_SECONDS``.)"""
         while not self.joined:
             await asyncio.sleep(REJOIN_SECONDS)
             self.joined = await self._join_groups()

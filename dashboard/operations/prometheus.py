@@ -151,7 +151,7 @@ def _aggregated() -> Iterator[Metric]:
 
 def _queue_list() -> dict[str, str]:
     """Every queue to report → its ``version`` label: the version label of the job
-    counters (``telemetry.version_label``, 12 hex digits) for a version's analysis queue,
+    counters (``counters.version_label``, 12 hex digits) for a version's analysis queue,
     so the gauges and counters of one version join in PromQL; "" for a queue every
     version's workers share (sync, maintenance, rollouts)."""
     rows = list(

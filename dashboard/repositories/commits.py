@@ -255,7 +255,7 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
     4. Insert the commits and their file rows with the database's fastest bulk path
        (SQLite ``executemany``, PostgreSQL ``COPY``); mark the chunk done.
     5. Add the number of commit rows the database reported inserted to the stored
-       count (``commitcounts.add_stored``), last, in the same transaction.
+       count (``commit_counts.add_stored``), last, in the same transaction.
     """
     planned = chunk.sha_list()
     got = [r.sha for r in records]

@@ -160,7 +160,7 @@ def complete_repository(*, repo_id: int, fingerprint: str) -> bool:
 
     Race: the last two chunks finish at once. Each runs this after its own commit, with
     the repository row locked, so the later one always sees both chunks done. A sync
-    planning new chunks holds the same row lock (``plans.plan_repository``), so a
+    planning new chunks holds the same row lock (``chunk_plans.plan_repository``), so a
     completion check never sees a half-written plan.
     """
     with transaction.atomic():
@@ -235,7 +235,7 @@ def repository_with_status(
 ) -> tuple[Repository, dict[str, Any]] | None:
     """The row and its ``repository_status`` (under ``fingerprint``, default the served
     one) in ONE query besides the fingerprint's, for the repository page: the stored-
-    commit count (``commitcounts``) and the chunk count of each state are scalar
+    commit count (``commit_counts``) and the chunk count of each state are scalar
     subqueries of the row's SELECT (was three queries: the row, the count, the chunks'
     GROUP BY). Raw SQL (``_status_sql``): the same SELECT through the ORM's
     ``Subquery``/``Coalesce`` cost more CPU to build and compile than the queries it
@@ -321,7 +321,7 @@ def repository_rows(
 ) -> list[dict[str, Any]]:
     """The list shape (``repository_status`` without chunk counts) of these
     repositories in ONE query: the analysed-commit count is a subquery reading the
-    kept count's row (``commitcounts``), not a query per row nor a count of commits."""
+    kept count's row (``commit_counts``), not a query per row nor a count of commits."""
     fp = current_fingerprint()
     annotated = repos.annotate(n_analyzed=stored_commits_subquery(fp))
     if limit is not None:

@@ -120,7 +120,7 @@ def repository_summary(
 ) -> dict[str, Any]:
     """Cached aggregates; recomputed when the number of stored commits changed (the
     worker that finishes a repository computes them, so readers find them warm). That
-    number is the kept count (``commitcounts``), or ``stored`` if the caller read it
+    number is the kept count (``commit_counts``), or ``stored`` if the caller read it
     already for this request.
 
     Race: two readers recompute at once; both write the same data, the unique

@@ -129,7 +129,7 @@ def _upsert(rows: list[tuple[int, date, int]]) -> None:
     day_col = qn(meta.get_field("day").column)
     n_col = qn(meta.get_field("views").column)
     # Identifiers from model metadata, values as parameters. The same upsert spelling on
-    # SQLite (3.24+) and PostgreSQL (as ``commitcounts.add_stored``).
+    # SQLite (3.24+) and PostgreSQL (as ``commit_counts.add_stored``).
     values = ", ".join(["(%s, %s, %s)"] * len(rows))
     sql = (
         f"INSERT INTO {table} ({repo_col}, {day_col}, {n_col}) VALUES {values} "  # noqa: S608

@@ -224,7 +224,7 @@ def rollouts_page() -> dict[str, Any]:
 
 
 def checklist_blocks(markdown: str) -> list[dict[str, Any]]:
-    """The checklist Markdown (``checklists.rollout_checklist``) as blocks the page's
+    """The checklist Markdown (``checklist.rollout_checklist``) as blocks the page's
     template renders (escaped): headings, check items, list items and the timeline
     table. Only the subset that function writes; emphasis marks are dropped."""
     blocks: list[dict[str, Any]] = []

@@ -6,9 +6,6 @@ busy, its driver enqueued) and takes operators' requests to its driver
 (``dashboard.rollouts.deploy_lock``); the driver's steps, each one transaction that moves the
 version through ``dashboard.versions.state_machine.do_transition`` (which checks the token), are in
 ``dashboard.rollouts.steps``; drains in ``dashboard.rollouts.drains``.
-
-The version-level names (``do_transition``, ``register_version``, errors, states), the
-steps and the drain checks are re-exported here so callers need one import.
 """
 
 from __future__ import annotations
@@ -26,63 +23,20 @@ from rq.job import Job
 
 from dashboard import infra, locks
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
-from dashboard.rollouts.drains import (
-    DRAIN_STOP_AFTER,
-    check_drain,
-    check_version_drain,
-    drain_counts,
-    reconcile_drains,
-    stop_overdue,
-)
-from dashboard.rollouts.steps import (
-    abort_in_place,
-    begin_warming,
-    locked_rollout,
-    promote,
-    record_diff,
-    record_verdict,
-    rerouted,
-    rollback,
-    set_ramp,
-    set_rollout_state,
-)
 from dashboard.versions import (
-    ALLOWED,
     QUEUE,
-    ROUTABLE,
-    STAFFED,
-    TOKENLESS,
-    InvalidConfig,
-    InvalidTransition,
     RolloutBusy,
-    RolloutConflict,
     RolloutError,
     actor_name,
-    check_fence,
     current_version,
     describe_lock,
-    do_transition,
     ensure_baseline,
     fingerprint_config,
-    physical_queue,
     publish_rollout_event,
-    ramping_version,
     record_event,
     register_version,
-    served_fingerprint,
 )
 from workers import locks as workers_locks
-
-__all__ = [
-    "ALLOWED", "DRAIN_STOP_AFTER", "QUEUE", "ROUTABLE", "STAFFED", "TOKENLESS",
-    "InvalidConfig", "InvalidTransition", "RolloutBusy", "RolloutConflict", "RolloutError",
-    "abort_in_place", "actor_name", "begin_warming", "check_drain", "check_fence",
-    "check_version_drain", "current_version", "describe_lock", "do_transition", "drain_counts",
-    "ensure_baseline", "fingerprint_config", "locked_rollout", "physical_queue", "promote",
-    "publish_rollout_event", "ramping_version", "reconcile_drains", "record_diff",
-    "record_event", "record_verdict", "register_version", "rerouted", "rollback",
-    "served_fingerprint", "set_ramp", "set_rollout_state", "stop_overdue",
-]  # fmt: skip
 
 DEFAULT_STEPS = (10, 50, 100)
 #: The Redis queue rollout drivers run on (``workers.jobs.drive_rollout``).
@@ -254,7 +208,7 @@ def reconcile_pending_drivers() -> int:
     Races: two reconcilers enqueue through RQ's ``unique`` enqueue (one job). A driver
     job that ran, ended and expired while its rollout is still pending is enqueued
     again, which is safe: a driver takes the rollout's deploy lock first, and a second
-    delivery finds the rollout no longer pending and stops (``deploylock``).
+    delivery finds the rollout no longer pending and stops (``deploy_lock``).
     """
     conn = infra.connection()
     owed = Rollout.objects.filter(

@@ -227,7 +227,7 @@ def rerouted(*, closed: Sequence[str], served: str, rollout: int | None = None) 
     """After a promote or rollback committed: cancel the queued work of the versions
     whose gate just closed (``runs.cancel_runs``; their workers take no job, and the
     served version has its own plan) and start the catch-up that brings every
-    repository up to date under the served fingerprint (``plans.catch_up``: batches on
+    repository up to date under the served fingerprint (``chunk_plans.catch_up``: batches on
     the maintenance queue, deduplicated). Recorded on the rollout's timeline."""
     cancelled = {fp: cancel_runs(fingerprint=fp, reason="analyzer version closed") for fp in closed}
     enqueue_catch_up(served)

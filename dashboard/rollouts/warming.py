@@ -65,7 +65,7 @@ def select_warm_set(
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], not {threshold}")
     # Views this process counted and has not written yet count too (those of the web
-    # processes reach the table within ``pageviews.FLUSH_SECONDS`` of their next view).
+    # processes reach the table within ``view_counts.FLUSH_SECONDS`` of their next view).
     flush_views()
     with_results = Repository.objects.filter(
         pk__in=Commit.objects.filter(fingerprint=fingerprint).values("repository_id")
@@ -312,7 +312,7 @@ def warm_rollout(rollout: Rollout) -> dict[str, Any]:
 
     Held under the warming lock ``lockkeys.warm(queue, fp)`` while planning, so two
     warmers (a driver and its takeover) never plan at once; and planning is idempotent
-    (``plans.plan_warm_set``), so a second warmer after the first enqueues nothing:
+    (``chunk_plans.plan_warm_set``), so a second warmer after the first enqueues nothing:
     each warm commit is analysed once. Returns ``{"runs": n}`` or ``{"skipped": why}``.
     """
     version = rollout.version

@@ -135,7 +135,7 @@ def cancel_runs(*, fingerprint: str, reason: str) -> int:
     """Cancel every queued (or failed, awaiting retry) analyze run of ``fingerprint``
     and take its jobs out of Redis; returns how many. A cancelled run is ``discarded``
     with its chunk left queued, so planning that fingerprint again later resumes it
-    (``plans._runs_for`` gives it a fresh budget).
+    (``chunk_plans._runs_for`` gives it a fresh budget).
 
     Race: a worker dequeues one of these jobs meanwhile. The cancel is a conditional
     UPDATE from queued/failed, and ``begin_attempt`` claims only queued/failed runs, so

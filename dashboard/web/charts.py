@@ -198,7 +198,7 @@ def labelled_bars(
     values: list[float], labels: list[str], *, unit: str, ticks: list[str] | None = None,
     warn: float | None = None, bad: float | None = None, width: int = DAY_WIDTH,
 ) -> dict[str, Any]:  # fmt: skip
-    """Bars for a fixed series (e.g. the 24 hours of ``samples.day_series``): one per
+    """Bars for a fixed series (e.g. the 24 hours of ``queue_stats.day_series``): one per
     value, ``labels`` in the hover titles, ``ticks`` (same length, "" to skip) under the
     axis. With ``warn``/``bad`` limits each bar gets the class ``good``/``warn``/``bad``."""
     if not values:
@@ -246,7 +246,7 @@ def labelled_bars(
 
 
 def day_charts(day: dict[str, Any]) -> dict[str, Any]:
-    """The three 24-hour charts of the Overview from ``samples.day_series``."""
+    """The three 24-hour charts of the Overview from ``queue_stats.day_series``."""
     labels = [f"{h[11:16]} UTC" for h in day["hours"]]
     ticks = [lab[:5] if i % 6 == 0 else "" for i, lab in enumerate(labels)]
     return {

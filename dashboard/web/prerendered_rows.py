@@ -151,7 +151,7 @@ def _reason(detail: Any) -> Any:
 
 def audit_rows(entries: Iterable[Any], filters: Any = "") -> SafeString:
     """The ``<tr>``s of ``audit.html`` for ``AuditEntry`` rows carrying the view's
-    ``target_link`` and ``runs`` (``opsviews._link_targets``, ``audit.run_links``), or its
+    ``target_link`` and ``runs`` (``ops._link_targets``, ``audit.run_links``), or its
     "Nothing recorded yet / that matches." row."""
     out = []
     for e in entries:

@@ -1,7 +1,7 @@
 """Site-wide endpoints that belong to no page group: the favicon and the anonymous
 liveness and readiness probes. The pages are in modules named after what they show:
-``opsviews`` (overview, locks, workers, dead letters, audit), ``runviews``,
-``repositoryviews``, ``commitviews`` and ``rolloutviews``."""
+``ops`` (overview, locks, workers, dead letters, audit), ``runs``,
+``repositories``, ``commits`` and ``rollouts``."""
 
 from __future__ import annotations
 

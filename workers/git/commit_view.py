@@ -7,7 +7,7 @@ reader (plain file reads, no process), and the patch through its command layer, 
 and bounded here.
 
 Every git process GitPython starts runs exactly like :mod:`workers.git.runner`'s: the
-command goes through ``gitproc.command`` (hooks, fsmonitor, pager, external diff,
+command goes through ``runner.command`` (hooks, fsmonitor, pager, external diff,
 protocols… all disabled by ``-c``) and runs under ``env -i`` with
 ``gitproc.hardened_env()``, so nothing of the web server's environment (``GIT_DIR``,
 ``GIT_CONFIG_PARAMETERS``, ``GIT_EXTERNAL_DIFF``…) reaches git: GitPython itself copies

@@ -206,7 +206,7 @@ def _record_checked(git_dir: Path, max_object_bytes: int | None) -> None:
 
 
 def _check_branch(branch: str) -> None:
-    """Defence in depth behind ``remotes.normalise_branch`` (docs/security.md#g3): the
+    """Defence in depth behind ``parse.normalise_branch`` (docs/security.md#g3): the
     branch only ever appears inside a refspec after ``--end-of-options``, and must look
     like a branch."""
     if not branch:

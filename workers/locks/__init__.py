@@ -20,7 +20,7 @@ Contract (see docs/locks.md):
 Layers, each its own module: ``errors`` (what callers catch), ``scripts`` (stored value and
 Lua), ``transport`` (fan-out to the masters), ``algorithm`` (``Redlock``: quorum acquire,
 extend, release, ``hold``), ``lock`` (a held lease), ``heartbeat`` (the extending thread and
-its callback thread), ``admin`` (inspect, list, force release).
+its callback thread), ``inspection`` (inspect, list, force release).
 
 Fork-safe: a forked child (an RQ work horse) gets fresh threads on fork.
 """

@@ -192,7 +192,7 @@ class ScriptRound:
     def give_up(self, i: int, p: Pending, now: float) -> None:
         """Master ``i`` is past its node timeout: vote "timeout". Its connection is closed
         (a late reply can never be read as the answer to a later command), or with
-        ``keep_late`` kept, its reply unread, in ``late`` — unless part of the reply was
+        ``keep_late`` kept, its reply unread, in ``late_replies`` — unless part of the reply was
         read already: then the script has run, the framing is ours, and it is closed."""
         self.forget(i)
         if self.keep_late and i not in self.partial:

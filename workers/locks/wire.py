@@ -11,7 +11,7 @@ little more than one redis-py call.
 
 redis-py internals used (pinned in tests/workers/locks/test_redis_internals.py):
 ``Connection._sock``
-(via ``nodes.fileno``) and ``_RESP2Parser.parse_error`` (error line → the exception class
+(via ``masters.fileno``) and ``_RESP2Parser.parse_error`` (error line → the exception class
 redis-py itself would raise, e.g. ``NoScriptError``).
 
 Plain TCP and unix sockets only: a TLS master (``rediss://``, ``Node.raw`` false) gets the

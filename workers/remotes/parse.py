@@ -28,7 +28,7 @@ catalog in docs/security.md):
   pin them (``http.curloptResolve``) so a DNS rebinding between validation and
   connect cannot reach an internal address (G7).
 
-The checks live beside this module, one noun each: ``remotepolicy`` (the policy and
+The checks live beside this module, one noun each: ``policy`` (the policy and
 the refusal), ``hosts`` (host names and addresses: the SSRF wall), ``branches`` and
 ``redaction``.  The names callers import from here are re-exported.
 """

@@ -44,7 +44,7 @@ WEBSOCKET_OPTIONS: dict[str, Any] = {
     # a CPU-starved host (the load test: 2 cores for 4 web processes, 4 workers, 3 Redis
     # servers and the load generator) a late pong dropped live sockets, each an error.
     # A peer that is really gone is dropped within 80 s; until then its backlog is
-    # bounded (``broadcasts.MAX_PENDING``).
+    # bounded (``fanout.MAX_PENDING``).
     "ws_ping_interval": 20.0,
     "ws_ping_timeout": 60.0,
 }

@@ -344,7 +344,7 @@ def _log(path: Path, line: str) -> None:
 
 
 def _hammer(urls: list[str], db_path: str, workdir: str, rounds: int) -> int:
-    """Take the contended lock ``rounds`` times from this process; return the count."""
+    """Take the contended lock ``script_rounds`` times from this process; return the count."""
     rl = Redlock(
         urls,
         retry_count=200,

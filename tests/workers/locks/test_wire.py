@@ -1,5 +1,5 @@
 """The bytes of a lock-script round (workers/locks/wire.py) and the connections a round
-keeps per master (``Node.idle``, checked by one poll() in ``nodes.stale``), against real
+keeps per master (``Node.idle``, checked by one poll() in ``masters.stale``), against real
 redis-server processes and socket pairs."""
 
 from __future__ import annotations
