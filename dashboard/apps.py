@@ -11,9 +11,11 @@ class DashboardConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: this module is loaded while the app registry is
         # being built, and these reach dashboard.models (Django's documented place for
-        # such imports is ready()). checks is imported for its effect: it registers
-        # gitward's system checks (dashboard/infra/system_checks.py); dbpool for its at-fork hook.
-        from dashboard.infra import close_user_sockets
+        # such imports is ready()). install_hooks registers gitward's system checks
+        # (dashboard/infra/system_checks.py) and the database pool's at-fork hook.
+        from dashboard.infra import close_user_sockets, install_hooks
+
+        install_hooks()
 
         def on_logout(sender: object, request: object, user: object, **kwargs: object) -> None:
             if user is not None and getattr(user, "pk", None):

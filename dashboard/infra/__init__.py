@@ -73,6 +73,7 @@ __all__ = [
     "env_int",
     "env_list",
     "env_str",
+    "install_hooks",
     "paused_queue_names",
     "promote_due_jobs",
     "publish_event",
@@ -145,3 +146,11 @@ def __getattr__(name: str) -> object:
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     return getattr(importlib.import_module(module), name)
+
+
+def install_hooks() -> None:
+    """Load the modules that hook into Django and the process when imported: gitward's
+    system checks (``system_checks``) and the database pool's at-fork hook (``dbpool``).
+    The app's ``ready()`` calls it; the package itself loads nothing eagerly."""
+    importlib.import_module("dashboard.infra.system_checks")
+    importlib.import_module("dashboard.infra.dbpool")

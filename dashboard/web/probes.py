@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.operations import check_readiness
 
-FAVICON = Path(__file__).resolve().parent / "static" / "favicon.svg"
+FAVICON = Path(__file__).resolve().parents[1] / "static" / "favicon.svg"
 
 
 def favicon(request: HttpRequest) -> HttpResponse:

@@ -33,7 +33,9 @@ def test_every_route_of_the_dashboard_is_named_once() -> None:
     assert [str(p.pattern) for p in unnamed] == ["admin/"]
 
 
-@pytest.mark.parametrize(("name", "view", "params"), named(), ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("name", "view", "params"), named(), ids=lambda v: getattr(v, "__qualname__", str(v))
+)
 def test_a_named_route_round_trips(name: str, view: object, params: list[str]) -> None:
     path = reverse(name, kwargs={p: ARGS[p] for p in params})
     match = resolve(path)
