@@ -24,8 +24,10 @@ on writing. Its run is then retried as a crash once the worker's heartbeat is st
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 import os
+import pkgutil
 import signal
 import socket
 import subprocess
@@ -94,6 +96,34 @@ class PauseAware:
                 locks.set_queues(getattr(self, "name", ""), [q.name for q in chosen])
             except Exception:  # shown on the next change
                 close_old_connections()
+
+
+#: The packages whose modules load on first use (their ``__init__`` maps names to modules).
+CONTEXTS = (
+    "dashboard.operations",
+    "dashboard.rollouts",
+    "dashboard.repositories",
+    "dashboard.runs",
+    "dashboard.versions",
+    "dashboard.locks",
+    "dashboard.accounts",
+    "dashboard.observability",
+    "dashboard.infra",
+)
+
+
+def load_contexts() -> list[str]:
+    """Import every module of the context packages now, in the worker process, and return
+    their names. They load on first use (docs/architecture.md#package-surfaces); a worker
+    forks a work horse per job, and a module first used in a horse would be imported
+    again in every job."""
+    names = []
+    for package in CONTEXTS:
+        path = importlib.import_module(package).__path__
+        for module in pkgutil.iter_modules(path, package + "."):
+            importlib.import_module(module.name)
+            names.append(module.name)
+    return names
 
 
 def run_one_worker(
@@ -267,6 +297,7 @@ def run_one_worker(
                 log.exception("worker heartbeat failed")
             stop.wait(1.0)
 
+    load_contexts()
     locks.beat(name=name, queues_=list(queue_names), version=version)
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()

@@ -346,7 +346,7 @@ import json, os, sys
 import django
 django.setup()
 from django.conf import settings
-from dashboard import queues
+from dashboard.infra import queues
 from workers.pool import run_one_worker
 
 db = os.path.realpath(str(settings.DATABASES["default"]["NAME"]))

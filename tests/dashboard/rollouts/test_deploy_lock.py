@@ -39,15 +39,15 @@ import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 import django
 django.setup()
-from dashboard import rollouts
+from dashboard.rollouts.start import start_rollout
+from dashboard.versions.state_machine import RolloutBusy
 actor, gate = sys.argv[1], sys.argv[2]
 open(gate + "." + actor, "w").close()  # ready: Django is set up
 while not os.path.exists(gate):
     time.sleep(0.001)
 try:
-    ro = rollouts.start_rollout(config={"detect_renames": True}, actor=actor,
-                                enqueue_driver=False)
-except rollouts.RolloutBusy as exc:
+    ro = start_rollout(config={"detect_renames": True}, actor=actor, enqueue_driver=False)
+except RolloutBusy as exc:
     print("BUSY", exc)
 else:
     print("WON", ro.pk)
