@@ -31,7 +31,7 @@ import django
 
 django.setup()
 
-from django.db import IntegrityError, connection  # noqa: E402
+from django.db import IntegrityError, connection, transaction  # noqa: E402
 from rq import Worker  # noqa: E402
 
 from dashboard.infra import queues  # noqa: E402
@@ -85,16 +85,24 @@ def play(ro_id: int, go: Path) -> None:
         report_worker(version)
         wait_until(lambda: version_state(ro_id) == S.RAMPING, "ramping")
         repo_id = ro.warm_set["items"][0][0]
-        run = ensure_run(
-            kind=JobRun.Kind.ANALYZE,
-            job_id=f"rolloutplay-{version.fingerprint[:12]}",
-            queue=state_machine.physical_queue(ro.queue, version.fingerprint),
-            repository_id=repo_id,
-            fingerprint=version.fingerprint,
-        )
-        attempt = begin_attempt(run_id=run.pk, number=1, worker="rolloutplay")
-        if attempt is not None:
-            fail_attempt(attempt, KeyError("renamed path lost its history"), permanent=True)
+        # Created, claimed and dead-lettered in one transaction: no other process ever
+        # sees the run queued. Committed queued with no RQ job, it looks to the
+        # reconciler (every second here) like a job Redis lost, and it enqueued one on
+        # the version's queue: then the version's worker could claim the run first
+        # (three attempts on a chunk it has not; the dead letter came late), or this
+        # claim won and the job stayed queued; once the rollback closed the version no
+        # worker took it, and the drain, which counts that queue, never ended.
+        with transaction.atomic():
+            run = ensure_run(
+                kind=JobRun.Kind.ANALYZE,
+                job_id=f"rolloutplay-{version.fingerprint[:12]}",
+                queue=state_machine.physical_queue(ro.queue, version.fingerprint),
+                repository_id=repo_id,
+                fingerprint=version.fingerprint,
+            )
+            attempt = begin_attempt(run_id=run.pk, number=1, worker="rolloutplay")
+            if attempt is not None:
+                fail_attempt(attempt, KeyError("renamed path lost its history"), permanent=True)
     finally:
         connection.close()
 
