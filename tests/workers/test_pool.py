@@ -392,3 +392,17 @@ def test_a_worker_forks_its_work_horses_with_no_sqlite_connection_open(
     forks = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(forks) == 2
     assert forks == [[], []]
+
+
+def test_a_worker_loads_every_context_module_before_it_forks() -> None:
+    """The context packages load lazily; a worker loads them all up front, so that its
+    work horses (forked per job) find them imported."""
+    loaded = pool_module.load_contexts()
+    on_disk = {
+        f"{package}.{path.stem}"
+        for package in pool_module.CONTEXTS
+        for path in (ROOT / package.replace(".", "/")).glob("*.py")
+        if path.stem != "__init__"
+    }
+    assert set(loaded) == on_disk and len(on_disk) > 40
+    assert all(name in sys.modules for name in on_disk)
