@@ -229,13 +229,17 @@ def copy_generation() -> tuple[Any, ...]:
     return tuple(sorted((variant, hit[0]) for variant, hit in _SHARED.items()))
 
 
-def shared_part(name: Hashable, build: Callable[[], T]) -> T:
+def shared_part(name: Hashable, build: Callable[[], T], *, fresh: bool = False) -> T:
     """A part of a page that is the same for every viewer (the overview's day charts,
     the unfiltered dead-letter groups, …), reused by this process for
     ``GITWARD_SNAPSHOT_TTL`` like the snapshot, and dropped when this process publishes
     an event (an operator's action served here shows at once). 0 builds it every time.
     Read the value, never change it. ``name`` must come from a small set (the cache is
     never pruned): the callers use it only for unfiltered, low page numbers.
+
+    ``fresh`` builds it anew (and keeps that): a live region's refetch
+    (``page_cache.FRESH_HEADER``) is for an event or a snapshot newer than the page,
+    and an event another process published (a worker's dead letter) drops no copy here.
 
     Race: two threads that miss at once both build and the last one's value stays;
     both values are as fresh as the rules ask, so nothing stale is served."""
@@ -245,7 +249,7 @@ def shared_part(name: Hashable, build: Callable[[], T]) -> T:
     now = time.monotonic()
     published = published_count()
     hit = _PARTS.get(name)
-    if hit is not None and now - hit[0] <= ttl and hit[1] == published:
+    if not fresh and hit is not None and now - hit[0] <= ttl and hit[1] == published:
         return cast(T, hit[2])
     value = build()
     _PARTS[name] = (now, published, value)

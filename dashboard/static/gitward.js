@@ -482,29 +482,36 @@
 
   // ------------------------------------------------------------------ dead letters
   // The groups are rendered by the server (filtered and paged there): on a change the
-  // page is fetched again and #dlq swapped in, keeping the groups that were open.
-  let dlqSwapping = false, dlqLast = null;
+  // page is fetched again and #dlq swapped in, keeping the groups that were open. The
+  // first snapshot swaps too, as on the Rollouts pages: the page may predate it (a dead
+  // letter written between the render and the socket's join sent its event to nobody,
+  // and the unfiltered groups are a shared copy up to the TTL old: docs/live-view.md).
+  // A snapshot that comes during a swap is swapped for once that one ends.
+  let dlqSwapping = false, dlqLast = null, dlqWanted = null;
   async function renderDlq(s) {
-    const box = $("dlq");
-    if (!box || !s.dlq.groups) return;
-    const sig = JSON.stringify(s.dlq.groups.map((g) => [g.group, g.count])) + s.dlq.dead;
-    if (sig === dlqLast || dlqSwapping) return;
-    const first = dlqLast === null;
-    dlqLast = sig;
-    if (first) return;  // the server just rendered this state (wired on load)
+    if (!$("dlq") || !s.dlq.groups) return;
+    dlqWanted = JSON.stringify(s.dlq.groups.map((g) => [g.group, g.count])) + s.dlq.dead;
+    if (dlqWanted === dlqLast || dlqSwapping) return;
     dlqSwapping = true;
     try {
-      const res = await fetchFresh(location.href);
-      if (!res.ok) return;
-      const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-      const fresh = doc.getElementById("dlq");
-      if (!fresh) return;
-      const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.group));
-      const node = document.importNode(fresh, true);
-      for (const d of node.querySelectorAll("details.group")) if (open.has(d.dataset.group)) d.open = true;
-      box.replaceWith(node);
-      wireGroups(node);
-    } finally { dlqSwapping = false; }
+      while (dlqWanted !== dlqLast) {
+        const sig = dlqWanted;
+        const res = await fetchFresh(location.href);
+        if (!res.ok) return;
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        const fresh = doc.getElementById("dlq"), box = $("dlq");
+        if (!fresh || !box) return;
+        const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.group));
+        const node = document.importNode(fresh, true);
+        for (const d of node.querySelectorAll("details.group")) if (open.has(d.dataset.group)) d.open = true;
+        box.replaceWith(node);
+        wireGroups(node);
+        tickTimes();
+        loadOffers();  // the offers beside the groups just drawn
+        dlqLast = sig;
+      }
+    } catch (err) { /* the next snapshot tries again */ }
+    finally { dlqSwapping = false; }
   }
   function wireGroups(box) {
     const canRetry = box.dataset.canRetry === "1", canDiscard = box.dataset.canDiscard === "1";

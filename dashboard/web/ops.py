@@ -23,7 +23,7 @@ from dashboard.rollouts import canary_offers, permitted
 from dashboard.runs import group_page
 from dashboard.web.charts import day_charts, sparklines
 from dashboard.web.list_params import positive_int, query_prefix
-from dashboard.web.page_cache import reusable
+from dashboard.web.page_cache import FRESH_HEADER, reusable
 
 
 def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse:
@@ -38,7 +38,12 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
         context["dlq_filter"] = text
         page = positive_int(request.GET.get("page"), 1)
         if not text and page <= 5:  # the same for every operator: shared (see shared_part)
-            context["dlq_page"] = shared_part(("dlq_page", page), lambda: group_page(page=page))
+            # gitward.js refetches the groups for a snapshot newer than the page: built
+            # anew then, as a shared copy may predate it (docs/live-view.md).
+            fresh = request.headers.get(FRESH_HEADER) == "1"
+            context["dlq_page"] = shared_part(
+                ("dlq_page", page), lambda: group_page(page=page), fresh=fresh
+            )
         else:
             context["dlq_page"] = group_page(text=text, page=page)
     try:

@@ -19,6 +19,7 @@ from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from dashboard.live import snapshots
 from dashboard.live.snapshots import ops_snapshot
 from dashboard.locks import leases
 from dashboard.models import JobRun, Repository
@@ -188,6 +189,29 @@ def test_a_live_regions_refetch_is_rendered_afresh_and_a_reused_page_says_so() -
     fresh = bob.get("/repos/", headers={page_cache.FRESH_HEADER: "1"}).content.decode()
     assert "reponumberthree" in fresh and 'data-reused="0"' in fresh
     assert "reponumberthree" in _page(alice, "/repos/")
+
+
+def test_a_dead_letter_pages_refetch_builds_its_shared_groups_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dead letter written by another process publishes nothing here, so the shared
+    groups the page was rendered from stay for the TTL; gitward.js refetches them for
+    a snapshot newer than the page (``FRESH_HEADER``), which must not get that copy."""
+    monkeypatch.setattr(snapshots, "_PARTS", {})  # none of another test's
+    alice = _client("alice", _operators_group("view_jobrun"))
+    assert "0 dead runs" in _page(alice, "/dead-letters/")
+    repo = Repository.objects.create(url="https://example.com/t/poison.git")
+    JobRun.objects.create(
+        job_id="j-poison", kind=JobRun.Kind.ANALYZE, queue="analysis", repository=repo,
+        state=JobRun.State.DEAD, attempts=3, cause_key="c-poison", cause="Error poison",
+        error="boom", finished_at=timezone.now(),
+    )  # fmt: skip
+    page_cache.clear()  # not the stored page: its shared groups
+    assert "0 dead runs" in _page(alice, "/dead-letters/")  # the copy, as any page may
+    fresh = alice.get("/dead-letters/", headers={page_cache.FRESH_HEADER: "1"})
+    assert "1 dead run" in fresh.content.decode()
+    page_cache.clear()
+    assert "1 dead run" in _page(alice, "/dead-letters/")  # kept for the others
 
 
 def test_a_newer_snapshot_copy_retires_the_pages_stored_before_it() -> None:
