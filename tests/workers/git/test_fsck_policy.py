@@ -1,6 +1,6 @@
 """The fsck policy table (workers/git/fsck_policy.py): it covers every message id the
-installed git knows, at git's own default severities, the README shows exactly that
-table, and git applies it to a real fetch."""
+installed git knows, at git's own default severities, docs/security.md shows exactly
+that table, and git applies it to a real fetch."""
 
 from __future__ import annotations
 
@@ -43,17 +43,17 @@ def git_binary_ids() -> list[str]:
     return [camel(name.decode()) for name in data[start:end].split(b"\0") if name]
 
 
-def readme_rows() -> list[tuple[str, str, str, str]]:
-    readme = (ROOT / "README.md").read_text()
+def documented_rows() -> list[tuple[str, str, str, str]]:
+    page = (ROOT / "docs" / "security.md").read_text()
     return re.findall(
         r"^\| `(\w+)` \| (fatal|error|warn|info|ignore) \| (accept|refuse) \| (.+) \|$",
-        readme,
+        page,
         flags=re.M,
     )
 
 
-def test_the_readme_table_is_the_code_table() -> None:
-    rows = readme_rows()
+def test_the_documented_table_is_the_code_table() -> None:
+    rows = documented_rows()
     assert rows == [(r.msg_id, r.severity, r.decision, r.reason) for r in RULES]
 
 

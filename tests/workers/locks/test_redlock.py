@@ -182,7 +182,11 @@ def test_it_refuses_a_second_holder_naming_each_master(redlock: Redlock) -> None
     with pytest.raises(LockNotAcquired) as failure:
         redlock.acquire(["locks:a"], ttl=10.0)
     assert time.monotonic() - start < 10.0 / 4  # fails fast, well before the TTL
-    assert list(failure.value.reasons.values()) == ["refused: held"] * 3
+    # Refused as soon as a majority said "held": the third master is named too, by its
+    # refusal or, when its reply was still on its way, as not needed for the outcome.
+    reasons = list(failure.value.reasons.values())
+    assert len(reasons) == 3 and reasons.count("refused: held") >= 2
+    assert set(reasons) <= {"refused: held", "no answer yet (outcome already decided)"}
     assert "refused: held" in str(failure.value)
     assert redlock.stats()["refused"] >= 2
     first.release()
