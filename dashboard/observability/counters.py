@@ -424,7 +424,7 @@ def queue_wait(run: Any) -> float | None:
 
 
 def record_run_event(kind: str, run: Any) -> None:
-    """Count one lifecycle event of a job run (``dashboard.runs.lifecycle`` events): ``job.queued``,
+    """Count one lifecycle event of a job run (``dashboard.runs.attempts`` events): ``job.queued``,
     ``job.started``, ``job.succeeded``, ``job.failed``, ``job.dead``, ``job.deferred``.
 
     Counted when the surrounding transaction commits (a rolled-back transition did not

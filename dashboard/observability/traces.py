@@ -9,7 +9,7 @@ Spans of one attempt, in order (each ``{name, start, end, attrs}``, epoch second
 ``dequeued``    taken → attempt claimed in the database (``worker``, ``host``, ``pid``, ``version``)
 ``lock wait``   lock requested → acquired (``key``, ``token``, ``agreeing`` masters, ``wait_ms``)
 ``mirror fetch`` / ``git stream`` / ``rows write``  the phases
-``dashboard.runs.lifecycle.record_phase``
+``dashboard.runs.attempts.record_phase``
                 records (``fetched_at``, ``analysed_at``, ``written_at``), each from the previous
                 mark (the lock acquired, or the phase before)
 ``lock held``   acquired → released (``key``, ``token``, ``extensions``, ``lost``)
@@ -17,7 +17,7 @@ Spans of one attempt, in order (each ``{name, start, end, attrs}``, epoch second
 
 How it is wired, without the job code knowing much: ``traced`` wraps the RQ entry point
 (``workers.jobs._execute``) and keeps the attempt's ``Trace`` in a context variable;
-``dashboard.runs.lifecycle`` calls ``claimed``/``phase`` and ``dashboard.locks.leases.hold_lease``
+``dashboard.runs.attempts`` calls ``claimed``/``phase`` and ``dashboard.locks.leases.hold_lease``
 calls
 ``lock_span``, each a no-op outside a traced attempt. The same wrapper binds the log
 context (``dashboard.observability.logs``: job, trace, run, repository, then worker, version, lock,
@@ -153,7 +153,7 @@ def _end(trace: Trace, name: str, **attrs: Any) -> float:
 
 
 def claimed(run: JobRun, *, worker: str) -> None:
-    """The attempt was claimed (``dashboard.runs.lifecycle.begin_attempt``): the ``queued`` and
+    """The attempt was claimed (``dashboard.runs.attempts.begin_attempt``): the ``queued`` and
     ``dequeued`` spans."""
     trace = _current.get()
     if trace is None or trace.run_id != run.pk:

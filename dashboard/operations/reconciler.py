@@ -47,7 +47,7 @@ def reconcile() -> dict[str, int]:
     missing and enqueues once the server is back.
 
     Races: two reconcilers, or a reconciler and a worker finishing late, both go
-    through the conditional UPDATEs of ``dashboard.runs.lifecycle``: one wins, the rest no-op.
+    through the conditional UPDATEs of ``dashboard.runs.attempts``: one wins, the rest no-op.
     """
     crashed = sum(
         1

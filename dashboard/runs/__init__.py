@@ -7,19 +7,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dashboard.runs.dead_letter_counts import groups
-    from dashboard.runs.dead_letters import (
-        act_now,
-        dead_runs,
-        group_page,
-        group_runs,
-        list_groups,
-        new_bulk,
-        run_bulk,
-        run_dict,
-        start_bulk,
-    )
-    from dashboard.runs.lifecycle import (
+    from dashboard.runs.attempts import (
         Attempt,
         begin_attempt,
         cancel_runs,
@@ -41,6 +29,18 @@ if TYPE_CHECKING:
         running_runs_of,
         search_runs,
         succeed_attempt,
+    )
+    from dashboard.runs.dead_letter_counts import groups
+    from dashboard.runs.dead_letters import (
+        act_now,
+        dead_runs,
+        group_page,
+        group_runs,
+        list_groups,
+        new_bulk,
+        run_bulk,
+        run_dict,
+        start_bulk,
     )
 
 __all__ = [
@@ -92,27 +92,27 @@ _SURFACE: dict[str, str] = {
     "run_bulk": "dashboard.runs.dead_letters",
     "run_dict": "dashboard.runs.dead_letters",
     "start_bulk": "dashboard.runs.dead_letters",
-    "Attempt": "dashboard.runs.lifecycle",
-    "begin_attempt": "dashboard.runs.lifecycle",
-    "cancel_runs": "dashboard.runs.lifecycle",
-    "closed_fingerprints": "dashboard.runs.lifecycle",
-    "crash_attempt": "dashboard.runs.lifecycle",
-    "defer_attempt": "dashboard.runs.lifecycle",
-    "enqueue_after_commit": "dashboard.runs.lifecycle",
-    "enqueue_or_leave": "dashboard.runs.lifecycle",
-    "enqueue_run": "dashboard.runs.lifecycle",
-    "ensure_run": "dashboard.runs.lifecycle",
-    "fail_attempt": "dashboard.runs.lifecycle",
-    "flush_phases": "dashboard.runs.lifecycle",
-    "hand_back_attempt": "dashboard.runs.lifecycle",
-    "is_run_job": "dashboard.runs.lifecycle",
-    "mark_phase": "dashboard.runs.lifecycle",
-    "record_lock": "dashboard.runs.lifecycle",
-    "repository_name": "dashboard.runs.lifecycle",
-    "reroute_attempt": "dashboard.runs.lifecycle",
-    "running_runs_of": "dashboard.runs.lifecycle",
-    "search_runs": "dashboard.runs.lifecycle",
-    "succeed_attempt": "dashboard.runs.lifecycle",
+    "Attempt": "dashboard.runs.attempts",
+    "begin_attempt": "dashboard.runs.attempts",
+    "cancel_runs": "dashboard.runs.attempts",
+    "closed_fingerprints": "dashboard.runs.attempts",
+    "crash_attempt": "dashboard.runs.attempts",
+    "defer_attempt": "dashboard.runs.attempts",
+    "enqueue_after_commit": "dashboard.runs.attempts",
+    "enqueue_or_leave": "dashboard.runs.attempts",
+    "enqueue_run": "dashboard.runs.attempts",
+    "ensure_run": "dashboard.runs.attempts",
+    "fail_attempt": "dashboard.runs.attempts",
+    "flush_phases": "dashboard.runs.attempts",
+    "hand_back_attempt": "dashboard.runs.attempts",
+    "is_run_job": "dashboard.runs.attempts",
+    "mark_phase": "dashboard.runs.attempts",
+    "record_lock": "dashboard.runs.attempts",
+    "repository_name": "dashboard.runs.attempts",
+    "reroute_attempt": "dashboard.runs.attempts",
+    "running_runs_of": "dashboard.runs.attempts",
+    "search_runs": "dashboard.runs.attempts",
+    "succeed_attempt": "dashboard.runs.attempts",
 }
 
 

@@ -3,7 +3,7 @@ grouping is an aggregate over every dead run (100,000 index entries at 100,000 d
 letters: most of a scrape's time, BENCHMARKS.md) while the set changes rarely.
 
 Correct, not merely recent: every change of the dead set through gitward — a run dying
-(``dashboard.runs.lifecycle``), dead runs retried or discarded (``dashboard.runs.dead_letters``,
+(``dashboard.runs.attempts``), dead runs retried or discarded (``dashboard.runs.dead_letters``,
 one call
 per batch of a bulk action) — calls ``changed()``, which bumps a generation counter on the
 queue server once its transaction commits. A scrape reuses this process's cached counts

@@ -19,7 +19,7 @@ from dashboard.accounts import current_reason, record_audit
 from dashboard.infra import publish_event
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.runs import dead_letter_counts
-from dashboard.runs.lifecycle import enqueue_or_leave, run_text_filter
+from dashboard.runs.attempts import enqueue_or_leave, run_text_filter
 
 BATCH = 500
 

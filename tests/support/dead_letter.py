@@ -20,7 +20,7 @@ django.setup()
 from django.db import transaction  # noqa: E402
 
 from dashboard.models import JobRun, Repository  # noqa: E402
-from dashboard.runs.lifecycle import begin_attempt, ensure_run, fail_attempt  # noqa: E402
+from dashboard.runs.attempts import begin_attempt, ensure_run, fail_attempt  # noqa: E402
 
 
 def main(name: str) -> int:

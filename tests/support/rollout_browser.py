@@ -38,7 +38,7 @@ from dashboard.infra import queues  # noqa: E402
 from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout  # noqa: E402
 from dashboard.rollouts import start  # noqa: E402
 from dashboard.rollouts.driver import RolloutDriver  # noqa: E402
-from dashboard.runs.lifecycle import begin_attempt, ensure_run, fail_attempt  # noqa: E402
+from dashboard.runs.attempts import begin_attempt, ensure_run, fail_attempt  # noqa: E402
 from dashboard.versions import state_machine  # noqa: E402
 from tests.support.checked_threads import CheckedThread  # noqa: E402
 from tests.support.rollouts import analyse_as, report_worker  # noqa: E402

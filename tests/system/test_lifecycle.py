@@ -29,8 +29,8 @@ from dashboard.models import (
 )
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
+from dashboard.runs.attempts import normalise_message
 from dashboard.runs.dead_letters import list_groups, retry_runs, run_bulk, start_bulk
-from dashboard.runs.lifecycle import normalise_message
 from tests.conftest import run_syncs_only, run_workers
 from tests.support.checked_threads import CheckedThread
 from tests.support.gitrepo import GitRepo
@@ -254,7 +254,7 @@ def test_a_run_whose_worker_died_is_retried_by_the_reconciler(tmp_path: Path, se
     from django.utils import timezone
 
     from dashboard.models import WorkerBeat
-    from dashboard.runs.lifecycle import begin_attempt
+    from dashboard.runs.attempts import begin_attempt
 
     repo, _ = submit_repository(url=str(make_repo(tmp_path, "orphan").path))
     run = JobRun.objects.get(kind="sync")
@@ -345,7 +345,7 @@ def test_the_reconciler_revives_runs_whose_job_can_no_longer_run(case: str, tmp_
 
 
 def test_due_scheduled_jobs_are_promoted_once_without_rq_s_scheduler(tmp_path: Path) -> None:
-    from dashboard.runs.lifecycle import enqueue_run
+    from dashboard.runs.attempts import enqueue_run
 
     submit_repository(url=str(make_repo(tmp_path, "later").path))
     run = JobRun.objects.get(kind="sync")

@@ -23,7 +23,7 @@ from dashboard.infra.events import publish_event
 from dashboard.live import consumers
 from dashboard.models import JobRun, Repository
 from dashboard.repositories.lifecycle import submit_repository
-from dashboard.runs.lifecycle import begin_attempt, ensure_run, fail_attempt, succeed_attempt
+from dashboard.runs.attempts import begin_attempt, ensure_run, fail_attempt, succeed_attempt
 from tests.conftest import run_workers
 from tests.support.checked_threads import CheckedThread
 from tests.support.gitrepo import GitRepo

@@ -13,7 +13,7 @@ from dashboard.infra import queues
 from dashboard.models import JobAttempt, JobRun, Repository, WorkerBeat
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
-from dashboard.runs.lifecycle import begin_attempt
+from dashboard.runs.attempts import begin_attempt
 from tests.conftest import run_workers
 from tests.support.gitrepo import GitRepo
 

@@ -16,7 +16,7 @@ from dashboard.locks.fencing import next_token
 from dashboard.models import AnalyzerVersion, JobAttempt, JobRun, Repository
 from dashboard.repositories import chunk_plans
 from dashboard.rollouts import steps
-from dashboard.runs.lifecycle import enqueue_run
+from dashboard.runs.attempts import enqueue_run
 from dashboard.versions import canary, state_machine
 from dashboard.versions.state_machine import ensure_baseline
 from tests.support.rollout_workers import _burst, _Worker

@@ -31,7 +31,7 @@ from dashboard.rollouts.board import checklist_blocks
 from dashboard.rollouts.checklist import rollout_checklist
 from dashboard.rollouts.driver import RolloutDriver
 from dashboard.rollouts.rollback_offers import NEWLY_CURRENT
-from dashboard.runs.lifecycle import begin_attempt, ensure_run, fail_attempt
+from dashboard.runs.attempts import begin_attempt, ensure_run, fail_attempt
 from dashboard.versions import state_machine
 from dashboard.versions.state_machine import ensure_baseline
 from tests.support.rollouts import (  # noqa: F401 (fixture)

@@ -437,7 +437,7 @@ def test_an_analyze_job_refuses_a_chunk_of_a_version_its_worker_has_not_loaded(
     tests/dashboard/rollouts/test_routing.py)."""
     from dashboard.models import Chunk, Commit, JobRun, Repository
     from dashboard.repositories.lifecycle import current_fingerprint, submit_repository
-    from dashboard.runs.lifecycle import enqueue_run, ensure_run
+    from dashboard.runs.attempts import enqueue_run, ensure_run
     from tests.conftest import run_workers
     from workers.analysis.analyzer import queue_name
 

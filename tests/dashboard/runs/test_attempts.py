@@ -1,6 +1,5 @@
-"""dashboard.runs.lifecycle: the run lifecycle of docs/lifecycle.md against the real database and a
-real
-Redis queue (no worker: each transition is driven and checked directly)."""
+"""dashboard.runs.attempts: the run lifecycle of docs/lifecycle.md against the real
+database and a real Redis queue (no worker: each transition is driven and checked directly)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from rq.registry import ScheduledJobRegistry
 
 from dashboard.infra import queues
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository, WorkerBeat
-from dashboard.runs import lifecycle
+from dashboard.runs import attempts
 from tests.support.live_tap import Tap
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +21,7 @@ def a_repo(**fields: object) -> Repository:
 
 
 def a_sync_run(repo: Repository) -> JobRun:
-    return lifecycle.ensure_run(
+    return attempts.ensure_run(
         kind=JobRun.Kind.SYNC,
         job_id=repo.sync_job_id(),
         queue=queues.SYNC_QUEUE,
@@ -35,7 +34,7 @@ def a_chunk_run(repo: Repository) -> JobRun:
     chunk = Chunk.objects.create(
         repository=repo, fingerprint="f" * 16, key="aaaa1111..bbbb2222", shas="aaaa1111", size=1
     )
-    return lifecycle.ensure_run(
+    return attempts.ensure_run(
         kind=JobRun.Kind.ANALYZE,
         job_id=chunk.job_id(),
         queue="analysis",
@@ -45,8 +44,8 @@ def a_chunk_run(repo: Repository) -> JobRun:
     )
 
 
-def started(run: JobRun, worker: str = "w1") -> lifecycle.Attempt:
-    attempt = lifecycle.begin_attempt(run_id=run.pk, number=run.attempts + 1, worker=worker)
+def started(run: JobRun, worker: str = "w1") -> attempts.Attempt:
+    attempt = attempts.begin_attempt(run_id=run.pk, number=run.attempts + 1, worker=worker)
     assert attempt is not None
     return attempt
 
@@ -61,14 +60,14 @@ def test_enqueueing_puts_the_next_attempt_on_the_queue_once() -> None:
     repo = a_repo()
     run = a_sync_run(repo)
     tap = Tap()
-    assert lifecycle.enqueue_run(run) is True
-    assert lifecycle.enqueue_run(run) is False  # the same attempt is already waiting
+    assert attempts.enqueue_run(run) is True
+    assert attempts.enqueue_run(run) is False  # the same attempt is already waiting
     job = Job.fetch(run.rq_id(), connection=queues.connection())
-    assert job.func_name == lifecycle.FUNCS[JobRun.Kind.SYNC] and job.args == (run.pk, 1)
+    assert job.func_name == attempts.FUNCS[JobRun.Kind.SYNC] and job.args == (run.pk, 1)
     assert queues.queue(queues.SYNC_QUEUE).job_ids == [run.rq_id()]
     tap.until(lambda evs: any(e["type"] == "job.queued" for e in evs))
-    assert lifecycle.is_run_job(job.func_name, job.args)
-    assert not lifecycle.is_run_job("workers.jobs.run_bulk_action", (1,))
+    assert attempts.is_run_job(job.func_name, job.args)
+    assert not attempts.is_run_job("workers.jobs.run_bulk_action", (1,))
 
 
 def test_an_attempt_is_claimed_once_and_recorded() -> None:
@@ -76,16 +75,16 @@ def test_an_attempt_is_claimed_once_and_recorded() -> None:
     run = a_sync_run(repo)
     WorkerBeat.objects.create(name="w1", host="h", pid=1, last_seen=timezone.now())
     attempt = started(run)
-    assert lifecycle.begin_attempt(run_id=run.pk, number=1, worker="w2") is None  # redelivery
+    assert attempts.begin_attempt(run_id=run.pk, number=1, worker="w2") is None  # redelivery
     run.refresh_from_db()
     assert run.state == JobRun.State.RUNNING and run.attempts == 1 and run.worker == "w1"
     assert JobAttempt.objects.get(run=run).outcome == JobAttempt.Outcome.RUNNING
     assert WorkerBeat.objects.get(name="w1").current_run_id == run.pk
-    lifecycle.record_lock(attempt, key="locks:git:repo:1:mirror", token=7)
+    attempts.record_lock(attempt, key="locks:git:repo:1:mirror", token=7)
     run.refresh_from_db()
     assert run.lock_key == "locks:git:repo:1:mirror" and run.token == 7
     assert run.lock_acquired_at is not None
-    lifecycle.succeed_attempt(attempt)
+    attempts.succeed_attempt(attempt)
     run.refresh_from_db()
     assert run.state == JobRun.State.SUCCEEDED
     assert JobAttempt.objects.get(run=run).outcome == JobAttempt.Outcome.SUCCEEDED
@@ -98,13 +97,13 @@ def test_a_failed_attempt_is_retried_then_dead_lettered_with_its_chunk_and_repos
     settings.MAX_ATTEMPTS = 2
     repo = a_repo(status=Repository.Status.ANALYZING)
     run = a_chunk_run(repo)
-    assert lifecycle.fail_attempt(started(run), ValueError("bad byte at offset 12")) == "failed"
+    assert attempts.fail_attempt(started(run), ValueError("bad byte at offset 12")) == "failed"
     run.refresh_from_db()
     assert run.state == JobRun.State.FAILED
     # The next attempt is on the queue (backoff 0 in the tests).
     assert queues.queue("analysis").job_ids == [run.rq_id()]
     tap = Tap()
-    assert lifecycle.fail_attempt(started(run), ValueError("bad byte at offset 99")) == "dead"
+    assert attempts.fail_attempt(started(run), ValueError("bad byte at offset 99")) == "dead"
     run.refresh_from_db()
     assert run.state == JobRun.State.DEAD and run.error.startswith("ValueError: bad byte")
     chunk = Chunk.objects.get(pk=run.chunk_id)
@@ -121,7 +120,7 @@ def test_a_failed_attempt_is_retried_then_dead_lettered_with_its_chunk_and_repos
     first, second = JobAttempt.objects.filter(run=run).order_by("number")
     assert first.outcome == second.outcome == JobAttempt.Outcome.FAILED
     assert run.cause == "ValueError: bad byte at offset N"
-    assert lifecycle.cause_of(ValueError("bad byte at offset 12")) == lifecycle.cause_of(
+    assert attempts.cause_of(ValueError("bad byte at offset 12")) == attempts.cause_of(
         ValueError("bad byte at offset 99")
     )
 
@@ -129,7 +128,7 @@ def test_a_failed_attempt_is_retried_then_dead_lettered_with_its_chunk_and_repos
 def test_a_permanent_failure_is_dead_at_once_and_shows_the_reason() -> None:
     repo = a_repo(status=Repository.Status.SYNCING)
     run = a_sync_run(repo)
-    state = lifecycle.fail_attempt(started(run), LookupError("x"), permanent=True, reason="no repo")
+    state = attempts.fail_attempt(started(run), LookupError("x"), permanent=True, reason="no repo")
     assert state == "dead"
     repo.refresh_from_db()
     assert repo.status == Repository.Status.FAILED and repo.error == "no repo"
@@ -140,7 +139,7 @@ def test_a_dead_sync_of_an_old_generation_does_not_fail_the_newer_one() -> None:
     run = a_sync_run(repo)
     attempt = started(run)
     Repository.objects.filter(pk=repo.pk).update(generation=2, status=Repository.Status.QUEUED)
-    lifecycle.fail_attempt(attempt, LookupError("gone"), permanent=True)
+    attempts.fail_attempt(attempt, LookupError("gone"), permanent=True)
     repo.refresh_from_db()
     assert repo.status == Repository.Status.QUEUED and repo.error == ""
 
@@ -148,7 +147,7 @@ def test_a_dead_sync_of_an_old_generation_does_not_fail_the_newer_one() -> None:
 def test_waiting_for_a_lock_defers_without_spending_the_budget() -> None:
     repo = a_repo()
     run = a_sync_run(repo)
-    assert lifecycle.defer_attempt(started(run), delay=30.0, reason="lock held by job x") is True
+    assert attempts.defer_attempt(started(run), delay=30.0, reason="lock held by job x") is True
     run.refresh_from_db()
     assert run.state == JobRun.State.QUEUED and run.attempts == 1 and run.budget_used == 0
     attempt = JobAttempt.objects.get(run=run)
@@ -161,8 +160,8 @@ def test_a_crash_counts_as_an_attempt_once() -> None:
     repo = a_repo()
     run = a_sync_run(repo)
     started(run)
-    assert lifecycle.crash_attempt(run_id=run.pk, number=1, reason="signal 9") == "failed"
-    assert lifecycle.crash_attempt(run_id=run.pk, number=1, reason="signal 9") == ""  # handled
+    assert attempts.crash_attempt(run_id=run.pk, number=1, reason="signal 9") == "failed"
+    assert attempts.crash_attempt(run_id=run.pk, number=1, reason="signal 9") == ""  # handled
     attempt = JobAttempt.objects.get(run=run)
     assert attempt.outcome == JobAttempt.Outcome.CRASHED and "signal 9" in attempt.error
     run.refresh_from_db()
@@ -170,7 +169,7 @@ def test_a_crash_counts_as_an_attempt_once() -> None:
 
 
 def test_root_causes_group_by_type_message_shape_and_frame() -> None:
-    assert lifecycle.normalise_message("file /tmp/a/b.txt line 12 sha 1a2b3c4d") == (
+    assert attempts.normalise_message("file /tmp/a/b.txt line 12 sha 1a2b3c4d") == (
         "file <path> line N sha <sha>"
     )
-    assert lifecycle.cause_of(KeyError("a"))[0] != lifecycle.cause_of(ValueError("a"))[0]
+    assert attempts.cause_of(KeyError("a"))[0] != attempts.cause_of(ValueError("a"))[0]
