@@ -5,9 +5,8 @@ research notes, ``../shared/…``) or an issue number: a comment says what it me
 words, or cites the repository's own page under ``docs/``. And every ``docs/<page>.md``
 a source file cites exists.
 
-Sources are the files ``git ls-files`` lists, except binaries, this module, and Markdown
-other than ``README.md`` and ``docs/`` (``BENCHMARKS.md`` is a dated lab notebook, not a
-source).
+Sources are the files ``git ls-files`` lists, except binaries and this module; Markdown
+counts too (the README, BENCHMARKS.md and every page under ``docs/``).
 """
 
 from __future__ import annotations
@@ -47,8 +46,6 @@ def _sources() -> dict[str, str]:
     texts = {}
     for name in filter(None, listed.split("\0")):
         if name == HERE:
-            continue
-        if name.endswith(".md") and name != "README.md" and not name.startswith("docs/"):
             continue
         path = ROOT / name
         if not path.is_file():  # deleted in the work tree, not yet committed
