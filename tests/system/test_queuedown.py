@@ -26,6 +26,7 @@ from rq.job import Job
 
 from dashboard.asgi import websocket_urls
 from dashboard.infra import queues
+from dashboard.infra.dbpool import close_thread_connections
 from dashboard.live.consumers import OpsConsumer, RepositoryConsumer
 from dashboard.locks.leases import redlock
 from dashboard.models import Commit, JobRun, Repository, Rollout
@@ -237,7 +238,16 @@ def test_submissions_while_down_are_enqueued_when_the_queue_server_returns(
 def _bounded(call: Callable[[], Any], limit: float) -> Any:
     """Run ``call`` in a thread; fail (instead of hanging the suite) past ``limit``."""
     box: dict[str, Any] = {}
-    thread = CheckedThread(target=lambda: box.update(result=call()), daemon=True)
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        finally:
+            # The test client keeps a request's connection open (for the test's own
+            # transaction); in a thread of its own that connection would hold a pool slot.
+            close_thread_connections()
+
+    thread = CheckedThread(target=run, daemon=True)
     thread.start()
     thread.join(limit)  # raises what ``call`` raised
     assert not thread.is_alive(), f"request still waiting after {limit}s"
