@@ -38,8 +38,9 @@ browser: $(AXE)
 # browser, crashes, the Redlock model: see pyproject.toml and tests/conftest.py).
 # TEST_JOBS=2 spreads either over two pytest-xdist processes, each with its own Redis
 # nodes, tmp dirs and test database; the slow tests share one xdist group, so no two of
-# them (each a whole system of processes) run at once. Off by default: not yet green
-# twice in a row under xdist (see docs/testing.md).
+# them (each a whole system of processes) run at once. Off by default: each xdist run
+# orders the tests anew, and the last three each found a test that depended on the tests
+# before it (docs/testing.md, "How long it takes").
 TEST_JOBS ?= 0
 XDIST := $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup,)
 

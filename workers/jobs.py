@@ -1,7 +1,7 @@
 """RQ entry points. Each one: claim the attempt → take the lock → call core → record.
 
 Arguments are ids only: ``(run_id, attempt)``. The attempt is claimed in the database
-first (``dashboard.runs.lifecycle.begin_attempt``), so a redelivered job does nothing; the work
+first (``dashboard.runs.attempts.begin_attempt``), so a redelivered job does nothing; the work
 itself is idempotent too, so a retry after a crash finds the work done (or half done
 and not yet committed) and does exactly what is still missing.
 """

@@ -208,6 +208,9 @@ def test_a_set_delayed_past_a_failed_attempt_is_deleted_right_behind_it(
     )
     try:
         rl.inspect("locks:late")  # a pooled connection to every master
+        # Every master knows the lock scripts (as after any earlier lock): a master that
+        # does not answers the late SET's EVALSHA with NOSCRIPT, and nothing is set.
+        rl.acquire("locks:warm", ttl=10.0).release()
         masters[2].client().set("locks:late", "someone else", px=10_000)
         masters[1].kill()
         before = set_calls(masters[0])
@@ -233,6 +236,9 @@ def test_a_set_pending_on_a_stalled_master_is_released_as_soon_as_it_resumes(
     b = make(masters)
     try:
         b.inspect(key)  # a pooled connection to every master
+        # Every master knows the lock scripts (as after any earlier lock): a master that
+        # does not answers the late SET's EVALSHA with NOSCRIPT, and nothing is set.
+        b.acquire("locks:warm", ttl=10.0).release()
         before = set_calls(masters[0])
         masters[0].pause()  # SIGSTOP
         try:
