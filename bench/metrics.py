@@ -9,8 +9,7 @@
    the dead set (5 rounds).
 2. Recording: what one job attempt adds — the lifecycle counters and histograms of
    ``dashboard.observability.counters`` plus its two flushes to Redis — timed over 2,000 attempts,
-   and
-   set against the analysis benchmark's end-to-end time (BENCHMARKS.md).
+   and set against the analysis benchmark's end-to-end time (BENCHMARKS.md).
 
 Prints JSON; nothing here is asserted by a test.
 """

@@ -175,10 +175,9 @@ def session_cost(rounds: int, cache_url: str, trips: RoundTrips) -> dict[str, An
 def table_cost(rounds: int, repo_id: int) -> dict[str, Any]:
     """The long tables alone: their rows as the template loops printed them (the loops
     kept in ``tests/support/fixtures/tablerows/``) and as ``dashboard.web.prerendered_rows`` prints
-    them,
-    for the seeded first pages (50 repositories, 100 audit entries, the analysed
-    repository's commits), alternated ``script_rounds`` times in this process. Median CPU ms
-    of one table's rows."""
+    them, for the seeded first pages (50 repositories, 100 audit entries, the analysed repository's
+    commits), alternated ``script_rounds`` times in this process. Median CPU ms of one table's
+    rows."""
     from django.template import Context, Template
 
     from dashboard.accounts.audit import audit_page, run_links

@@ -387,8 +387,7 @@ SESSION_COOKIE_HTTPONLY = True
 # Django's database sessions, loaded with one plain SELECT (dashboard/accounts/session_store.py).
 SESSION_ENGINE = "dashboard.accounts.session_store"
 #: The user of each request in one plain SELECT (dashboard/accounts/auth_backend.py). ModelBackend
-#: stays
-#: listed for sessions logged in before, whose stored backend path is Django's.
+#: stays listed for sessions logged in before, whose stored backend path is Django's.
 AUTHENTICATION_BACKENDS = [
     "dashboard.accounts.auth_backend.UserBackend",
     "django.contrib.auth.backends.ModelBackend",
@@ -421,8 +420,7 @@ LOG_FORMAT = _choice(
 )
 # OpenTelemetry: with an OTLP/HTTP endpoint, every job attempt's spans are exported too
 # (dashboard/observability/otlp.py; needs the `otel` extra). The SDK reads these and the other
-# standard
-# OTEL_EXPORTER_OTLP_* / OTEL_RESOURCE_ATTRIBUTES variables itself; they are parsed here
+# standard OTEL_EXPORTER_OTLP_* / OTEL_RESOURCE_ATTRIBUTES variables itself; they are parsed here
 # only to decide whether to export and to document them.
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")

@@ -1,8 +1,7 @@
 """JSON API of one repository's pages: ``GET /api/repos/<id>/commits/<sha>`` (the commit
 page's data) and ``POST /api/repos/<id>/reanalyse`` (its page's button). Thin over
 ``dashboard.repositories.one_commit`` and ``dashboard.repositories.reanalysis``; authentication,
-rate limits
-and JSON errors are ``dashboard.api.endpoint.api_view``'s."""
+rate limits and JSON errors are ``dashboard.api.endpoint.api_view``'s."""
 
 from __future__ import annotations
 

@@ -110,8 +110,7 @@ class JobAttempt(models.Model):
     error = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     #: The attempt's trace (``dashboard.observability.traces``): ``[{name, start, end, attrs}]``,
-    #: epoch
-    #: seconds, in the order the spans began, the attempt's own span last. NULL for rows
+    #: epoch seconds, in the order the spans began, the attempt's own span last. NULL for rows
     #: written without it (raw inserts, rows from before traces): no spans.
     spans = models.JSONField(default=list, blank=True, null=True)
     started_at = models.DateTimeField(auto_now_add=True)

@@ -13,9 +13,8 @@ Recording never does I/O: ``count``/``observe`` add to a bounded in-process buff
 (thread-safe; the lock heartbeat thread records through it). The buffer is flushed to
 Redis (one pipelined ``MULTI``/``HINCRBYFLOAT…``/``EXEC``) by ``flush()`` — called at the start
 and end of every job attempt (``dashboard.observability.traces``), so a killed work horse loses at
-most
-what it counted since its last flush — and by a daemon thread every ``FLUSH_INTERVAL``
-seconds in long-lived processes (web, worker main processes). A buffer that grows past
+most what it counted since its last flush — and by a daemon thread every ``FLUSH_INTERVAL`` seconds
+in long-lived processes (web, worker main processes). A buffer that grows past
 ``MAX_FIELDS`` distinct series drops new series and counts them in
 ``gitward_metrics_dropped_total``: memory stays bounded if Redis is gone for long.
 

@@ -3,10 +3,9 @@ the context of the job being run, and credentials redacted from every line.
 
 The context (job id, trace id, repository, lock key, fencing token, worker, version) is a
 ``contextvars`` mapping bound by ``bind(...)`` — ``dashboard.observability.traces`` binds it for
-each
-job attempt — so every log call made while the job runs carries it, from any module,
-without passing it around. Threads started inside a job (the lock heartbeat) do not
-inherit it; their lines carry what the message itself says.
+each job attempt — so every log call made while the job runs carries it, from any module, without
+passing it around. Threads started inside a job (the lock heartbeat) do not inherit it; their lines
+carry what the message itself says.
 
 Redaction is the formatter's last step (``workers.remotes.parse.redact``: URL userinfo,
 Authorization header values), applied to the whole formatted line — message, arguments,

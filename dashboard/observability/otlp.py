@@ -1,9 +1,8 @@
 """OpenTelemetry export of job traces: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set, every job attempt's spans — the same spans
 ``dashboard.observability.traces`` stores on ``JobAttempt.spans`` — are sent over OTLP/HTTP
-(protobuf)
-when the attempt ends. Off by default; needs the ``otel`` extra
-(``pip install 'gitward[otel]'``: opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http).
+(protobuf) when the attempt ends. Off by default; needs the ``otel`` extra (``pip install
+'gitward[otel]'``: opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http).
 
 One attempt becomes one tree in the run's trace (trace id ``traces.trace_id_of(job_id)``,
 shared by every attempt, log line and event of the run)::

@@ -4,10 +4,9 @@ letters: most of a scrape's time, BENCHMARKS.md) while the set changes rarely.
 
 Correct, not merely recent: every change of the dead set through gitward — a run dying
 (``dashboard.runs.attempts``), dead runs retried or discarded (``dashboard.runs.dead_letters``,
-one call
-per batch of a bulk action) — calls ``changed()``, which bumps a generation counter on the
-queue server once its transaction commits. A scrape reuses this process's cached counts
-only while the generation is the one they were computed under, and for at most
+one call per batch of a bulk action) — calls ``changed()``, which bumps a generation counter on the
+queue server once its transaction commits. A scrape reuses this process's cached counts only while
+the generation is the one they were computed under, and for at most
 ``GITWARD_METRICS_CACHE_SECONDS`` (a backstop for changes made outside gitward's code, e.g.
 by hand in the database). Without the queue server it computes every time.
 

@@ -6,12 +6,11 @@ machinery, cell by cell).
 
 Contract: each function returns, character for character, what the template loop it
 replaces printed (``tests/dashboard/web/test_prerendered_rows.py`` keeps those loops as fixtures
-and compares
-them over hostile and edge-case rows). So every value goes through ``_text``, which is
-what ``{{ value }}`` does with autoescaping on: localise (numbers, booleans), ``str``,
-then ``conditional_escape`` (for a plain string ``html.escape`` directly, the function
-Django's ``escape`` calls) — every string from the database is escaped, and only markup
-built here or already marked safe (``ago_html``) is emitted as is.
+and compares them over hostile and edge-case rows). So every value goes through ``_text``, which is
+what ``{{ value }}`` does with autoescaping on: localise (numbers, booleans), ``str``, then
+``conditional_escape`` (for a plain string ``html.escape`` directly, the function Django's
+``escape`` calls) — every string from the database is escaped, and only markup built here or already
+marked safe (``ago_html``) is emitted as is.
 """
 
 from __future__ import annotations

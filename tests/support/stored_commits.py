@@ -54,8 +54,7 @@ def assert_matches_reference(repo: Repository, ref: dict[str, dict[str, Any]]) -
 
 def assert_counts_exact() -> None:
     """The kept count of stored commits (``dashboard.repositories.commit_counts``) equals
-    ``COUNT(*)``
-    for every (repository, fingerprint) that has commits or a count row."""
+    ``COUNT(*)`` for every (repository, fingerprint) that has commits or a count row."""
     from django.db.models import Count
 
     from dashboard.models import CommitCount

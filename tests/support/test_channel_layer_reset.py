@@ -1,8 +1,7 @@
 """tests/support/channel_layer_reset.py: a receive cancelled on one event loop (a socket closed
-while its
-receive waited) leaves channels-redis's receive state bound to that loop, and the next
-loop's receive on the same layer fails; with the reset between loops (an autouse fixture
-between tests) it receives.
+while its receive waited) leaves channels-redis's receive state bound to that loop, and the next
+loop's receive on the same layer fails; with the reset between loops (an autouse fixture between
+tests) it receives.
 
 The queue server of these tests is their own, stalled for real (SIGSTOP) so that a
 receive deterministically waits for the previous message's backup cleaner."""

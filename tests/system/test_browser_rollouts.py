@@ -360,28 +360,7 @@ def test_a_change_between_render_and_socket_is_shown_by_the_first_snapshot(syste
     base, _tmp, env, _players = system
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_context().new_page()
-        page.goto(f"{base}/login/")
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", "admin-pass-123")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/")
-        # The page's first socket is held: open to the page, nothing from the server.
-        held: list = []
-
-        def hold_the_first(ws) -> None:
-            if held:
-                ws.connect_to_server()
-            else:
-                held.append(ws)
-
-        page.route_web_socket(re.compile(r"/ws/rollouts/"), hold_the_first)
-        page.goto(f"{base}/rollouts/")
-        for _ in range(200):  # bounded: the page opens its socket at load
-            if held:
-                break
-            page.wait_for_timeout(50)
-        assert held, "the page opened no socket"
+        page, held = _first_socket_held(browser, base, "/rollouts/", r"/ws/rollouts/")
         started = subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), "rollout", "start", "--set",
              "detect_renames=true", "--driver", "none", "--actor", "carol"],
@@ -412,28 +391,7 @@ def test_a_dead_letter_between_render_and_socket_is_shown_by_the_first_snapshot(
     base, _tmp, env, _players = system
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_context().new_page()
-        page.goto(f"{base}/login/")
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", "admin-pass-123")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/")
-        # The page's first socket is held: open to the page, nothing from the server.
-        held: list = []
-
-        def hold_the_first(ws) -> None:
-            if held:
-                ws.connect_to_server()
-            else:
-                held.append(ws)
-
-        page.route_web_socket(re.compile(r"/ws/ops/"), hold_the_first)
-        page.goto(f"{base}/dead-letters/")
-        for _ in range(200):  # bounded: the page opens its socket at load
-            if held:
-                break
-            page.wait_for_timeout(50)
-        assert held, "the page opened no socket"
+        page, held = _first_socket_held(browser, base, "/dead-letters/", r"/ws/ops/")
         expect(page.locator("#dlq-summary")).to_contain_text("0 dead runs")
         written = subprocess.run(
             [sys.executable, "-m", "tests.support.dead_letter", "poison"],
@@ -446,3 +404,31 @@ def test_a_dead_letter_between_render_and_socket_is_shown_by_the_first_snapshot(
         expect(page.locator("#dlq-summary")).to_contain_text("1 dead run", timeout=30000)
         expect(page.locator("#dlq-body details.group")).to_have_count(1)
         browser.close()
+
+
+def _first_socket_held(browser, base: str, path: str, socket: str) -> tuple:
+    """Log in and open ``path`` with its first websocket (matching ``socket``) held: open
+    to the page, nothing from the server, until the test closes it (``held[0].close()``);
+    the page's reconnection then reaches the server."""
+    page = browser.new_context().new_page()
+    page.goto(f"{base}/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "admin-pass-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+    held: list = []
+
+    def hold_the_first(ws) -> None:
+        if held:
+            ws.connect_to_server()
+        else:
+            held.append(ws)
+
+    page.route_web_socket(re.compile(socket), hold_the_first)
+    page.goto(f"{base}{path}")
+    for _ in range(200):  # bounded: the page opens its socket at load
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page opened no socket"
+    return page, held

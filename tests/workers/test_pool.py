@@ -377,9 +377,8 @@ def test_a_worker_forks_its_work_horses_with_no_sqlite_connection_open(
 ) -> None:
     """An SQLite connection open in any thread of the worker at the fork makes the
     horse's committed writes vanish (tests/workers/runtime/test_fork_safety.py shows the loss
-    itself).
-    The heartbeat thread beats while a horse runs, so the next fork comes after some
-    of its rounds: broken, the database's files are open in the worker at that fork."""
+    itself). The heartbeat thread beats while a horse runs, so the next fork comes after some of its
+    rounds: broken, the database's files are open in the worker at that fork."""
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
         pytest.skip("the hazard is SQLite's: PostgreSQL connections hold no file locks")
     env = worker_env(settings, tmp_path, GITWARD_WORKER_DEAD_AFTER="3")  # a beat every 0.5 s

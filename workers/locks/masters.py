@@ -3,9 +3,8 @@ reply, a fan-out round, and the redis-py internals the transport relies on.
 
 redis-py internals used (here, and ``Connection._sock`` and the RESP2 parser's error
 mapping in ``workers.locks.wire``), checked by tests/workers/locks/test_redis_internals.py against
-the
-pinned redis-py range: ``ConnectionPool._available_connections`` (peeked, never modified)
-and ``Connection._sock`` (its file descriptor, for poll(), write and read).
+the pinned redis-py range: ``ConnectionPool._available_connections`` (peeked, never modified) and
+``Connection._sock`` (its file descriptor, for poll(), write and read).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire``.
 
 Thin adapters over ``dashboard.rollouts.start`` / ``dashboard.rollouts.deploy_lock``; every refusal
-is
-one line on stderr and a non-zero exit.
+is one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations

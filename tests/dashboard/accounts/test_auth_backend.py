@@ -1,8 +1,7 @@
 """dashboard.accounts.auth_backend: the request's user in one plain SELECT, the same user the ORM
-gives,
-the same refusals (inactive, deleted, new password), sessions of Django's ModelBackend
-still valid, and one password check per failed login. Real database (SQLite, and
-PostgreSQL under DATABASE_URL)."""
+gives, the same refusals (inactive, deleted, new password), sessions of Django's ModelBackend still
+valid, and one password check per failed login. Real database (SQLite, and PostgreSQL under
+DATABASE_URL)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """dashboard.observability.otlp: with OTEL_EXPORTER_OTLP_ENDPOINT set, every job attempt's spans
-reach
-an OTLP/HTTP collector — here a real loopback HTTP server in the test that decodes the
+reach an OTLP/HTTP collector — here a real loopback HTTP server in the test that decodes the
 protobuf ``ExportTraceServiceRequest`` — from real (forking) RQ workers: the same spans as
 ``JobAttempt.spans``, in order, as a tree, in the run's trace, with the run's attributes
 and no credential anywhere in the bytes sent."""

@@ -1,7 +1,6 @@
 """dashboard.observability.traces: every job attempt has a complete, ordered, timed trace, shown on
-the
-run page (``/runs/<id>/``) and by ``GET /api/runs/<id>``; real repositories, real RQ
-workers, real locks on three masters."""
+the run page (``/runs/<id>/``) and by ``GET /api/runs/<id>``; real repositories, real RQ workers,
+real locks on three masters."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """dashboard.operations.prometheus and dashboard.observability.counters: ``/metrics`` is exact for
-what the system
-holds (real queues, locks on three masters, rows in the database), and its counters and
-histograms move as real jobs run — in this process, in forked work horses of two worker
+what the system holds (real queues, locks on three masters, rows in the database), and its counters
+and histograms move as real jobs run — in this process, in forked work horses of two worker
 processes, and in a work horse killed mid-job."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """dashboard.operations.queue_stats: queue statistics from real RQ queues and the attempt history,
-and
-the backlog samples behind the one-hour charts."""
+and the backlog samples behind the one-hour charts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """dashboard.operations.redis_health: the health of the configured Redis masters, pinged for real
-(three
-live redis-server processes, and a port where nothing listens)."""
+(three live redis-server processes, and a port where nothing listens)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """dashboard.repositories.chunk_plans: planning a repository's chunks under the mirror lock's
-fencing token,
-and each chunk's start and finish, against the real database and Redis."""
+fencing token, and each chunk's start and finish, against the real database and Redis."""
 
 from __future__ import annotations
 

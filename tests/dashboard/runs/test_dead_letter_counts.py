@@ -1,6 +1,5 @@
 """dashboard.runs.dead_letter_counts: /metrics reuses its dead-letter group counts while the dead
-set is
-unchanged, and every change made through gitward (a run dying, a retry, a discard, a bulk
+set is unchanged, and every change made through gitward (a run dying, a retry, a discard, a bulk
 action) shows at the very next scrape — real failing jobs, real RQ workers, real Redis."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """dashboard.server.embedded_redis: the persistent Redis nodes ``up`` starts itself, started for
-real
-here (``manage.py up`` end to end is covered in tests/system/test_up.py)."""
+real here (``manage.py up`` end to end is covered in tests/system/test_up.py)."""
 
 from __future__ import annotations
 

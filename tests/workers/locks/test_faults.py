@@ -3,9 +3,8 @@ observer is stuck on a stalled master, one slow reply while another master is do
 delaying TCP proxy), a lock handed out with little validity left, and a SET delayed past a
 failed attempt."""
 
-# The Redis-node fixtures are imported from tests/workers/locks/test_redlock.py, so test arguments
-# named
-# after them "redefine" the imports:
+# The Redis-node fixtures are imported from tests/workers/locks/test_redlock.py, so test
+# arguments named after them "redefine" the imports:
 # ruff: noqa: F811
 
 from __future__ import annotations
