@@ -64,13 +64,15 @@ class PauseAware:
 
     The dequeue timeout is one second so a paused queue (or a closed gate) stops feeding
     this worker within that second; with every queue shut the worker listens on an
-    always-empty queue. The effective list is recorded on the worker's heartbeat row.
+    always-empty queue, and so does a worker asked to stop (it takes no new job). The
+    effective list is recorded on the worker's heartbeat row.
     """
 
     queues: list[Any]
     connection: Any
     name: str
     _ordered_queues: list[Any]
+    _stop_requested: bool
 
     @property
     def dequeue_timeout(self) -> int:
@@ -82,11 +84,14 @@ class PauseAware:
         return result
 
     def apply_pauses(self) -> None:
-        try:
-            shut = infra.paused_queue_names() | versions.closed_queue_names()
-        except Exception:  # Redis or database trouble: keep the current list
-            close_old_connections()
-            return
+        if self._stop_requested:  # stopping (``_shutdown`` in workers.pool): no new job
+            shut = {q.name for q in self.queues}
+        else:
+            try:
+                shut = infra.paused_queue_names() | versions.closed_queue_names()
+            except Exception:  # Redis or database trouble: keep the current list
+                close_old_connections()
+                return
         active = [q for q in self.queues if q.name not in shut]
         chosen = active or [Queue(infra.IDLE_QUEUE, connection=self.connection)]
         before = [q.name for q in getattr(self, "_ordered_queues", [])]
@@ -192,6 +197,31 @@ def run_one_worker(
                 self.grace_timer.daemon = True
                 self.grace_timer.start()
             super().request_stop(signum, frame)
+
+        def _shutdown(self) -> None:
+            """The warm shutdown request, in the signal handler (called by RQ's
+            ``request_stop``): recorded, never raised. RQ raises ``StopRequested`` from
+            the handler when no job runs, wherever the main thread is: inside the pause
+            read's ``except Exception`` it was swallowed, and a retired worker went on
+            taking jobs until its grace ran out; between a dequeue and the job's start it
+            dropped the dequeued job (a promote's catch-up, docs/rollouts.md, then never
+            ran). Now the next pause read shuts every queue (``PauseAware``) and the worker
+            stops between two dequeue rounds (``dequeue_job_and_maintain_ttl``) or after
+            its job (docs/operations.md#stopping-workers-the-grace-period)."""
+            self._stop_requested = True
+
+        def dequeue_job_and_maintain_ttl(
+            self, timeout: int | None, max_idle_time: int | None = None
+        ) -> Any:
+            """RQ's dequeue, one round (``dequeue_timeout``) at a time, until a job comes
+            or a stop is requested (``_shutdown``): None then ends RQ's ``work`` loop."""
+            if timeout is None or max_idle_time is not None:  # burst: RQ's single pass
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            while not self._stop_requested:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time=timeout)
+                if result is not None:
+                    return result
+            return None
 
         def request_force_stop(self, signum: int, frame: Any) -> None:
             """Cold shutdown: RQ kills the horse's process group and reaps it, then
@@ -462,10 +492,12 @@ class Pool:
 
     def stop(self) -> None:
         self.stopping = True
-        everyone = [child for _, child in self.children] + [c for c, _ in self.retiring]
-        for child in everyone:
+        # Retiring children have their SIGTERM already: a second one would turn their
+        # warm shutdown cold (docs/operations.md#stopping-workers-the-grace-period).
+        for _, child in self.children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
+        everyone = [child for _, child in self.children] + [c for c, _ in self.retiring]
         deadline = time.monotonic() + self.grace + STOP_MARGIN
         for child in everyone:
             remaining = max(0.1, deadline - time.monotonic())

@@ -44,11 +44,11 @@ S = AnalyzerVersion.State
 
 STAND_IN = """
 import json, os, signal, sys, time
-if os.environ.get("STAND_IN_IGNORE_TERM"):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+out = os.path.join(os.environ["STAND_IN_DIR"], f"{os.getpid()}.json")
+if os.environ.get("STAND_IN_IGNORE_TERM"):  # ignored, but counted
+    signal.signal(signal.SIGTERM, lambda *a: open(out + ".terms", "a").write("TERM\\n"))
 else:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-out = os.path.join(os.environ["STAND_IN_DIR"], f"{os.getpid()}.json")
 with open(out + ".tmp", "w") as f:
     json.dump(sys.argv[1:], f)
 os.rename(out + ".tmp", out)  # written whole: the handler is installed by now
@@ -227,6 +227,30 @@ def test_stop_terminates_every_child_and_kills_those_past_the_grace(tmp_path: Pa
         stubborn.kill_all()
 
 
+def test_stop_sends_a_retiring_child_no_second_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retiring child already has its SIGTERM (its warm shutdown under its grace); a
+    second one is a worker's cold shutdown (RQ), which would hand back the job it was
+    allowed to finish."""
+    monkeypatch.setattr(pool_module, "STOP_MARGIN", 0.0)
+    stubborn = Children(tmp_path, ignore_term=True)
+    try:
+        draining = version("d", S.DRAINING)
+        pool = stubborn.pool(1, grace=0.5, poll=3600)
+        pool.start()
+        stubborn.ready(pool)
+        old = next(c for spec, c in pool.children if draining.fingerprint in spec)
+        AnalyzerVersion.objects.filter(pk=draining.pk).update(state=S.DRAINED)
+        replan(pool)  # retired: its SIGTERM
+        wait_for("the SIGTERM", (stubborn.dir / f"{old.pid}.json.terms").exists)
+        pool.stop()  # the others' SIGTERM; everyone killed past the grace
+        assert (stubborn.dir / f"{old.pid}.json.terms").read_text() == "TERM\n"
+        assert all(c.poll() is not None for _, c in pool.children)
+    finally:
+        stubborn.kill_all()
+
+
 def test_a_worker_listens_only_on_queues_neither_paused_nor_gated(settings: Any) -> None:
     closed = version("d", S.DRAINING)
 
@@ -391,6 +415,74 @@ def test_a_worker_forks_its_work_horses_with_no_sqlite_connection_open(
     forks = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(forks) == 2
     assert forks == [[], []]
+
+
+def touch(path: str) -> None:
+    """A job that leaves a trace of having run."""
+    Path(path).write_text("ran")
+
+
+#: Run in a fresh process: a real worker (not burst) on the sync queue, sent SIGTERM, as
+#: the pool retires a worker, at one of two moments of its idle loop (``argv[1]``):
+#: inside its pause read (a job having just arrived), or right after it dequeued a job.
+STOP_REQUEST = """
+import os, signal, sys, time
+import django
+django.setup()
+from rq import Worker
+from dashboard.infra import queues
+from workers.pool import run_one_worker
+
+where, ran = sys.argv[1], sys.argv[2]
+q = queues.queue(queues.SYNC_QUEUE)
+
+def installed():
+    return callable(signal.getsignal(signal.SIGTERM))  # RQ's handler, in its loop
+
+if where == "pause-read":
+    real = queues.paused_queue_names
+    def paused():
+        if installed() and not q.job_ids:
+            q.enqueue("tests.workers.test_pool.touch", ran, job_id="after-the-stop")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real()
+    queues.paused_queue_names = paused
+else:
+    real_version = Worker.get_redis_server_version
+    def version(self):  # called by RQ between the dequeue and the job's start
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_version(self)
+    Worker.get_redis_server_version = version
+    q.enqueue("tests.workers.test_pool.touch", ran, job_id="dequeued")
+started = time.monotonic()
+run_one_worker([queues.SYNC_QUEUE])
+print(round(time.monotonic() - started, 1), q.job_ids)
+"""
+
+
+@pytest.mark.parametrize("where", ["pause-read", "after-dequeue"])
+def test_a_stopped_idle_worker_takes_no_new_job_drops_none_and_stops_at_once(
+    tmp_path: Path, settings: Any, where: str
+) -> None:
+    """A warm stop request that reaches an idle worker is recorded, never raised from the
+    signal handler (``_shutdown`` in workers/pool.py). Raised inside the pause read, it
+    was swallowed: the retired worker went on taking jobs until its grace ran out and
+    stopped cold. Raised between a dequeue and the job's start, it dropped that job (a
+    promote's catch-up, docs/rollouts.md, then never ran)."""
+    env = worker_env(settings, tmp_path, GITWARD_WORKER_GRACE="5")
+    env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    ran = tmp_path / "ran"
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_REQUEST, where, str(ran)], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cold shut down" not in done.stderr  # a warm stop, not the grace's cold one
+    left = done.stdout.strip().splitlines()[-1]
+    if where == "pause-read":  # the job that came with the stop is left for another worker
+        assert not ran.exists() and "after-the-stop" in left
+    else:  # the job it had dequeued ran before it stopped
+        assert ran.read_text() == "ran" and "dequeued" not in left
 
 
 def test_a_worker_loads_every_context_module_before_it_forks() -> None:
