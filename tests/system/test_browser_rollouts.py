@@ -76,13 +76,8 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = ctx.new_page()
-        page.goto(f"{base}/login/")
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", "admin-pass-123")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/")
+        page = _logged_in(browser, base, viewport={"width": 1280, "height": 900})
+
         # A repository analysed under the current (default) version: the warm set.
         page.goto(f"{base}/repos/")
         page.fill("input[name=url]", str(origin.path))
@@ -175,7 +170,7 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         assert page.evaluate("window.__notReloaded") is True
 
         # The ramping version's dead letter offers the rollback right there.
-        dlq = ctx.new_page()
+        dlq = page.context.new_page()
         dlq.goto(f"{base}/dead-letters/")
         old = page.locator(f"#rollout-{rollout_id} h2 .muted").inner_text().removeprefix("from ")
         offer = dlq.locator("#dlq-body details.group .offer button")
@@ -252,13 +247,7 @@ def test_an_admin_rolls_a_ramping_version_back_from_its_dead_letters(system) -> 
     go.touch()  # no pause mid-warming in this run
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = ctx.new_page()
-        page.goto(f"{base}/login/")
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", "admin-pass-123")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/")
+        page = _logged_in(browser, base, viewport={"width": 1280, "height": 900})
         page.goto(f"{base}/repos/")
         page.fill("input[name=url]", str(origin.path))
         page.click("form.submit button[type=submit]")
@@ -410,12 +399,7 @@ def _first_socket_held(browser, base: str, path: str, socket: str) -> tuple:
     """Log in and open ``path`` with its first websocket (matching ``socket``) held: open
     to the page, nothing from the server, until the test closes it (``held[0].close()``);
     the page's reconnection then reaches the server."""
-    page = browser.new_context().new_page()
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", "admin-pass-123")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
+    page = _logged_in(browser, base)
     held: list = []
 
     def hold_the_first(ws) -> None:
@@ -432,3 +416,14 @@ def _first_socket_held(browser, base: str, path: str, socket: str) -> tuple:
         page.wait_for_timeout(50)
     assert held, "the page opened no socket"
     return page, held
+
+
+def _logged_in(browser, base: str, **context):  # -> a playwright Page
+    """A new page of a new browser context (``context``: its options), logged in as admin."""
+    page = browser.new_context(**context).new_page()
+    page.goto(f"{base}/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "admin-pass-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+    return page
