@@ -80,17 +80,23 @@ class Repository(models.Model):
         """The mirror lock: held by every write to this repository's mirror."""
         return locks.mirror(self.pk)
 
-    def fail(self, reason: str, *, generation: int | None = None) -> bool:
+    def fail(
+        self, reason: str, *, generation: int | None = None, fingerprint: str | None = None
+    ) -> bool:
         """Mark the repository failed with a readable reason; True if it changed.
 
         A ready repository is left alone, and with ``generation`` only that generation
-        is failed (a newer submission is not failed by an old job). One conditional
-        UPDATE: a concurrent re-submission (which bumps the generation) or completion
-        either happened before it, and the row does not match, or after it, and wins.
+        is failed (a newer submission is not failed by an old job); with ``fingerprint``
+        only a repository whose last plan was that version's (a chunk of another version
+        never fails it: docs/lifecycle.md#statuses). One conditional UPDATE: a concurrent
+        re-submission (which bumps the generation), re-plan or completion either
+        happened before it, and the row does not match, or after it, and wins.
         """
         qs = Repository.objects.filter(pk=self.pk)
         if generation is not None:
             qs = qs.filter(generation=generation)
+        if fingerprint is not None:
+            qs = qs.filter(fingerprint=fingerprint)
         now = timezone.now()
         updated = qs.exclude(status=self.Status.READY).update(
             status=self.Status.FAILED, error=reason[:2000], updated_at=now

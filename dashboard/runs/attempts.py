@@ -26,7 +26,7 @@ from dashboard import infra, observability
 from dashboard.infra import publish_event
 from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
 from dashboard.runs import dead_letter_counts
-from dashboard.versions import GATE_OPEN
+from dashboard.versions import GATE_OPEN, served_fingerprint
 from workers.analysis import DEFAULT
 from workers.remotes import redact
 
@@ -455,15 +455,31 @@ def _finish_failed(
 
 
 def _dead_letter(run: JobRun, text: str) -> None:
-    """A run is dead: its chunk is failed and its repository shows the reason (a sync
-    only fails its own generation). Emits a slim ``repo.changed`` after commit."""
+    """A run is dead: its chunk is failed and, if the run is the repository's own, its
+    repository shows the reason. A sync fails only its own generation; a chunk fails
+    the repository only when it is of the served version and of the repository's last
+    plan: a ramping or warming version's chunk (or a closed version's) counts toward
+    that version's health and shows in the dead letters, never on the repository
+    (docs/lifecycle.md#statuses). Emits a slim ``repo.changed`` after commit.
+
+    Race: a promote or rollback commits between the read of the served fingerprint and
+    the UPDATE. ``fail`` filters on the repository's planned fingerprint in the same
+    UPDATE, so a chunk of a version that just became served fails nothing (the
+    repository's plan is still the previous version's until its catch-up), and one of a
+    version that just stopped being served fails a repository the catch-up re-syncs
+    anyway (``chunk_plans.needs_catch_up``: failed under a version no longer served)."""
     reason = text.strip().split("\n", 1)[0][:500]
     if run.chunk_id:
         Chunk.objects.filter(pk=run.chunk_id).exclude(state=Chunk.State.DONE).update(
             state=Chunk.State.FAILED, error=reason
         )
     repo = run.repository
-    repo.fail(reason, generation=run.generation if run.kind == JobRun.Kind.SYNC else None)
+    if run.kind == JobRun.Kind.SYNC:
+        repo.fail(reason, generation=run.generation)
+    elif run.fingerprint == served_fingerprint():
+        repo.fail(reason, fingerprint=run.fingerprint)
+    else:
+        return  # another version's chunk: its repository is not touched
     # Race: if ``fail`` changed nothing (ready, or a newer generation), the status read
     # here may be overtaken by a concurrent commit; harmless, since watchers fetch a
     # fresh snapshot on every ``repo.changed``. If it failed the row, it is exact.

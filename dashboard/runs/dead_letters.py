@@ -155,7 +155,13 @@ def retry_runs(run_ids: list[int]) -> int:
         Chunk.objects.filter(pk__in=chunk_ids, state=Chunk.State.FAILED).update(
             state=Chunk.State.QUEUED, error=""
         )
-        repo_ids = {r.repository_id for r in runs}
+        # Only a run that could have failed its repository moves it (``_dead_letter``): a
+        # sync, or a chunk of the repository's planned version; a canary's never did.
+        repo_ids = {
+            r.repository_id
+            for r in runs
+            if r.kind == JobRun.Kind.SYNC or r.fingerprint == r.repository.fingerprint
+        }
         # A repository failed by a dead chunk is analysing again; one failed by a dead
         # sync is queued again (its sync run restarts the generation).
         Repository.objects.filter(pk__in=repo_ids, status=Repository.Status.FAILED).update(

@@ -11,6 +11,8 @@ from rq.registry import ScheduledJobRegistry
 from dashboard.infra import queues
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository, WorkerBeat
 from dashboard.runs import attempts
+from dashboard.runs.dead_letters import dead_runs
+from dashboard.versions.state_machine import served_fingerprint
 from tests.support.live_tap import Tap
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,9 +32,14 @@ def a_sync_run(repo: Repository) -> JobRun:
     )
 
 
-def a_chunk_run(repo: Repository) -> JobRun:
+def a_chunk_run(repo: Repository, fingerprint: str | None = None) -> JobRun:
+    """A chunk's run under ``fingerprint`` (default: the repository's planned one)."""
     chunk = Chunk.objects.create(
-        repository=repo, fingerprint="f" * 16, key="aaaa1111..bbbb2222", shas="aaaa1111", size=1
+        repository=repo,
+        fingerprint=fingerprint or repo.fingerprint,
+        key="aaaa1111..bbbb2222",
+        shas="aaaa1111",
+        size=1,
     )
     return attempts.ensure_run(
         kind=JobRun.Kind.ANALYZE,
@@ -95,7 +102,7 @@ def test_a_failed_attempt_is_retried_then_dead_lettered_with_its_chunk_and_repos
     settings,
 ) -> None:
     settings.MAX_ATTEMPTS = 2
-    repo = a_repo(status=Repository.Status.ANALYZING)
+    repo = a_repo(status=Repository.Status.ANALYZING, fingerprint=served_fingerprint())
     run = a_chunk_run(repo)
     assert attempts.fail_attempt(started(run), ValueError("bad byte at offset 12")) == "failed"
     run.refresh_from_db()
@@ -123,6 +130,31 @@ def test_a_failed_attempt_is_retried_then_dead_lettered_with_its_chunk_and_repos
     assert attempts.cause_of(ValueError("bad byte at offset 12")) == attempts.cause_of(
         ValueError("bad byte at offset 99")
     )
+
+
+@pytest.mark.parametrize("status", [Repository.Status.ANALYZING, Repository.Status.QUEUED])
+def test_a_dead_chunk_of_another_version_leaves_its_repository_alone(status: str) -> None:
+    """A canary's (or warming version's) chunk dead-lettered while the repository
+    analyses its served version's chunks, or waits for its next sync: the dead letter
+    is listed, the chunk failed, the repository's status and error untouched
+    (docs/lifecycle.md#statuses)."""
+    repo = a_repo(status=status, fingerprint=served_fingerprint())
+    run = a_chunk_run(repo, fingerprint="c" * 16)  # a ramping version's shadow chunk
+    assert attempts.fail_attempt(started(run), ValueError("x"), permanent=True) == "dead"
+    assert Chunk.objects.get(pk=run.chunk_id).state == Chunk.State.FAILED
+    assert list(dead_runs().values_list("pk", flat=True)) == [run.pk]
+    repo.refresh_from_db()
+    assert (repo.status, repo.error) == (status, "")
+
+
+def test_a_dead_chunk_of_a_superseded_plan_leaves_its_repository_alone() -> None:
+    """The served version's chunk, but the repository's last plan was another
+    version's (it lags until its catch-up re-plans it): not its own failure either."""
+    repo = a_repo(status=Repository.Status.ANALYZING, fingerprint="o" * 16)
+    run = a_chunk_run(repo, fingerprint=served_fingerprint())
+    assert attempts.fail_attempt(started(run), ValueError("x"), permanent=True) == "dead"
+    repo.refresh_from_db()
+    assert (repo.status, repo.error) == (Repository.Status.ANALYZING, "")
 
 
 def test_a_permanent_failure_is_dead_at_once_and_shows_the_reason() -> None:
