@@ -13,9 +13,15 @@ from rq.registry import ScheduledJobRegistry
 from dashboard import infra
 from dashboard.locks import live_worker_names, orphaned_runs
 from dashboard.models import JobRun, Repository
-from dashboard.repositories import complete_repository, publish_repo_changed
+from dashboard.repositories import complete_repository, publish_repo_changed, reconcile_catch_up
 from dashboard.rollouts import reconcile_drains, reconcile_pending_drivers
-from dashboard.runs import cancel_runs, closed_fingerprints, crash_attempt, enqueue_run
+from dashboard.runs import (
+    cancel_runs,
+    closed_fingerprints,
+    crash_attempt,
+    enqueue_run,
+    sweep_closed_queues,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +43,21 @@ def reconcile() -> dict[str, int]:
     4. Queued runs of closed analyzer versions are cancelled (a retry scheduled just
        before a rollback), and every draining version gets a drain check
        (``rollouts.reconcile_drains``: drained after two empty checks).
+       Before the drain checks, RQ jobs left in a closed version's queue whose run has
+       ended or moved past them are removed (``runs.sweep_closed_queues``): no worker
+       takes a job from a closed queue, so such a job would keep the drain from ever
+       finding it empty.
     5. Pending rollouts owed a driver whose driver job is missing get it enqueued
        (``rollouts.reconcile_pending_drivers``): one started while the queue server
        was unreachable is driven once it returns.
+    6. While any repository lags the served version (its last plan another version's)
+       and no catch-up of that version is live, a catch-up is enqueued
+       (``repositories.reconcile_catch_up``): the reconciler owns the catch-up after a
+       promote or rollback; the after-commit hook that also enqueues it is only the
+       fast path (docs/rollouts.md#wiring).
 
     With the queue server unreachable, steps 1 and 3 (database only) still run and
-    steps 2, 4 and 5 wait for the next round (``queue_unreachable: 1`` in the result): a run
+    steps 2, 4, 5 and 6 wait for the next round (``queue_unreachable: 1`` in the result): a run
     submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
     missing and enqueues once the server is back.
 
@@ -56,19 +71,21 @@ def reconcile() -> dict[str, int]:
     )
     try:
         promoted, requeued = _requeue_stale()
+        closed = closed_fingerprints()
         cancelled = sum(
-            cancel_runs(fingerprint=fp, reason="its analyzer version is closed")
-            for fp in closed_fingerprints()
+            cancel_runs(fingerprint=fp, reason="its analyzer version is closed") for fp in closed
         )
+        swept = sweep_closed_queues(closed)
         drained = reconcile_drains()
         drivers = reconcile_pending_drivers()
+        caught_up = reconcile_catch_up()
         queue_down = 0
     except infra.QueueUnavailable as exc:
         # The database keeps every queued run; the next round (once the queue server
-        # answers) finds their RQ jobs missing and enqueues them; cancels and drain
-        # checks (which read and edit the queues) wait for it too.
+        # answers) finds their RQ jobs missing and enqueues them; cancels, drain checks
+        # and the catch-up (which read and edit the queues) wait for it too.
         log.warning("reconciler: %s; queued runs wait for it", exc)
-        promoted = requeued = cancelled = drained = drivers = 0
+        promoted = requeued = cancelled = swept = drained = drivers = caught_up = 0
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
@@ -81,8 +98,10 @@ def reconcile() -> dict[str, int]:
         "completed": completed,
         "promoted": promoted,
         "cancelled": cancelled,
+        "swept": swept,
         "drained": drained,
         "drivers": drivers,
+        "caught_up": caught_up,
         "queue_unreachable": queue_down,
     }
     if any(result.values()):

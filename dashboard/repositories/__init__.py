@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         incremental_base,
         plan_repository,
         plan_warm_set,
+        reconcile_catch_up,
     )
     from dashboard.repositories.commits import (
         BadCursor,
@@ -65,6 +66,7 @@ __all__ = [
     "plan_warm_set",
     "publish_repo_changed",
     "reanalyse",
+    "reconcile_catch_up",
     "record_view",
     "repository_list",
     "repository_mirror",
@@ -91,6 +93,7 @@ _SURFACE: dict[str, str] = {
     "incremental_base": "dashboard.repositories.chunk_plans",
     "plan_repository": "dashboard.repositories.chunk_plans",
     "plan_warm_set": "dashboard.repositories.chunk_plans",
+    "reconcile_catch_up": "dashboard.repositories.chunk_plans",
     "BadCursor": "dashboard.repositories.commits",
     "commit_dict": "dashboard.repositories.commits",
     "commit_page": "dashboard.repositories.commits",

@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max
+from django.db.models import Exists, F, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from dashboard import infra
 from dashboard.infra import publish_event
@@ -95,7 +96,8 @@ def plan_repository(
     plan is then for the version that was current a moment ago; that version is
     draining, its queued runs are cancelled (``runs.cancel_runs``), and the catch-up of
     the new current version (``catch_up``) re-syncs this repository because its
-    ``fingerprint`` column names the old one.
+    ``fingerprint`` column names the old one (if that catch-up passed it mid-sync, the
+    reconciler's next one does: ``reconcile_catch_up``).
     """
     with transaction.atomic():
         check_token(lock_key, token)
@@ -374,12 +376,51 @@ CATCH_UP_FUNC = "workers.jobs.catch_up_repositories"
 
 
 def needs_catch_up(repo: Repository, fingerprint: str) -> bool:
-    """Whether the repository's results under ``fingerprint`` are behind its last sync."""
+    """Whether the repository's results under ``fingerprint`` are behind its last sync
+    because the served version changed (docs/lifecycle.md#catch-up).
+
+    A failed repository is re-synced only when it failed under another version (a
+    chunk of its last plan, that plan another version's): it failed for its own
+    reasons when its plan was under ``fingerprint`` (the served version's chunk died)
+    or when its sync failed (no version change makes a fetch succeed), and re-running
+    it on every promote or rollback would only add a dead letter each time."""
     if repo.status in {Repository.Status.QUEUED, Repository.Status.SYNCING}:
         return False  # its sync plans for the served fingerprint anyway
+    if repo.status == Repository.Status.FAILED:
+        return repo.fingerprint != fingerprint and _sync_succeeded(repo)
     if repo.fingerprint != fingerprint:
         return True
+    if repo.status != Repository.Status.READY:
+        return False  # analysing its plan under ``fingerprint``: nothing lags
     return stored_commits(repo.pk, fingerprint) < repo.commits_total
+
+
+def _sync_succeeded_q() -> Exists:
+    """The repository's current generation's sync succeeded (it planned): a failure
+    since is a chunk's, not the fetch's."""
+    return Exists(
+        JobRun.objects.filter(
+            kind=JobRun.Kind.SYNC,
+            repository_id=OuterRef("pk"),
+            generation=OuterRef("generation"),
+            state=JobRun.State.SUCCEEDED,
+        )
+    )
+
+
+def _sync_succeeded(repo: Repository) -> bool:
+    return Repository.objects.filter(pk=repo.pk).filter(_sync_succeeded_q()).exists()
+
+
+def lagging_repositories(fingerprint: str) -> QuerySet[Repository]:
+    """Repositories whose last plan was another version's and that a catch-up under
+    ``fingerprint`` re-syncs (``needs_catch_up`` in one query, without its check of the
+    stored count, which only the catch-up job itself reads): ready or analysing under
+    another version, or failed under another version after a sync that planned."""
+    return Repository.objects.exclude(fingerprint=fingerprint).filter(
+        Q(status__in=[Repository.Status.READY, Repository.Status.ANALYZING])
+        | (Q(status=Repository.Status.FAILED) & _sync_succeeded_q())
+    )
 
 
 def catch_up(*, fingerprint: str, after: int = 0, batch: int = CATCH_UP_BATCH) -> int | None:
@@ -399,6 +440,44 @@ def catch_up(*, fingerprint: str, after: int = 0, batch: int = CATCH_UP_BATCH) -
         if needs_catch_up(repo, fingerprint):
             refresh_repository(repo_id=repo.pk, fingerprint=fingerprint)
     return rows[-1].pk if len(rows) == batch else None
+
+
+def reconcile_catch_up() -> int:
+    """The reconciler's catch-up (docs/rollouts.md#wiring): while any repository lags the
+    served version (``lagging_repositories``) and no catch-up batch of that version is
+    live in Redis (queued, started or scheduled), enqueue one from the first lagging
+    repository; returns how many were enqueued (0 or 1). So a catch-up that the
+    promote's or rollback's after-commit hook never enqueued (the queue server blipped,
+    the process died between the commit and the hook), or whose chain of batches broke
+    off, is started again; and a repository a finished catch-up passed while it was
+    mid-sync, whose plan then landed under the closed version, is re-synced.
+    Raises ``infra.QueueUnavailable`` while the queue server is unreachable.
+
+    Race: the hook enqueues its first batch between this check and this enqueue. Then
+    two chains run over the same repositories, and each repository is still re-synced
+    once: ``refresh_repository`` is one conditional UPDATE that moves a lagging row to
+    queued, and the second chain finds it queued (not lagging) and skips it. The same
+    batch enqueued twice is one job (``enqueue_catch_up``'s deterministic id)."""
+    served = served_fingerprint()
+    first = lagging_repositories(served).order_by("pk").values_list("pk", flat=True).first()
+    if first is None or _catch_up_live(served):
+        return 0
+    return int(enqueue_catch_up(served, first - 1))
+
+
+def _catch_up_live(fingerprint: str) -> bool:
+    """Whether a catch-up batch of ``fingerprint`` waits or runs on the maintenance queue
+    (RQ's queue and registries, by the batches' job id prefix). A batch whose worker
+    died stays in the started registry until its entry expires (the job timeout); the
+    reconciler starts a new chain after that."""
+    q = infra.queue(infra.MAINTENANCE_QUEUE)
+    prefix = f"catchup-{fingerprint[:8]}-"
+    ids = [
+        *q.get_job_ids(),
+        *StartedJobRegistry(queue=q).get_job_ids(),
+        *ScheduledJobRegistry(queue=q).get_job_ids(),
+    ]
+    return any(job_id.startswith(prefix) for job_id in ids)
 
 
 def enqueue_catch_up(fingerprint: str, after: int = 0) -> bool:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         running_runs_of,
         search_runs,
         succeed_attempt,
+        sweep_closed_queues,
     )
     from dashboard.runs.dead_letter_counts import groups
     from dashboard.runs.dead_letters import (
@@ -75,6 +76,7 @@ __all__ = [
     "search_runs",
     "start_bulk",
     "succeed_attempt",
+    "sweep_closed_queues",
 ]
 
 #: Each public name and the module that defines it. A module loads when one of its names is
@@ -113,6 +115,7 @@ _SURFACE: dict[str, str] = {
     "running_runs_of": "dashboard.runs.attempts",
     "search_runs": "dashboard.runs.attempts",
     "succeed_attempt": "dashboard.runs.attempts",
+    "sweep_closed_queues": "dashboard.runs.attempts",
 }
 
 

@@ -21,13 +21,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
 
 from dashboard import infra, observability
 from dashboard.infra import publish_event
 from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
 from dashboard.runs import dead_letter_counts
 from dashboard.versions import GATE_OPEN, served_fingerprint
-from workers.analysis import DEFAULT
+from workers.analysis import DEFAULT, queue_name
 from workers.remotes import redact
 
 log = logging.getLogger(__name__)
@@ -162,6 +164,47 @@ def cancel_runs(*, fingerprint: str, reason: str) -> int:
         conn.delete(f"rq:job:{run.rq_id()}")
         _event("job.deferred", run, delay=None, reason=f"cancelled: {reason}")
     return cancelled
+
+
+def sweep_closed_queues(fingerprints: set[str]) -> int:
+    """Remove the RQ jobs left in closed versions' queues (``fingerprints``) that no run
+    waits for: a job whose run has ended (succeeded, dead, discarded) or is at another
+    attempt (two deliveries of one attempt, one claimed: ``chunk_plans._first_fresh``;
+    a job the reconciler re-enqueued after its run moved on). No worker takes a job
+    from a closed queue, so such a job would stay there for ever and keep the version's
+    drain (``rollouts.drain_counts``) from ever finding it empty. Returns how many were
+    removed. Uses RQ's public queue, registry and job API.
+
+    Race: a run of a closed version queued again meanwhile. ``enqueue_run`` cancels
+    instead of enqueueing on a closed gate, and a job is removed here only when its run,
+    read after the job ids were listed, is not waiting for exactly that attempt
+    (queued or failed with the job's id next); a job enqueued after the listing is not
+    looked at. A version re-activated meanwhile (its gate open again) has its queue
+    consumed again, and the job removed here was of an attempt its run no longer waits
+    for."""
+    removed = 0
+    for fp in sorted(fingerprints):
+        q = infra.queue(queue_name(fp))
+        scheduled = ScheduledJobRegistry(queue=q)
+        ids = [*q.get_job_ids(), *scheduled.get_job_ids()]
+        if not ids:
+            continue
+        waiting = {
+            run.rq_id()
+            for run in JobRun.objects.filter(
+                fingerprint=fp, state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
+            ).only("job_id", "attempts")
+        }
+        for job_id in ids:
+            if job_id in waiting:
+                continue  # cancel_runs' (the run is waiting for it)
+            q.remove(job_id)
+            scheduled.remove(job_id)
+            job = Job.fetch_many([job_id], connection=q.connection)[0]
+            if job is not None:
+                job.delete(remove_from_queue=False)
+            removed += 1
+    return removed
 
 
 def reroute_attempt(attempt: Attempt, *, queue: str, reason: str) -> bool:

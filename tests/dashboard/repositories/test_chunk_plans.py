@@ -17,6 +17,7 @@ from dashboard.locks.fencing import StaleToken, next_token
 from dashboard.models import Chunk, Commit, JobRun, Repository, Summary
 from dashboard.repositories import chunk_plans
 from dashboard.repositories.commit_counts import add_stored
+from dashboard.versions.state_machine import served_fingerprint
 from tests.support.live_tap import Tap
 from workers.analysis.analyzer import queue_name
 from workers.analysis.chunks import ShaList, chunk_key, chunk_target, plan_chunks
@@ -302,3 +303,88 @@ def test_planning_a_whole_history_allocates_less_than_its_text_once(settings: An
         tracemalloc.stop()
     assert Chunk.objects.filter(repository=repo).aggregate(n=Sum("size"))["n"] == 40_000
     assert peak < 40_000 * 41, f"peak {peak} bytes"
+
+
+# ---------------------------------------------------------------------------- catch-up
+
+
+def a_synced_repo(status: str, fingerprint: str, sync: str = JobRun.State.SUCCEEDED) -> Repository:
+    """A repository whose last plan was ``fingerprint``'s, its current generation's
+    sync ended as ``sync``."""
+    repo = Repository.objects.create(
+        url=f"https://example.com/team/{status}-{fingerprint[:4]}-{sync}.git",
+        status=status,
+        fingerprint=fingerprint,
+    )
+    JobRun.objects.create(
+        kind=JobRun.Kind.SYNC,
+        job_id=repo.sync_job_id(),
+        queue=queues.SYNC_QUEUE,
+        repository=repo,
+        generation=repo.generation,
+        state=sync,
+    )
+    return repo
+
+
+OLD = "fedcba9876543210"
+SERVED = "served"  # stands for the served fingerprint in the rows below
+LAGGING = [
+    (Repository.Status.READY, OLD, JobRun.State.SUCCEEDED),
+    (Repository.Status.ANALYZING, OLD, JobRun.State.SUCCEEDED),
+    (Repository.Status.FAILED, OLD, JobRun.State.SUCCEEDED),  # a chunk of OLD died
+]
+NOT_LAGGING = [
+    (Repository.Status.READY, SERVED, JobRun.State.SUCCEEDED),
+    (Repository.Status.ANALYZING, SERVED, JobRun.State.SUCCEEDED),
+    (Repository.Status.FAILED, SERVED, JobRun.State.SUCCEEDED),  # its own chunk died
+    (Repository.Status.FAILED, OLD, JobRun.State.DEAD),  # its fetch failed
+    (Repository.Status.FAILED, "", JobRun.State.DEAD),  # its first fetch failed
+    (Repository.Status.QUEUED, OLD, JobRun.State.QUEUED),
+    (Repository.Status.SYNCING, OLD, JobRun.State.RUNNING),
+]
+
+
+def test_a_catch_up_re_syncs_what_lags_and_no_repository_failed_for_its_own_reasons() -> None:
+    """docs/lifecycle.md#catch-up, row by row: the reconciler's query and the batch's
+    check agree, and a batch moves exactly the lagging rows to a new sync."""
+    served = served_fingerprint()  # no version yet: the deployed default's
+
+    def made(rows: list[tuple[str, str, str]]) -> list[Repository]:
+        return [a_synced_repo(st, served if fp == SERVED else fp, sync) for st, fp, sync in rows]
+
+    lagging, others = made(LAGGING), made(NOT_LAGGING)
+    assert [r.pk for r in chunk_plans.lagging_repositories(served).order_by("pk")] == [
+        r.pk for r in lagging
+    ]
+    assert [chunk_plans.needs_catch_up(r, served) for r in lagging + others] == [True] * len(
+        lagging
+    ) + [False] * len(others)
+    assert chunk_plans.catch_up(fingerprint=served) is None
+    for repo in lagging:
+        before = repo.generation
+        repo.refresh_from_db()
+        assert (repo.status, repo.generation) == (Repository.Status.QUEUED, before + 1)
+    for repo, (status, _, _) in zip(others, NOT_LAGGING, strict=True):
+        before = repo.generation
+        repo.refresh_from_db()
+        assert (repo.status, repo.generation) == (status, before)
+
+
+def test_the_reconciler_enqueues_one_catch_up_while_a_repository_lags() -> None:
+    served = served_fingerprint()  # no version yet: the deployed default's
+    a_synced_repo(Repository.Status.READY, served)
+    assert chunk_plans.reconcile_catch_up() == 0  # nothing lags
+    lagging = a_synced_repo(Repository.Status.READY, OLD)
+    maintenance = queues.queue(queues.MAINTENANCE_QUEUE)
+    assert chunk_plans.reconcile_catch_up() == 1
+    assert maintenance.get_job_ids() == [f"catchup-{served[:8]}-{lagging.pk - 1}"]
+    assert chunk_plans.reconcile_catch_up() == 0  # one is queued: not another
+    assert chunk_plans.enqueue_catch_up(served) is True  # the hook's, racing: a second chain
+    assert chunk_plans.reconcile_catch_up() == 0
+    assert chunk_plans.catch_up(fingerprint=served) is None  # what the batch does
+    lagging.refresh_from_db()
+    assert lagging.status == Repository.Status.QUEUED
+    for job_id in maintenance.get_job_ids():
+        maintenance.remove(job_id)
+    assert chunk_plans.reconcile_catch_up() == 0  # nothing lags any more

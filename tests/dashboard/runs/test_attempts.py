@@ -14,6 +14,7 @@ from dashboard.runs import attempts
 from dashboard.runs.dead_letters import dead_runs
 from dashboard.versions.state_machine import served_fingerprint
 from tests.support.live_tap import Tap
+from workers.analysis.analyzer import queue_name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -205,3 +206,45 @@ def test_root_causes_group_by_type_message_shape_and_frame() -> None:
         "file <path> line N sha <sha>"
     )
     assert attempts.cause_of(KeyError("a"))[0] != attempts.cause_of(ValueError("a"))[0]
+
+
+def test_sweeping_a_closed_queue_removes_only_the_jobs_no_run_waits_for() -> None:
+    """A closed version's queue holds the job of a run still waiting for it (left for
+    ``cancel_runs``), a leftover delivery of a run that has since succeeded, and a
+    scheduled retry of a run that is dead: the sweep removes the last two, job hashes
+    included, and keeps the first."""
+    fp = "c" * 16
+    repo = a_repo()
+    runs = []
+    for n in range(3):
+        chunk = Chunk.objects.create(
+            repository=repo, fingerprint=fp, key=f"{n:08x}", shas=f"{n:08x}", size=1
+        )
+        runs.append(
+            attempts.ensure_run(
+                kind=JobRun.Kind.ANALYZE,
+                job_id=chunk.job_id(),
+                queue=queue_name(fp),
+                repository_id=repo.pk,
+                chunk_id=chunk.pk,
+                fingerprint=fp,
+            )
+        )
+    waiting, finished, dead = runs
+    for run in runs:
+        assert attempts.enqueue_run(run)
+    attempts.succeed_attempt(started(finished))  # another delivery of attempt 1 ran it
+    q = queues.queue(queue_name(fp))
+    scheduled = ScheduledJobRegistry(queue=q)
+    q.remove(dead.rq_id())
+    analyze = attempts.FUNCS[JobRun.Kind.ANALYZE]
+    queues.enqueue_unique(q, analyze, dead.pk, 2, job_id=dead.rq_id(2), delay=60.0)
+    JobRun.objects.filter(pk=dead.pk).update(state=JobRun.State.DEAD, attempts=1)
+    assert scheduled.get_job_ids() == [dead.rq_id(2)]
+
+    assert attempts.sweep_closed_queues({fp}) == 2
+    assert q.get_job_ids() == [waiting.rq_id()]
+    assert scheduled.get_job_ids() == []
+    for job_id in (finished.rq_id(1), dead.rq_id(2)):
+        assert not Job.exists(job_id, connection=queues.connection())
+    assert attempts.sweep_closed_queues({fp}) == 0
