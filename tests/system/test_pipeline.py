@@ -189,6 +189,41 @@ def test_a_path_outside_the_local_roots_is_refused(tmp_path: Path, settings) -> 
     assert Repository.objects.count() == 0
 
 
+def test_g22_a_repository_that_borrows_objects_from_outside_the_roots_is_never_served(
+    tmp_path: Path, settings
+) -> None:
+    """docs/security.md#g22: refused at submission; and one accepted first and made to
+    borrow afterwards is refused by its next sync (dead at once: permanent), before git
+    fetches anything, so the secret never reaches a mirror or a page."""
+    settings.LOCAL_ROOTS = [(tmp_path / "roots").resolve()]
+    secret = GitRepo.create(tmp_path / "secret")
+    secret.commit("the secret", {"password.txt": "hunter2\n"})
+    honest = GitRepo.create(tmp_path / "roots" / "honest")
+    honest.commit("hello", {"README.md": "hi\n"})
+    repo, _ = submit_repository(url=str(honest.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    alternates = honest.path / ".git" / "objects" / "info" / "alternates"
+    alternates.write_text(str(secret.path / ".git" / "objects") + "\n")
+    honest.git("update-ref", "refs/heads/main", secret.head())
+    with pytest.raises(InvalidRemote, match="alternates"):
+        submit_repository(url=str(honest.path) + "/.")
+    Repository.objects.filter(pk=repo.pk).update(status=Repository.Status.READY)
+    from dashboard.repositories.lifecycle import refresh_repository
+
+    assert refresh_repository(repo_id=repo.pk, fingerprint=current_fingerprint())
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.FAILED and "alternates" in repo.error
+    assert repo.head != secret.head()
+    mirror = mirror_path(tmp_path / "workspace", repo.pk)
+    found = subprocess.run(["git", "--git-dir", str(mirror), "cat-file", "-e", secret.head()],
+                           capture_output=True)  # fmt: skip
+    assert found.returncode != 0
+    assert not Commit.objects.filter(sha=secret.head()).exists()
+
+
 def hostile_history(tmp_path: Path) -> GitRepo:
     """Merges (two-parent and octopus), a root commit, binary files, a rename, an empty
     commit, non-ASCII names and messages, names with spaces/tabs/newlines, a .mailmap."""
