@@ -118,6 +118,10 @@ class Chunk(models.Model):
         RUNNING = "running"
         DONE = "done"
         FAILED = "failed"
+        #: A rewritten history left one of its commits unreachable from the head: the
+        #: chunk is never analysed (again); its commits that are still reachable are
+        #: planned anew (``chunk_plans._drop_unreachable``).
+        DROPPED = "dropped"
 
     repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="chunks")
     fingerprint = models.CharField(max_length=64)
@@ -204,12 +208,16 @@ class CommitCount(models.Model):
     """How many commits are stored for one (repository, fingerprint): ``COUNT(*)`` of
     those ``Commit`` rows, kept on a row so no page scans a million index entries to
     show it (``dashboard.repositories.commit_counts``). Only ``write_chunk`` stores commits, and it
-    adds what it inserted in the same transaction; nothing deletes commits but the
-    repository's own deletion, which cascades here too."""
+    adds what it inserted in the same transaction; only a plan after a rewritten history
+    deletes some (those no longer reachable), and it subtracts them in its own
+    transaction and adds them to ``pruned``."""
 
     repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
     fingerprint = models.CharField(max_length=64)
     commits = models.BigIntegerField(default=0)
+    #: Commits ever deleted because a rewrite made them unreachable: only grows, so a
+    #: summary computed meanwhile can tell it may hold dropped commits.
+    pruned = models.BigIntegerField(default=0, db_default=0)  # raw upserts omit it
 
     class Meta:
         constraints = [
@@ -261,7 +269,8 @@ class FileChange(models.Model):
 
 class Summary(models.Model):
     """Cached aggregates of one repository for one fingerprint, valid while
-    ``commits`` equals the number of stored commits."""
+    ``commits`` equals the number of stored commits (a plan that deletes commits a
+    rewrite dropped deletes this row in its transaction)."""
 
     repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
     fingerprint = models.CharField(max_length=64)

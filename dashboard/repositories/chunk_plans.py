@@ -8,7 +8,7 @@ repository's analysis completes.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -19,8 +19,8 @@ from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from dashboard import infra
 from dashboard.infra import publish_event
 from dashboard.locks import check_token
-from dashboard.models import Chunk, Commit, JobRun, Repository
-from dashboard.repositories.commit_counts import stored_commits
+from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository, Summary
+from dashboard.repositories.commit_counts import remove_stored, stored_commits
 from dashboard.repositories.commits import stored_shas
 from dashboard.repositories.lifecycle import (
     complete_repository,
@@ -86,11 +86,15 @@ def plan_repository(
     checked first (``StaleToken`` if a newer holder exists), then:
 
     1. Lock the repository row (serialises with ``complete_repository``).
-    2. Per fingerprint: pending = reachable commits − stored for this fingerprint −
+    2. A full plan (no ``since``), per fingerprint: drop what a rewritten history left
+       unreachable from ``head`` (``_drop_unreachable``): its chunks are dropped, its
+       stored commits deleted and the kept count and summary adjusted, so what is
+       served is exactly the commits ``head`` reaches (docs/analysis.md).
+    3. Per fingerprint: pending = reachable commits − stored for this fingerprint −
        already in an open chunk (queued/running, e.g. from an earlier generation).
-    3. Plan content-defined chunks; insert the new ones (existing keys are kept, and a
-       failed one is reset to queued: a re-submission retries it).
-    4. Status (served fingerprint): analyzing while any chunk is open, else ready.
+    4. Plan content-defined chunks; insert the new ones (existing keys are kept, and a
+       failed or dropped one is reset to queued: a re-submission retries it).
+    5. Status (served fingerprint): analyzing while any chunk is open, else ready.
 
     Race: a promote or rollback commits right after the fingerprints were read. The
     plan is then for the version that was current a moment ago; that version is
@@ -115,6 +119,10 @@ def plan_repository(
             ):
                 return None
             total += repo.commits_total
+        else:
+            reachable = _Reachable(shas)
+            for fp in fps:
+                _drop_unreachable(repo_id, fp, reachable)
         run_ids, open_served = _plan_chunks(repo_id, fps[0], shas)
         inline = _first_fresh(run_ids) if fps[0] in inline_for else None
         for extra in fps[1:]:  # shadow chunks of a ramping version: always enqueued
@@ -122,6 +130,97 @@ def plan_repository(
         _record_plan(repo, fps[0], head, total, open_served)
         enqueue_after_commit([pk for pk in run_ids if pk != inline])
         return Plan(run_ids, inline)
+
+
+class _Reachable:
+    """Membership in the listed history (every commit ``head`` reaches), built on first
+    use: a first plan, with nothing stored and no chunk, never builds it."""
+
+    def __init__(self, shas: Sequence[str]) -> None:
+        self._shas = shas
+        self._set: set[str] | None = None
+
+    def __contains__(self, sha: object) -> bool:
+        if self._set is None:
+            self._set = set(self._shas)
+        return sha in self._set
+
+
+#: Why a chunk is dropped (its ``error``).
+DROPPED = "history rewritten: a commit of this chunk is no longer reachable from the head"
+
+
+def _drop_unreachable(repo_id: int, fingerprint: str, reachable: _Reachable) -> int:
+    """Make the fingerprint's stored results and plan exactly what ``reachable`` holds
+    (a full plan, after a force-push, a branch moved back or any rewrite); returns how
+    many stored commits were deleted. In the plan's transaction:
+
+    1. Every chunk not done (queued, running, failed) holding an unreachable commit is
+       ``dropped``: never analysed again, its reachable commits are planned anew.
+    2. Every stored commit that is unreachable is deleted with its files; the kept count
+       is lowered by what the DELETE reported (``commit_counts.remove_stored``), the
+       cached summary is deleted, and a done chunk holding such a commit is dropped too.
+
+    Race: a chunk of step 1 being written at this moment. Its write locks the chunk row
+    (``commits.write_chunk``), so the UPDATE of step 1 waits for that write to commit;
+    step 2 is a later statement and sees the rows it stored. A write that comes after
+    finds the chunk dropped and stores nothing. (SQLite: one write transaction at a
+    time.) A done chunk is never written again, so step 2 needs no such order.
+
+    Race: an attempt that found the chunk dropped (nothing written) and a later plan
+    that puts the same commits back (the branch moved forward again) before that
+    attempt recorded its success. That plan re-queues the chunk while its run is still
+    running, so it does not revive the run; the run then ends succeeded with the chunk
+    queued, and the next sync of the repository revives it (``_runs_for`` revives a
+    succeeded run of an open chunk). The results are never wrong meanwhile, only late.
+    """
+    now = timezone.now()
+    chunks = Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+    stale_chunks = [
+        pk
+        for pk, text in chunks.exclude(state__in=[Chunk.State.DONE, Chunk.State.DROPPED])
+        .values_list("pk", "shas")
+        .iterator()
+        if any(sha not in reachable for sha in text.split())
+    ]
+    _drop_chunks(stale_chunks, now)
+    if not stored_commits(repo_id, fingerprint):
+        return 0
+    commits = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+    gone = {
+        pk: sha
+        for pk, sha in commits.values_list("pk", "sha").iterator(chunk_size=5000)
+        if sha not in reachable
+    }
+    if not gone:
+        return 0
+    ids = list(gone)
+    deleted = 0
+    for i in range(0, len(ids), _SHA_BATCH):
+        batch = ids[i : i + _SHA_BATCH]
+        FileChange.objects.filter(commit_id__in=batch).delete()
+        deleted += Commit.objects.filter(pk__in=batch).delete()[1].get(Commit._meta.label, 0)
+    remove_stored(repo_id, fingerprint, deleted)
+    Summary.objects.filter(repository_id=repo_id, fingerprint=fingerprint).delete()
+    shas = set(gone.values())
+    _drop_chunks(
+        [
+            pk
+            for pk, text in chunks.filter(state=Chunk.State.DONE)
+            .values_list("pk", "shas")
+            .iterator()
+            if any(sha in shas for sha in text.split())
+        ],
+        now,
+    )
+    return deleted
+
+
+def _drop_chunks(ids: list[int], now: Any) -> None:
+    for i in range(0, len(ids), _SHA_BATCH):
+        Chunk.objects.filter(pk__in=ids[i : i + _SHA_BATCH]).update(
+            state=Chunk.State.DROPPED, error=DROPPED, finished_at=now
+        )
 
 
 def _first_fresh(run_ids: list[int]) -> int | None:
@@ -253,7 +352,8 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
 
 def _insert_chunks(repo_id: int, fingerprint: str, rows: list[Chunk]) -> None:
     """Insert new chunk rows (a key that exists is kept) and reset a failed one of these
-    keys to queued: a re-submission retries it."""
+    keys to queued: a re-submission retries it. A dropped one is queued again too: the
+    history reaches exactly its commits again (the branch moved back, then forward)."""
     if not rows:
         return
     Chunk.objects.bulk_create(rows, ignore_conflicts=True)
@@ -261,8 +361,8 @@ def _insert_chunks(repo_id: int, fingerprint: str, rows: list[Chunk]) -> None:
         repository_id=repo_id,
         fingerprint=fingerprint,
         key__in=[r.key for r in rows],
-        state=Chunk.State.FAILED,
-    ).update(state=Chunk.State.QUEUED, error="")
+        state__in=[Chunk.State.FAILED, Chunk.State.DROPPED],
+    ).update(state=Chunk.State.QUEUED, error="", finished_at=None)
 
 
 def _record_plan(repo: Repository, fingerprint: str, head: str, total: int, busy: bool) -> None:
@@ -293,7 +393,9 @@ def _record_plan(repo: Repository, fingerprint: str, head: str, total: int, busy
 
 def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
     """The analyze run of every open chunk, created if missing. A dead run of a chunk
-    that is planned again (the user re-submitted) gets a fresh attempt budget."""
+    that is planned again (the user re-submitted) gets a fresh attempt budget, and so
+    does a succeeded one: an open chunk's run has succeeded only when the chunk was
+    dropped and is planned again (``_drop_unreachable``)."""
     queue = queue_name(fingerprint)
     ids = []
     for chunk in chunks:
@@ -305,7 +407,7 @@ def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
             chunk_id=chunk.pk,
             fingerprint=fingerprint,
         )
-        if run.state in {JobRun.State.DEAD, JobRun.State.DISCARDED}:
+        if run.state in {JobRun.State.DEAD, JobRun.State.DISCARDED, JobRun.State.SUCCEEDED}:
             JobRun.objects.filter(pk=run.pk, state=run.state).update(
                 state=JobRun.State.QUEUED, budget_base=F("attempts"), error=""
             )
@@ -319,6 +421,8 @@ def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
     it stored by an earlier attempt), after checking whether the repository is
     complete.
 
+    A dropped chunk (``_drop_unreachable``) is never analysed: its run ends at once.
+
     Race: a redelivered or retried job whose earlier attempt committed. The commits'
     unique constraint and this check make the second run a no-op; marking running
     never moves a done chunk back (``exclude(state=done)``).
@@ -327,6 +431,9 @@ def begin_chunk(chunk_id: int) -> tuple[Chunk, str | None]:
     if chunk.state == Chunk.State.DONE:
         _complete(chunk)
         return chunk, "already done"
+    if chunk.state == Chunk.State.DROPPED:
+        _complete(chunk)
+        return chunk, "dropped: the history was rewritten"
     shas = chunk.sha_list()
     # one parameter for the chunk's shas (not one bound parameter per sha)
     stored = len(stored_shas(chunk.repository_id, chunk.fingerprint, shas))

@@ -5,7 +5,10 @@
 ``CommitCount`` keeps the number on a row instead: ``write_chunk`` is the only writer of
 commits and adds, in its own transaction, the number of rows its INSERT or COPY
 reported inserted (``add_stored``); readers look up one row (``stored_commits``).
-Nothing deletes commits except deleting the repository, which cascades to its counts.
+Besides deleting the repository (which cascades to its counts), only a plan after a
+rewritten history deletes commits, those no longer reachable from the head
+(``chunk_plans._drop_unreachable``): it subtracts the rows its DELETE reported deleted,
+in its own transaction (``remove_stored``), and adds them to ``pruned``.
 
 Why the number stays exact (``COUNT(*)`` of the same rows):
 
@@ -28,12 +31,18 @@ The migration that added the table back-filled it with ``COUNT(*)`` per group.
 from __future__ import annotations
 
 from django.db import connection
-from django.db.models import BigIntegerField, OuterRef, Subquery
+from django.db.models import BigIntegerField, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from dashboard.models import CommitCount
 
-__all__ = ["add_stored", "stored_commits", "stored_commits_subquery"]
+__all__ = [
+    "add_stored",
+    "pruned_commits",
+    "remove_stored",
+    "stored_commits",
+    "stored_commits_subquery",
+]
 
 
 def stored_commits(repo_id: int, fingerprint: str) -> int:
@@ -43,6 +52,18 @@ def stored_commits(repo_id: int, fingerprint: str) -> int:
         .values_list("commits", flat=True)
         .first()
     )
+    return int(n or 0)
+
+
+def pruned_commits(repo_id: int, fingerprint: str, *, lock: bool = False) -> int:
+    """Commits ever deleted for the repository under ``fingerprint`` because a rewrite
+    made them unreachable (``remove_stored``); it only grows. ``lock``: row-lock the
+    count until the caller's transaction ends (PostgreSQL; SQLite's write transaction
+    holds the database), so no prune commits before it does."""
+    rows = CommitCount.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
+    if lock:
+        rows = rows.select_for_update()
+    n = rows.values_list("pruned", flat=True).first()
     return int(n or 0)
 
 
@@ -77,3 +98,16 @@ def add_stored(repo_id: int, fingerprint: str, inserted: int) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [repo_id, fingerprint, inserted])
+
+
+def remove_stored(repo_id: int, fingerprint: str, deleted: int) -> None:
+    """Subtract ``deleted`` commits just deleted by the caller's transaction (a plan
+    dropping commits a rewrite made unreachable) and add them to ``pruned``. In the
+    same transaction as the DELETE, with the number it reported: exact for the same
+    reasons as ``add_stored`` (an UPDATE computed in the database, rolled back with the
+    rows)."""
+    if deleted <= 0:
+        return
+    CommitCount.objects.filter(repository_id=repo_id, fingerprint=fingerprint).update(
+        commits=F("commits") - deleted, pruned=F("pruned") + deleted
+    )

@@ -249,12 +249,14 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
     1. Build the rows before the transaction (no database lock held meanwhile).
     2. Check the fencing token of the chunk lock is still the newest (row locked until
        commit, see ``check_token``): a holder whose lease ran out writes nothing.
-    3. Skip commits already stored for this fingerprint (another chunk or an earlier
+    3. Write nothing if the chunk was dropped meanwhile (a rewritten history, see
+       ``chunk_plans._drop_unreachable``).
+    4. Skip commits already stored for this fingerprint (another chunk or an earlier
        attempt wrote them): the unique (repository, fingerprint, sha) constraint is the
        last line of defence; this check keeps the common case free of errors.
-    4. Insert the commits and their file rows with the database's fastest bulk path
+    5. Insert the commits and their file rows with the database's fastest bulk path
        (SQLite ``executemany``, PostgreSQL ``COPY``); mark the chunk done.
-    5. Add the number of commit rows the database reported inserted to the stored
+    6. Add the number of commit rows the database reported inserted to the stored
        count (``commit_counts.add_stored``), last, in the same transaction.
     """
     planned = chunk.sha_list()
@@ -273,6 +275,16 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
         # commit. COPY and executemany are statements of this same transaction: if the
         # check fails, or anything after it, nothing of the chunk becomes visible.
         check_token(chunk.lock_key(), token)
+        # Race: a plan after a rewritten history drops this chunk (its commits are no
+        # longer all reachable) while it was analysed. The plan's UPDATE and this lock
+        # take the chunk row in turn (SQLite: one write transaction at a time): a drop
+        # committed first is seen here and nothing is written; one that comes after
+        # waits for this commit and then deletes what it stored that is unreachable.
+        state = (
+            Chunk.objects.select_for_update().filter(pk=chunk.pk).values_list("state", flat=True)
+        ).first()
+        if state in (None, Chunk.State.DROPPED):
+            return 0
         existing = stored_shas(repo_id, fp, planned)
         fresh = [i for i, sha in enumerate(rows.shas) if sha not in existing]
         inserted = 0

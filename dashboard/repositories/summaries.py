@@ -12,7 +12,7 @@ from django.db.models.functions import TruncWeek
 from django.utils import timezone
 
 from dashboard.models import Commit, FileChange, Repository, Summary
-from dashboard.repositories.commit_counts import stored_commits
+from dashboard.repositories.commit_counts import pruned_commits, stored_commits
 
 TOP = 10
 
@@ -123,8 +123,18 @@ def repository_summary(
     number is the kept count (``commit_counts``), or ``stored`` if the caller read it
     already for this request.
 
+    A plan that deletes commits a rewrite dropped (``chunk_plans._drop_unreachable``)
+    deletes the cached row in its transaction, so a count that is the same again after
+    the rewrite never matches data of the old history.
+
     Race: two readers recompute at once; both write the same data, the unique
     (repository, fingerprint) constraint keeps one row, the loser updates it.
+
+    Race: a prune commits while this reader computes, so what it computed may count
+    dropped commits. The reader reads the prune counter before computing and writes
+    only if it is unchanged, checked with the count's row locked until its write
+    commits: a prune committed before that check is seen (nothing written), and one
+    that commits after it waits for the lock and then deletes the row written.
     """
     count = stored_commits(repo.pk, fingerprint) if stored is None else stored
     cached = Summary.objects.filter(repository=repo, fingerprint=fingerprint).first()
@@ -136,9 +146,12 @@ def repository_summary(
         and (timezone.now() - cached.computed_at < REFRESH_WHILE_ACTIVE)
     ):
         return dict(cached.data)
+    pruned = pruned_commits(repo.pk, fingerprint)
     data = compute_summary(repo, fingerprint)
     try:
         with transaction.atomic():
+            if pruned_commits(repo.pk, fingerprint, lock=True) != pruned:
+                return data  # computed across a prune: served once, never cached
             Summary.objects.update_or_create(
                 repository=repo,
                 fingerprint=fingerprint,

@@ -189,6 +189,41 @@ def test_a_path_outside_the_local_roots_is_refused(tmp_path: Path, settings) -> 
     assert Repository.objects.count() == 0
 
 
+def test_g22_a_repository_that_borrows_objects_from_outside_the_roots_is_never_served(
+    tmp_path: Path, settings
+) -> None:
+    """docs/security.md#g22: refused at submission; and one accepted first and made to
+    borrow afterwards is refused by its next sync (dead at once: permanent), before git
+    fetches anything, so the secret never reaches a mirror or a page."""
+    settings.LOCAL_ROOTS = [(tmp_path / "roots").resolve()]
+    secret = GitRepo.create(tmp_path / "secret")
+    secret.commit("the secret", {"password.txt": "hunter2\n"})
+    honest = GitRepo.create(tmp_path / "roots" / "honest")
+    honest.commit("hello", {"README.md": "hi\n"})
+    repo, _ = submit_repository(url=str(honest.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    alternates = honest.path / ".git" / "objects" / "info" / "alternates"
+    alternates.write_text(str(secret.path / ".git" / "objects") + "\n")
+    honest.git("update-ref", "refs/heads/main", secret.head())
+    with pytest.raises(InvalidRemote, match="alternates"):
+        submit_repository(url=str(honest.path) + "/.")
+    Repository.objects.filter(pk=repo.pk).update(status=Repository.Status.READY)
+    from dashboard.repositories.lifecycle import refresh_repository
+
+    assert refresh_repository(repo_id=repo.pk, fingerprint=current_fingerprint())
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.FAILED and "alternates" in repo.error
+    assert repo.head != secret.head()
+    mirror = mirror_path(tmp_path / "workspace", repo.pk)
+    found = subprocess.run(["git", "--git-dir", str(mirror), "cat-file", "-e", secret.head()],
+                           capture_output=True)  # fmt: skip
+    assert found.returncode != 0
+    assert not Commit.objects.filter(sha=secret.head()).exists()
+
+
 def hostile_history(tmp_path: Path) -> GitRepo:
     """Merges (two-parent and octopus), a root commit, binary files, a rename, an empty
     commit, non-ASCII names and messages, names with spaces/tabs/newlines, a .mailmap."""
@@ -334,3 +369,91 @@ def test_a_retry_repairs_a_mirror_whose_objects_are_gone_but_whose_ref_is_intact
     (run,) = JobRun.objects.filter(repository=repo, kind="analyze")
     assert run.attempts == 2
     assert_matches_git(repo, git_repo.path)
+
+
+def _git_totals(origin: Path) -> dict[str, int]:
+    """Commits, insertions, deletions and authors of ``HEAD`` as git counts them (the
+    same diff as the analysis: first parent, no renames; authors by mailmapped e-mail)."""
+    ref = reference_commits(origin)
+    emails = subprocess.run(
+        ["git", "-C", str(origin), "log", "--format=%aE", "HEAD"],
+        capture_output=True, check=True, text=True,
+    ).stdout.split()  # fmt: skip
+    return {
+        "commits": len(ref),
+        "insertions": sum(c["insertions"] for c in ref.values()),
+        "deletions": sum(c["deletions"] for c in ref.values()),
+        "authors": len(set(emails)),
+    }
+
+
+def _served_equals_git(repo: Repository, origin: Path) -> None:
+    """What is served for ``repo`` is git's ``HEAD``, exactly: the stored commits are
+    ``git rev-list HEAD``, the kept count, the total and the summary's totals are git's."""
+    from dashboard.repositories.commit_counts import stored_commits
+    from dashboard.repositories.commits import iter_commits
+    from dashboard.repositories.lifecycle import repository_status
+    from dashboard.repositories.summaries import repository_summary
+
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    fp = current_fingerprint()
+    rev_list = subprocess.run(
+        ["git", "-C", str(origin), "rev-list", "HEAD"], capture_output=True, check=True, text=True
+    ).stdout.split()
+    stored = set(
+        Commit.objects.filter(repository=repo, fingerprint=fp).values_list("sha", flat=True)
+    )
+    assert stored == set(rev_list)
+    assert {c["sha"] for c in iter_commits(repo, fingerprint=fp)} == set(rev_list)
+    state = repository_status(repo)
+    assert state["commits_analyzed"] == state["commits_total"] == len(rev_list)
+    assert stored_commits(repo.pk, fp) == len(rev_list)
+    totals = repository_summary(repo, fp)["totals"]
+    want = _git_totals(origin)
+    assert {k: totals[k] for k in want} == want
+    assert_matches_git(repo, origin)
+
+
+def test_a_rewritten_history_serves_exactly_the_commits_of_the_new_head(
+    git_repo: GitRepo, settings
+) -> None:
+    """Force-push to a rewritten middle, move the branch back, force-push an unrelated
+    history, and forward again: after each, through real workers, what is served (commits,
+    counts, totals, authors, the API's list) is git's ``HEAD`` exactly (analysis.md)."""
+    settings.CHUNK_SIZE = 2
+    for i in range(5):
+        git_repo.commit(f"change {i}", {f"f{i % 2}.txt": f"line {i}\n" * (i + 1)})
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    _served_equals_git(repo, git_repo.path)
+
+    # a rewrite of the middle: the last three commits replaced by two others, by someone else
+    git_repo.git("reset", "--quiet", "--hard", "HEAD~3")
+    git_repo.commit("rewritten a", {"f0.txt": "other\n"}, author=("Mallory", "m@example.com"))
+    git_repo.commit("rewritten b", {"g.txt": "x\ny\n"}, author=("Mallory", "m@example.com"))
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    _served_equals_git(repo, git_repo.path)
+
+    # the branch moved back: nothing new, two commits dropped
+    git_repo.git("reset", "--quiet", "--hard", "HEAD~2")
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    _served_equals_git(repo, git_repo.path)
+
+    # a force-push of an unrelated history
+    git_repo.git("checkout", "--quiet", "--orphan", "fresh")
+    git_repo.git("rm", "-r", "--quiet", "--cached", ".")
+    git_repo.commit("unrelated root", {"new.txt": "a\n"}, author=("Eve", "eve@example.com"))
+    git_repo.commit("unrelated next", {"new.txt": "a\nb\n"})
+    git_repo.git("branch", "--quiet", "-M", "fresh", "main")
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    _served_equals_git(repo, git_repo.path)
+
+    # and a fast-forward on top of it is incremental again, still exact
+    git_repo.commit("after", {"new.txt": "a\nb\nc\n"})
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    _served_equals_git(repo, git_repo.path)

@@ -43,6 +43,7 @@ from urllib.parse import unquote, unquote_to_bytes
 
 from workers.remotes.branches import normalise_branch
 from workers.remotes.hosts import check_address, parse_host, resolve_pinned
+from workers.remotes.local_repos import check_local_repository
 from workers.remotes.policy import InvalidRemote, RemotePolicy, has_unsafe_chars, show
 from workers.remotes.redaction import redact
 
@@ -183,6 +184,9 @@ def _local_remote(path_text: str, policy: RemotePolicy) -> Remote:
         is_dir = False
     if not is_dir:
         raise InvalidRemote("local path is not an existing directory")
+    # git follows redirections inside the repository too (alternates, a .git file,
+    # commondir, symlinks): each must stay under the roots (docs/security.md#g22).
+    check_local_repository(resolved, roots)
     return Remote(
         url=text, scheme="file", host=None, port=None, pinned_addresses=(), fetch_url=text
     )

@@ -388,3 +388,70 @@ def test_the_reconciler_enqueues_one_catch_up_while_a_repository_lags() -> None:
     for job_id in maintenance.get_job_ids():
         maintenance.remove(job_id)
     assert chunk_plans.reconcile_catch_up() == 0  # nothing lags any more
+
+
+def test_a_full_plan_drops_what_a_rewritten_history_left_unreachable() -> None:
+    """A force-push kept SHAS[:3] and replaced the rest: the stored commits it dropped are
+    deleted in the plan's transaction, the kept count and the cached summary follow, the
+    chunks holding them are dropped, and the reachable commits of a dropped chunk are
+    planned anew (docs/analysis.md)."""
+    from dashboard.repositories.commit_counts import pruned_commits, stored_commits
+
+    repo = a_repo()
+    plan(repo)
+    for sha in SHAS[:5]:
+        store(repo, sha)
+    Summary.objects.create(repository=repo, fingerprint=FP, commits=5, data={})
+    holding_dropped = {c.pk for c in Chunk.objects.all() if set(c.sha_list()) & set(SHAS[3:])}
+    rewritten = [*SHAS[:3], *(f"{i:040x}" for i in range(100, 103))]
+    plan(repo, rewritten)
+    stored = set(Commit.objects.filter(repository=repo).values_list("sha", flat=True))
+    assert stored == set(SHAS[:3])
+    assert stored_commits(repo.pk, FP) == 3 and pruned_commits(repo.pk, FP) == 2
+    assert not Summary.objects.exists()
+    dropped = Chunk.objects.filter(state=Chunk.State.DROPPED)
+    assert set(dropped.values_list("pk", flat=True)) == holding_dropped
+    assert all(c.error == chunk_plans.DROPPED for c in dropped)
+    open_shas = {s for c in Chunk.objects.filter(state=Chunk.State.QUEUED) for s in c.sha_list()}
+    # every pending commit is planned, and no open chunk holds an unreachable one
+    assert set(rewritten) - stored <= open_shas <= set(rewritten)
+    repo.refresh_from_db()
+    assert repo.commits_total == 6 and repo.status == Repository.Status.ANALYZING
+    # a queued run of a dropped chunk ends at once, without touching git
+    chunk, reason = chunk_plans.begin_chunk(dropped[0].pk)
+    assert reason == "dropped: the history was rewritten"
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DROPPED
+
+
+def test_a_dropped_chunk_is_planned_again_when_the_history_comes_back() -> None:
+    """The branch moved back, then forward to the same head: the dropped chunk's key is
+    planned again, so the chunk is queued once more and its run revived, even one that
+    ended (succeeded) on finding the chunk dropped."""
+    repo = a_repo()
+    plan(repo)
+    plan(repo, SHAS[:1])
+    assert set(Chunk.objects.values_list("state", flat=True)) >= {Chunk.State.DROPPED}
+    JobRun.objects.update(state=JobRun.State.SUCCEEDED, attempts=1)
+    runs = plan(repo, SHAS)
+    open_shas = {s for c in Chunk.objects.filter(state=Chunk.State.QUEUED) for s in c.sha_list()}
+    assert open_shas == set(SHAS)
+    assert set(JobRun.objects.filter(pk__in=runs).values_list("state", flat=True)) == {
+        JobRun.State.QUEUED
+    }
+
+
+def test_an_incremental_plan_drops_nothing() -> None:
+    repo = a_repo()
+    plan(repo)
+    for sha in SHAS:
+        store(repo, sha)
+    Chunk.objects.update(state=Chunk.State.DONE)
+    planned = chunk_plans.plan_repository(
+        repo_id=repo.pk, generation=repo.generation, fingerprint=FP, head="f" * 40,
+        shas=["f" * 40], since=SHAS[-1], lock_key=repo.lock_key(),
+        token=next_token(repo.lock_key()),
+    )  # fmt: skip
+    assert planned is not None
+    assert Commit.objects.count() == len(SHAS)
+    assert not Chunk.objects.filter(state=Chunk.State.DROPPED).exists()

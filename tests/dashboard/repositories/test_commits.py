@@ -248,3 +248,19 @@ def test_commit_ids_are_never_handed_out_twice(git_repo: GitRepo) -> None:
         committed_at=records[0].committed_at,
     )  # fmt: skip
     assert again.pk > ids[-1]
+
+
+def test_a_chunk_dropped_while_it_was_analysed_writes_nothing(git_repo: GitRepo) -> None:
+    """A plan after a rewrite dropped the chunk between its analysis and its write: the
+    write, in its own transaction, finds the chunk dropped and stores nothing, so no
+    unreachable commit comes back after the plan deleted them."""
+    git_dir = git_repo.path / ".git"
+    repo = Repository.objects.create(url=str(git_repo.path))
+    shas = git_repo.git("rev-list", "--reverse", "HEAD").split()
+    records = list(stream_commits(git_dir, shas))
+    chunk = _chunk(repo, shas, "fp")
+    Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DROPPED)
+    assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key())) == 0
+    assert Commit.objects.count() == 0 and FileChange.objects.count() == 0
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DROPPED

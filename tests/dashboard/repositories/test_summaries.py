@@ -123,3 +123,33 @@ def test_an_empty_fingerprint_has_zero_totals(tmp_path: Path) -> None:
         "first_commit_at": None, "last_commit_at": None,
     }  # fmt: skip
     assert data["authors"] == data["languages"] == data["hotspots"] == data["weekly"] == []
+
+
+def test_a_summary_computed_across_a_prune_is_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan that deletes dropped commits commits while a reader computes: what the
+    reader computed may count them, so it is not cached (the next read recomputes), even
+    though the count may be the same again by then."""
+    from dashboard.repositories import summaries
+    from dashboard.repositories.commit_counts import remove_stored
+
+    repo = _analysed(_history(tmp_path / "o"))
+    fp = current_fingerprint()
+    Summary.objects.all().delete()
+    real = summaries.compute_summary
+
+    def computed_then_pruned(r: Repository, f: str) -> dict[str, object]:
+        data = real(r, f)
+        remove_stored(r.pk, f, 1)  # a prune commits meanwhile (and a write adds one back)
+        from dashboard.repositories.commit_counts import add_stored
+
+        add_stored(r.pk, f, 1)
+        return data
+
+    monkeypatch.setattr(summaries, "compute_summary", computed_then_pruned)
+    repository_summary(repo, fp)
+    assert not Summary.objects.filter(repository=repo, fingerprint=fp).exists()
+    monkeypatch.setattr(summaries, "compute_summary", real)
+    repository_summary(repo, fp)
+    assert Summary.objects.filter(repository=repo, fingerprint=fp).exists()

@@ -488,6 +488,6 @@ def test_the_combined_status_equals_repository_status(git_repo: GitRepo) -> None
         assert found is not None and found[0].pk == r.pk
         assert found[1] == repository_status(r)
     assert repository_with_status(repo.pk)[1]["chunks"] == {  # type: ignore[index]
-        "queued": 1, "running": 1, "done": 3, "failed": 1}  # fmt: skip
+        "queued": 1, "running": 1, "done": 3, "failed": 1, "dropped": 1}  # fmt: skip
     assert repository_with_status(repo.pk, fingerprint="other")[1]["commits_analyzed"] == 7  # type: ignore[index]
     assert repository_with_status(10**9) is None
