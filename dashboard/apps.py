@@ -13,9 +13,14 @@ class DashboardConfig(AppConfig):
         # being built, and these reach dashboard.models (Django's documented place for
         # such imports is ready()). install_hooks registers gitward's system checks
         # (dashboard/infra/system_checks.py) and the database pool's at-fork hook.
-        from dashboard.infra import close_user_sockets, install_hooks
+        from django.urls import register_converter
+
+        from dashboard.infra import IdConverter, close_user_sockets, install_hooks
 
         install_hooks()
+        # ``<id:...>`` in dashboard/urls.py and the websocket routes: an int bounded to
+        # the 64-bit id range (dashboard/infra/inputs.py; docs/api.md#limits).
+        register_converter(IdConverter, "id")
 
         def on_logout(sender: object, request: object, user: object, **kwargs: object) -> None:
             if user is not None and getattr(user, "pk", None):

@@ -30,21 +30,24 @@ django_asgi: ASGIHandler = PooledASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import path  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from dashboard.live.consumers import (  # noqa: E402
     OpsConsumer,
     RepositoryConsumer,
     RepositoryListConsumer,
     RolloutsConsumer,
+    UnknownPathConsumer,
 )
 from dashboard.live.origins import StrictOriginValidator  # noqa: E402
 
 websocket_urls = [
     path("ws/ops/", OpsConsumer.as_asgi()),
     path("ws/repos/", RepositoryListConsumer.as_asgi()),
-    path("ws/repos/<int:repo_id>/", RepositoryConsumer.as_asgi()),
+    path("ws/repos/<id:repo_id>/", RepositoryConsumer.as_asgi()),
     path("ws/rollouts/", RolloutsConsumer.as_asgi()),
+    # Last: any other path (and an id past the 64-bit range) is refused cleanly.
+    re_path(r"", UnknownPathConsumer.as_asgi()),
 ]
 
 application = ProtocolTypeRouter(

@@ -1,5 +1,6 @@
-"""Small middleware: security headers, and the last-resort 503s for Redis and database
-failures."""
+"""Small middleware: security headers, the request input limits (a 400 or 413 for a body
+or query Django cannot parse or that breaks a limit), and the last-resort 503s for Redis
+and database failures."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.utils.html import escape
 from django.views import defaults
 
@@ -51,6 +55,73 @@ class EventActorMiddleware:
             return self.get_response(request)
         finally:
             infra.served_request(token)
+
+
+class RequestInputMiddleware:
+    """Reads what Django parses lazily — the query string, the body and its form fields —
+    before any view or other middleware does, and answers a request that breaks a limit
+    itself (docs/api.md#limits), JSON ``{"error"}`` under ``/api/``, a short page
+    elsewhere:
+
+    * 413: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (by its ``Content-Length``; we
+      take no file uploads, so this holds for multipart bodies too);
+    * 400: more than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` fields (query or form), a
+      multipart body without a boundary or otherwise malformed, a NUL character in the
+      path or a query parameter (no text column of PostgreSQL's can store one: a search
+      for it raised there). A form field's NUL is the form's error to show
+      (Django's ``CharField`` refuses it), a JSON body's is ``dashboard.api.endpoint``'s.
+
+    Django raises these where the body is first read (the CSRF check, ``request.POST``
+    in a view): past our handlers, as a logged 500 or a bare 400."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        problem = input_problem(request)
+        if problem is not None:
+            status, message = problem
+            return refused_input(request, status, message)
+        return self.get_response(request)
+
+
+def input_problem(request: HttpRequest) -> tuple[int, str] | None:
+    """``(status, message)`` for a request that breaks an input limit, else None."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 400, "the Content-Length header is not a number"
+    if limit is not None and length > limit:
+        return 413, f"the request body is larger than {limit} bytes"
+    try:
+        if "\x00" in request.path or _any_nul(request.GET):
+            return 400, "the path or query string holds a NUL character"
+        if request.method not in {"GET", "HEAD", "OPTIONS", "TRACE"}:
+            if request.content_type != "multipart/form-data":
+                request.body  # noqa: B018 -- read now, with its limit checked (a body of its own)
+            request.POST  # noqa: B018 -- parsed now: its field count, its multipart framing
+    except RequestDataTooBig:  # a body longer than its Content-Length said
+        return 413, f"the request body is larger than {limit} bytes"
+    except TooManyFieldsSent:
+        return 400, f"more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields"
+    except TooManyFilesSent:
+        return 400, "file uploads are not accepted"
+    except MultiPartParserError as exc:
+        return 400, f"the multipart body cannot be read: {exc}"
+    return None
+
+
+def _any_nul(fields: Any) -> bool:
+    return any("\x00" in k or any("\x00" in v for v in vs) for k, vs in fields.lists())
+
+
+def refused_input(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": message}, status=status)
+    return HttpResponse(
+        f"<!doctype html><title>bad request</title><p>{escape(message)}.</p>", status=status
+    )
 
 
 class QueueUnavailableMiddleware:

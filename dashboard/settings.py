@@ -173,9 +173,17 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.middleware.ContentSecurityPolicyMiddleware",
+    # Before any view or process_view (CSRF reads request.POST): 400/413 for bad bodies.
+    "dashboard.middleware.RequestInputMiddleware",
     "dashboard.accounts.audit.AuditReasonMiddleware",
     "dashboard.middleware.QueueUnavailableMiddleware",
 ]
+
+#: Request limits (docs/api.md#limits), answered by dashboard.middleware.RequestInputMiddleware:
+#: a larger body is a 413, more fields (query or form) a 400. Django's defaults, stated: no
+#: request of ours comes near them (the largest, a rollout's config, is a few kilobytes).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 
 ROOT_URLCONF = "dashboard.urls"
 ASGI_APPLICATION = "dashboard.asgi.application"

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
         audit_actions,
         audit_page,
         current_reason,
+        reason_problem,
         record_audit,
         run_links,
     )
@@ -23,6 +24,7 @@ __all__ = [
     "check",
     "current_reason",
     "ensure_admin",
+    "reason_problem",
     "record_audit",
     "run_links",
 ]
@@ -35,6 +37,7 @@ _SURFACE: dict[str, str] = {
     "audit_actions": "dashboard.accounts.audit",
     "audit_page": "dashboard.accounts.audit",
     "current_reason": "dashboard.accounts.audit",
+    "reason_problem": "dashboard.accounts.audit",
     "record_audit": "dashboard.accounts.audit",
     "run_links": "dashboard.accounts.audit",
     "ensure_admin": "dashboard.accounts.first_admin",

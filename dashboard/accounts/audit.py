@@ -9,6 +9,7 @@ stores the reason in its selector and passes it explicitly (``dead_letters.run_b
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -53,8 +54,32 @@ class AuditReasonMiddleware:
 
 
 def clean_reason(text: str) -> str:
-    """One line of printable text, bounded."""
-    return " ".join(str(text).split())[:MAX_REASON]
+    """One line of printable text, bounded: control characters (NUL, ESC, …) and lone
+    surrogates are dropped, whitespace runs become one space."""
+    kept = "".join(ch for ch in str(text) if ch.isspace() or not _unstorable(ch))
+    return " ".join(kept.split())[:MAX_REASON]
+
+
+#: The longest reason an operator may type (forms, API bodies, the CLI).
+MAX_TYPED_REASON = 500
+
+
+def reason_problem(text: object, *, most: int = MAX_TYPED_REASON) -> str | None:
+    """Why ``text`` cannot be an operator's typed reason, None if it can: it must be a
+    string of at most ``most`` characters without control characters other than
+    whitespace, nor lone surrogates. Checked by every adapter *before* it acts: a NUL
+    fails PostgreSQL's insert of the audit entry (the action had run, unaudited), an
+    ESC reaches an operator's terminal through ``manage.py rollout status``."""
+    if not isinstance(text, str) or len(text) > most:
+        return f'"reason" must be a string (≤ {most} characters)'
+    if any(_unstorable(ch) and ch not in "\t\n\r" for ch in text):
+        return '"reason" must not hold control characters (NUL, ESC, …)'
+    return None
+
+
+def _unstorable(ch: str) -> bool:
+    # Cc: C0/C1 controls and DEL; Cs: a lone surrogate (no UTF-8 encoding exists).
+    return unicodedata.category(ch) in {"Cc", "Cs"}
 
 
 def record_audit(*, user: Any, action: str, target: str, outcome: str,

@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from dashboard.api.endpoint import (
     api_view,
     error,
+    id_list,
     int_param,
     json_body,
     operator_refusal,
@@ -54,15 +55,10 @@ def _dlq_action(request: HttpRequest, kind: str) -> HttpResponse:
     if sum([runs is not None, group is not None, every]) != 1:
         return error('give exactly one of "runs": [ids], "group": key, "all": true', 400)
     if runs is not None:
-        if (
-            not isinstance(runs, list)
-            or not runs
-            or not all(isinstance(r, int) and not isinstance(r, bool) for r in runs)
-        ):
-            return error('"runs" must be a non-empty list of run ids', 400)
-        if len(runs) > 100:
+        if isinstance(runs, list) and len(runs) > 100:
             return error('more than 100 runs: use "group" or "all" (a tracked bulk action)', 400)
-        return JsonResponse({"moved": act_now(kind=kind, run_ids=runs, user=request.user)})
+        run_ids = id_list(runs, "runs", most=100)
+        return JsonResponse({"moved": act_now(kind=kind, run_ids=run_ids, user=request.user)})
     if group is not None and (not isinstance(group, str) or not group.isalnum()):
         return error('"group" must be a group key from GET /api/dlq', 400)
     selector = {"group": group} if group is not None else {"all": True}

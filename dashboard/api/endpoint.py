@@ -9,7 +9,6 @@ logged and answered with a generic JSON error, never a traceback.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found
 
+from dashboard import infra
 from dashboard.accounts import check, record_audit
 from dashboard.infra import RedisUnavailable
 from dashboard.models import ApiToken
@@ -115,16 +115,32 @@ def rate_limited(request: HttpRequest, scope: str) -> JsonResponse | None:
 
 
 def json_body(request: HttpRequest) -> dict[str, Any]:
-    """The request's JSON object (or form fields); ``BadRequest`` for anything else."""
+    """The request's JSON object (or form fields); ``BadRequest`` for anything else:
+    not JSON, nested past ``infra.MAX_JSON_DEPTH``, a NUL in any string
+    (``dashboard.infra.inputs``), or not an object."""
     if request.content_type == "application/json":
         try:
-            data = json.loads(request.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest("request body is not valid JSON") from exc
+            data = infra.parse_json(request.body or b"{}")
+        except infra.BadInput as exc:
+            raise BadRequest(str(exc)) from exc
         if not isinstance(data, dict):
             raise BadRequest("request body must be a JSON object")
         return data
-    return {k: v for k, v in request.POST.items()}
+    fields = {k: v for k, v in request.POST.items()}
+    if any(infra.has_nul(k) or infra.has_nul(v) for k, v in fields.items()):
+        raise BadRequest("a form field holds a NUL character")
+    return fields
+
+
+def id_list(value: Any, name: str, *, most: int) -> list[int]:
+    """``value`` as a non-empty list of at most ``most`` row ids, each in the 64-bit
+    range (``infra.is_db_id``: a larger one overflows SQLite's driver and PostgreSQL's
+    bigint); ``BadRequest`` naming the field otherwise."""
+    if not isinstance(value, list) or not value or not all(infra.is_db_id(v) for v in value):
+        raise BadRequest(f'"{name}" must be a non-empty list of ids (1 … 2^63-1)')
+    if len(value) > most:
+        raise BadRequest(f'more than {most} ids in "{name}"')
+    return value
 
 
 def operator_refusal(request: HttpRequest) -> JsonResponse | None:

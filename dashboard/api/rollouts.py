@@ -13,7 +13,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.accounts import record_audit
+from dashboard.accounts import reason_problem, record_audit
 from dashboard.api.endpoint import api_view, error, int_param, json_body, permitted, rate_limited
 from dashboard.models import Rollout
 from dashboard.rollouts import (
@@ -189,10 +189,8 @@ def rollout_action(request: HttpRequest, rollout_id: int, action: str) -> HttpRe
     except ValueError as exc:
         return _refuse_rollout(request, action, target, str(exc), 400)
     reason, force = data.get("reason", ""), data.get("force", False)
-    if not isinstance(reason, str) or len(reason) > 500:
-        return _refuse_rollout(
-            request, action, target, '"reason" must be a string (≤ 500 characters)', 400
-        )
+    if (problem := reason_problem(reason)) is not None:  # before acting: docs/api.md#limits
+        return _refuse_rollout(request, action, target, problem, 400)
     if not isinstance(force, bool):
         return _refuse_rollout(request, action, target, '"force" must be true or false', 400)
     ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
@@ -253,10 +251,8 @@ def version_retire(request: HttpRequest, fingerprint: str) -> HttpResponse:
     except ValueError as exc:
         return _refuse_rollout(request, "retire", target, str(exc), 400)
     reason = data.get("reason", "")
-    if not isinstance(reason, str) or len(reason) > 500:
-        return _refuse_rollout(
-            request, "retire", target, '"reason" must be a string (≤ 500 characters)', 400
-        )
+    if (problem := reason_problem(reason)) is not None:
+        return _refuse_rollout(request, "retire", target, problem, 400)
     try:
         version = retire_version(
             fingerprint=fingerprint, actor=request.user, reason=reason or "retired over the API"

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
         serving_request,
         user_group,
     )
+    from dashboard.infra.inputs import (
+        DB_INT_MAX,
+        MAX_JSON_DEPTH,
+        BadInput,
+        IdConverter,
+        has_nul,
+        is_db_id,
+        parse_json,
+    )
     from dashboard.infra.queues import (
         IDLE_QUEUE,
         MAINTENANCE_QUEUE,
@@ -49,9 +58,11 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "DB_INT_MAX",
     "EVENT_TYPES",
     "IDLE_QUEUE",
     "MAINTENANCE_QUEUE",
+    "MAX_JSON_DEPTH",
     "OPS_GROUP",
     "OWN_EVENTS",
     "PAUSED_KEY",
@@ -59,6 +70,8 @@ __all__ = [
     "REPOS_GROUP",
     "ROLLOUTS_GROUP",
     "SYNC_QUEUE",
+    "BadInput",
+    "IdConverter",
     "QueueUnavailable",
     "RedisUnavailable",
     "build_client",
@@ -73,7 +86,10 @@ __all__ = [
     "env_int",
     "env_list",
     "env_str",
+    "has_nul",
     "install_hooks",
+    "is_db_id",
+    "parse_json",
     "paused_queue_names",
     "promote_due_jobs",
     "publish_event",
@@ -119,6 +135,13 @@ _SURFACE: dict[str, str] = {
     "served_request": "dashboard.infra.events",
     "serving_request": "dashboard.infra.events",
     "user_group": "dashboard.infra.events",
+    "DB_INT_MAX": "dashboard.infra.inputs",
+    "MAX_JSON_DEPTH": "dashboard.infra.inputs",
+    "BadInput": "dashboard.infra.inputs",
+    "IdConverter": "dashboard.infra.inputs",
+    "has_nul": "dashboard.infra.inputs",
+    "is_db_id": "dashboard.infra.inputs",
+    "parse_json": "dashboard.infra.inputs",
     "IDLE_QUEUE": "dashboard.infra.queues",
     "MAINTENANCE_QUEUE": "dashboard.infra.queues",
     "PAUSED_KEY": "dashboard.infra.queues",

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from dashboard import infra
 from dashboard.live import fanout
@@ -125,9 +125,13 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
             await self.close(code=1009)  # message too big / not ours
             return
         try:
-            await super().receive(text_data=text_data, **kwargs)
-        except ValueError:  # not JSON
-            await self.close(code=1003)
+            # Bounded depth, no NUL (dashboard/infra/inputs.py): a frame nested past
+            # Python's recursion limit would raise RecursionError, logged as a crash.
+            content = infra.parse_json(text_data or "")
+        except infra.BadInput:
+            await self.close(code=1003)  # not JSON we take
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "snapshot":
@@ -224,3 +228,12 @@ class RolloutsConsumer(_Coalescing):
     async def snapshot(self) -> dict[str, Any]:
         data: dict[str, Any] = await database_sync_to_async(live_snapshot)()
         return data
+
+
+class UnknownPathConsumer(AsyncWebsocketConsumer):
+    """Every websocket path no route names (``dashboard.asgi``): the handshake is
+    refused (closed with 4404 before it is accepted; the server answers the upgrade
+    with 403), where Channels' router would raise and log a traceback."""
+
+    async def connect(self) -> None:
+        await self.close(code=CLOSE_NOT_FOUND)

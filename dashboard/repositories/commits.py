@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone as djtz
 
+from dashboard.infra import DB_INT_MAX
 from dashboard.locks import check_token
 from dashboard.models import Chunk, Commit, FileChange, Repository
 from dashboard.repositories.commit_counts import add_stored
@@ -353,11 +354,19 @@ def _encode_cursor(c: Commit) -> str:
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    """A cursor ``_encode_cursor`` could have made, or ``BadCursor``: an aware time that
+    converts to UTC (year 1 at +14:00 does not: ``OverflowError`` where the database
+    driver converts it) and an id in the 64-bit range (docs/api.md#limits)."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         stamp, pk = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return datetime.fromisoformat(stamp), int(pk)
-    except (ValueError, TypeError, binascii.Error) as exc:
+        when = datetime.fromisoformat(stamp)
+        if when.tzinfo is None or isinstance(pk, bool) or not isinstance(pk, int):
+            raise ValueError("not a cursor of ours")
+        if not 0 < pk <= DB_INT_MAX:
+            raise ValueError("id out of range")
+        return when.astimezone(UTC), pk
+    except (ValueError, TypeError, OverflowError, RecursionError, binascii.Error) as exc:
         raise BadCursor("invalid cursor") from exc
 
 

@@ -4,6 +4,7 @@ from typing import Any
 
 from django import forms
 
+from dashboard.accounts import reason_problem
 from dashboard.repositories import validate_remote
 from dashboard.rollouts import validate_steps
 from dashboard.versions import InvalidConfig, RolloutError, fingerprint_config
@@ -43,6 +44,14 @@ class SubmitRepositoryForm(forms.Form):
         return super().clean() or {}
 
 
+def _typed_reason(value: str) -> None:
+    """A reason field's validator: no control characters (``accounts.reason_problem``),
+    checked before the action runs; Django's ``CharField`` already refuses a NUL."""
+    problem = reason_problem(value)
+    if problem is not None:
+        raise forms.ValidationError(problem.replace('"reason"', "the reason"))
+
+
 def _split_lines(raw: str) -> list[str]:
     return [line.strip() for line in raw.replace(",", "\n").splitlines() if line.strip()]
 
@@ -65,7 +74,9 @@ class StartRolloutForm(forms.Form):
     )
     steps = forms.CharField(label="Ramp steps (%)", max_length=100, initial="10,50,100")
     auto = forms.BooleanField(label="auto (health-checked steps)", required=False)
-    reason = forms.CharField(label="Reason (audit log)", max_length=500, required=False)
+    reason = forms.CharField(
+        label="Reason (audit log)", max_length=500, required=False, validators=[_typed_reason]
+    )
 
     def clean_queue(self) -> str:
         raw = str(self.cleaned_data["queue"]).strip()
@@ -102,6 +113,8 @@ class StartRolloutForm(forms.Form):
 class RolloutActionForm(forms.Form):
     """A button's confirm step: the operator's reason, and the percentage of set ramp."""
 
-    reason = forms.CharField(label="Reason (audit log)", max_length=500, required=False)
+    reason = forms.CharField(
+        label="Reason (audit log)", max_length=500, required=False, validators=[_typed_reason]
+    )
     percent = forms.IntegerField(label="Ramp %", min_value=1, max_value=100, required=False)
     next = forms.CharField(required=False, max_length=500, widget=forms.HiddenInput)

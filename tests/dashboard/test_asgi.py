@@ -5,6 +5,7 @@ user of the cookie; a foreign page never reaches them)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -19,10 +20,12 @@ from django.test import Client
 
 from dashboard.asgi import application, serving, websocket_urls
 from dashboard.live.consumers import (
+    CLOSE_NOT_FOUND,
     OpsConsumer,
     RepositoryConsumer,
     RepositoryListConsumer,
     RolloutsConsumer,
+    UnknownPathConsumer,
 )
 from dashboard.models import Repository
 from dashboard.server import request_threads
@@ -39,14 +42,16 @@ def operator_cookie() -> tuple[bytes, bytes]:
     return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
 
 
-def test_the_websocket_routes_are_the_four_consumers() -> None:
+def test_the_websocket_routes_are_the_four_consumers_then_the_refusal() -> None:
     routes = {str(p.pattern): p.callback.consumer_class for p in websocket_urls}  # type: ignore[attr-defined]
     assert routes == {
         "ws/ops/": OpsConsumer,
         "ws/repos/": RepositoryListConsumer,
-        "ws/repos/<int:repo_id>/": RepositoryConsumer,
+        "ws/repos/<id:repo_id>/": RepositoryConsumer,
         "ws/rollouts/": RolloutsConsumer,
+        "": UnknownPathConsumer,
     }
+    assert str(websocket_urls[-1].pattern) == ""  # last: it matches every path
 
 
 def test_http_is_served_by_django() -> None:
@@ -109,15 +114,26 @@ def test_the_consumers_see_the_cookies_user() -> None:
     asyncio.run(scenario())
 
 
-def test_an_unknown_websocket_path_is_refused() -> None:
+@pytest.mark.parametrize(
+    "path", ["/ws/nowhere/", "/", "/ws/repos/9223372036854775808/", "/ws/repos/1x/"]
+)
+def test_an_unknown_websocket_path_is_refused_cleanly(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused at the handshake (closed with 4404 before being accepted: the server
+    answers the upgrade with 403), where Channels' router raised ValueError ("No route
+    found"), a 500 with a logged traceback under a real server. A repository id past
+    the 64-bit range is no route either (``<id:...>``), not an overflow in the query."""
     hdrs = [operator_cookie(), (b"origin", b"http://localhost")]
 
     async def scenario() -> None:
-        comm = WebsocketCommunicator(application, "/ws/nowhere/", headers=hdrs)
-        with pytest.raises(ValueError, match="No route found"):
-            await comm.connect(timeout=10)
+        comm = WebsocketCommunicator(application, path, headers=hdrs)
+        connected, code = await comm.connect(timeout=10)
+        assert (connected, code) == (False, CLOSE_NOT_FOUND)
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_requests_run_on_pooled_threads_not_a_new_thread_each(settings: Any) -> None:

@@ -255,7 +255,20 @@ def _network_remote(
 
 
 def parse_remote(raw: str, policy: RemotePolicy) -> Remote:
-    """Validate a user-submitted remote; return its canonical form or raise InvalidRemote."""
+    """Validate a user-submitted remote; return its canonical form or raise InvalidRemote.
+
+    The canonical form and what git gets are bounded too, not only what was typed: an
+    scp-style ``git@host:path`` gains ``ssh://`` and a slash, a local path resolves to
+    a longer one, and the repository's columns hold ``MAX_URL_LENGTH`` characters."""
+    remote = _parse_remote(raw, policy)
+    if max(len(remote.url), len(remote.git_url())) > MAX_URL_LENGTH:
+        raise InvalidRemote(
+            f"the repository URL is longer than {MAX_URL_LENGTH} characters once normalised"
+        )
+    return remote
+
+
+def _parse_remote(raw: str, policy: RemotePolicy) -> Remote:
     if not isinstance(raw, str):
         raise InvalidRemote("the repository URL must be text")
     if len(raw) > MAX_URL_LENGTH:

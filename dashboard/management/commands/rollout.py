@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dashboard import locks, rollouts
 from dashboard import versions as dashboard_versions
+from dashboard.accounts import reason_problem
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import (
     RolloutDriver,
@@ -128,6 +129,9 @@ class Command(BaseCommand):
             p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Before acting: an ESC in a reason would reach an operator's terminal later.
+        if (problem := reason_problem(options.get("reason", ""))) is not None:
+            raise CommandError(problem.replace('"reason"', "--reason"))
         try:
             getattr(self, f"do_{options['action']}")(options)
         except dashboard_versions.RolloutError as exc:

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.test import Client
 
-from dashboard.accounts.audit import record_audit
+from dashboard.accounts.audit import clean_reason, reason_problem, record_audit
 from dashboard.locks import leases
 from dashboard.locks.leases import force_release_lock
 from dashboard.models import AuditEntry, JobRun, Repository
@@ -72,3 +72,38 @@ def test_entries_about_runs_link_to_the_run_pages() -> None:
     assert f'href="/runs/job/{holder.job_id}/"' in page
     assert c.get(f"/runs/job/{holder.job_id}/").url == f"/runs/{holder.pk}/"
     assert page.count('class="run-link"') == 2  # an entry naming no run links none
+
+
+@pytest.mark.parametrize(
+    ("raw", "kept"),
+    [
+        ("stop\x1b[2J now", "stop[2J now"),
+        ("nul\x00here", "nulhere"),
+        ("c1\x9bcontrol\x7f", "c1control"),
+        ("lone \ud800 surrogate", "lone surrogate"),
+        ("  two\n\tlines  ", "two lines"),
+        ("Zoë 🚀", "Zoë 🚀"),
+    ],
+)
+def test_a_reason_header_is_kept_without_control_characters(raw: str, kept: str) -> None:
+    """``clean_reason`` (the ``X-Audit-Reason`` header's path): no NUL for PostgreSQL to
+    refuse after the action ran, no ESC to reach an operator's terminal."""
+    assert clean_reason(raw) == kept
+    entry = record_audit(user="cli", action="x", target="t", outcome="ok", reason=raw)
+    assert AuditEntry.objects.get(pk=entry.pk).detail == {"reason": kept}
+
+
+@pytest.mark.parametrize(
+    ("typed", "problem"),
+    [
+        ("fine, with a tab\tand a newline\n", None),
+        ("x" * 500, None),
+        ("x" * 501, '"reason" must be a string (≤ 500 characters)'),
+        (5, '"reason" must be a string (≤ 500 characters)'),
+        ("esc\x1b", '"reason" must not hold control characters (NUL, ESC, …)'),
+        ("nul\x00", '"reason" must not hold control characters (NUL, ESC, …)'),
+        ("surrogate\udc80", '"reason" must not hold control characters (NUL, ESC, …)'),
+    ],
+)
+def test_a_typed_reason_is_checked_before_its_action(typed: object, problem: str | None) -> None:
+    assert reason_problem(typed) == problem

@@ -135,6 +135,11 @@ def test_the_ops_snapshot_groups_dead_letters_only_when_asked() -> None:
         ({"text_data": "x" * 5000}, 1009),  # more than a control message
         ({"bytes_data": b"\x00"}, 1009),  # binary: never ours
         ({"text_data": "{"}, 1003),  # not JSON
+        # Nested past the decoder's recursion (it raised RecursionError: a logged crash).
+        ({"text_data": "[" * 2000 + "]" * 2000}, 1003),
+        ({"text_data": '{"type": ' * 400 + "1" + "}" * 400}, 1003),
+        ({"text_data": '{"type": "snap\\u0000shot"}'}, 1003),  # a NUL: no text of ours
+        ({"text_data": "NaN"}, 1003),  # not JSON (RFC 8259)
     ],
 )
 def test_frames_that_are_not_ours_close_the_socket(frame: dict[str, Any], code: int) -> None:

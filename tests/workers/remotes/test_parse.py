@@ -1088,3 +1088,27 @@ def test_fuzz_normalise_branch_only_raises_invalid_remote(raw: str) -> None:
         return
     assert not name.startswith("-") and ".." not in name and "@{" not in name
     assert all(ch.isprintable() and not ch.isspace() for ch in name)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # scp-style gains "ssh://" and a slash: 2,048 typed, 2,054 normalised.
+        "git@github.com:" + "a" * (2048 - len("git@github.com:")),
+        # one character under the limit as typed, still past it normalised.
+        "git@github.com:" + "a" * (2047 - len("git@github.com:")),
+    ],
+)
+def test_a_url_that_normalises_past_the_limit_is_refused(raw: str, policy: RemotePolicy) -> None:
+    """The repository's columns hold 2,048 characters (PostgreSQL refused the insert)."""
+    assert len(raw) <= 2048
+    assert "2048 characters once normalised" in refused(raw, policy)
+
+
+def test_the_longest_url_that_normalises_within_the_limit_is_accepted(
+    policy: RemotePolicy,
+) -> None:
+    head = "ssh://git@github.com/"
+    raw = "git@github.com:" + "a" * (2048 - len(head))
+    remote = parse_remote(raw, policy)
+    assert len(remote.url) == 2048 and len(remote.git_url()) <= 2048
