@@ -5,13 +5,17 @@
 #   worker --workers N      N RQ worker processes (one host's worth)
 # Multi-stage: wheels are built in `build`; the runtime has no build tools and runs as an
 # unprivileged user. `make deploy-check` runs hadolint on this file.
+# The dependencies are exactly requirements/image.txt (the runtime and otel part of the lock,
+# every file's hash checked: docs/testing.md#the-lock-file); gitward's own wheel adds none.
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
+COPY requirements/image.txt ./requirements/
+RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements/image.txt
 COPY pyproject.toml ./
 COPY dashboard ./dashboard
 COPY workers ./workers
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm AS runtime
 # Debian's packages are pinned by the base image's release, not per package: a pinned
@@ -24,7 +28,7 @@ RUN apt-get update \
  && groupadd --gid 10001 gitward \
  && useradd --create-home --uid 10001 --gid 10001 gitward
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --no-deps /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY --chown=gitward:gitward manage.py ./
 COPY --chown=gitward:gitward dashboard ./dashboard

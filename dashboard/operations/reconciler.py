@@ -7,7 +7,8 @@ import time
 from datetime import UTC, datetime
 
 from rq import Queue
-from rq.job import Job
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
 from dashboard import infra
@@ -26,6 +27,12 @@ from dashboard.runs import (
 log = logging.getLogger(__name__)
 
 BATCH = 1000
+
+#: The job-hash fields step 2 reads, in one pipelined ``HMGET`` per batch of runs: RQ's
+#: ``Job.fetch_many`` reads each whole hash and builds a ``Job`` (five times slower on 1,000
+#: jobs, docs/operations.md#rq-internals) and fails the whole batch on a hash that has no
+#: ``data`` field. The names are pinned by tests/dashboard/operations/test_rq_internals.py.
+JOB_FIELDS = ("status", "enqueued_at", "worker_name")
 
 
 def reconcile() -> dict[str, int]:
@@ -125,7 +132,7 @@ def _requeue_stale() -> tuple[int, int]:
     )
     pending = JobRun.objects.filter(state__in=[JobRun.State.QUEUED, JobRun.State.FAILED])
     live = live_worker_names()
-    in_queue: dict[str, set[bytes]] = {}
+    in_queue: dict[str, set[str]] = {}
     last = 0
     while True:
         batch = list(pending.filter(pk__gt=last).order_by("pk")[:BATCH])
@@ -134,13 +141,13 @@ def _requeue_stale() -> tuple[int, int]:
         last = batch[-1].pk
         with conn.pipeline(transaction=False) as pipe:
             for run in batch:
-                pipe.hmget(f"rq:job:{run.rq_id()}", ["status", "enqueued_at", "worker_name"])
+                pipe.hmget(Job.key_for(run.rq_id()), list(JOB_FIELDS))
             states = pipe.execute()
         for run, fields in zip(batch, states, strict=True):
             if _stale(run, fields, conn, live, in_queue):
                 q = infra.queue(run.queue)
                 conn.lrem(q.key, 0, run.rq_id())  # never two copies of one attempt
-                conn.zrem(f"rq:scheduled:{run.queue}", run.rq_id())
+                ScheduledJobRegistry(queue=q).remove(run.rq_id())
                 conn.delete(Job.key_for(run.rq_id()))  # the stale hash, if any
                 if enqueue_run(run):
                     requeued += 1
@@ -151,13 +158,12 @@ def _requeue_stale() -> tuple[int, int]:
 GRACE_SECONDS = 10.0
 
 
-def _queued_ids(conn: object, name: str, cache: dict[str, set[bytes]]) -> set[bytes]:
-    """Every job id in a queue and its intermediate list, read once per round."""
+def _queued_ids(conn: object, name: str, cache: dict[str, set[str]]) -> set[str]:
+    """Every job id in a queue and its intermediate list (where a worker's dequeue moves
+    a job until it starts it), read once per round."""
     if name not in cache:
         q = Queue(name, connection=conn)  # type: ignore[arg-type]
-        ids = set(conn.lrange(q.key, 0, -1))  # type: ignore[attr-defined]
-        ids |= set(conn.lrange(q.intermediate_queue_key, 0, -1))  # type: ignore[attr-defined]
-        cache[name] = ids
+        cache[name] = set(q.get_job_ids()) | set(q.intermediate_queue.get_job_ids())
     return cache[name]
 
 
@@ -166,12 +172,12 @@ def _stale(
     fields: list[bytes | None],
     conn: object,
     live: set[str],
-    cache: dict[str, set[bytes]],
+    cache: dict[str, set[str]],
 ) -> bool:
     status, enqueued_at, worker = (f.decode() if f else None for f in fields)
     if status is None:
         return True  # missing: Redis lost it
-    if status in {"finished", "failed", "stopped", "canceled"}:
+    if status in _ENDED:
         return True  # ended without the run moving on (killed before the claim)
     age = GRACE_SECONDS + 1
     if enqueued_at:
@@ -183,12 +189,21 @@ def _stale(
             pass
     if age < GRACE_SECONDS:
         return False
-    if status == "queued":
-        return run.rq_id().encode() not in _queued_ids(conn, run.queue, cache)
-    if status == "started":
+    if status == JobStatus.QUEUED.value:
+        return run.rq_id() not in _queued_ids(conn, run.queue, cache)
+    if status == JobStatus.STARTED.value:
         return worker not in live
-    if status == "scheduled":
+    if status == JobStatus.SCHEDULED.value:
         registry = ScheduledJobRegistry(queue=infra.queue(run.queue))
-        score = conn.zscore(registry.key, run.rq_id())  # type: ignore[attr-defined]
-        return score is None or float(score) < time.time() - 30
+        try:
+            due = registry.get_scheduled_time(run.rq_id())
+        except NoSuchJobError:
+            return True  # marked scheduled but in no schedule
+        return due.timestamp() < time.time() - 30
     return False
+
+
+#: RQ's ends of a job: it will not run again unless enqueued anew.
+_ENDED = {
+    s.value for s in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
+}

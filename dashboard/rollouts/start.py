@@ -216,7 +216,7 @@ def reconcile_pending_drivers() -> int:
     ).values_list("pk", flat=True)
     enqueued = 0
     for pk in sorted(set(owed)):
-        if not conn.exists(Job.key_for(driver_job_id(pk))) and enqueue_driver_job(pk):
+        if not Job.exists(driver_job_id(pk), connection=conn) and enqueue_driver_job(pk):
             log.info("rollout %s: driver enqueued by the reconciler", pk)
             enqueued += 1
     return enqueued

@@ -159,9 +159,13 @@ def cancel_runs(*, fingerprint: str, reason: str) -> int:
         if not moved:
             continue
         cancelled += 1
-        conn.lrem(infra.queue(run.queue).key, 0, run.rq_id())
-        conn.zrem(f"rq:scheduled:{run.queue}", run.rq_id())
-        conn.delete(f"rq:job:{run.rq_id()}")
+        # The id out of the queue and the schedule, and the job's hash deleted: a worker
+        # that dequeued the id meanwhile finds no job and skips it (pinned, with the list
+        # layout LREM relies on, by tests/dashboard/operations/test_rq_internals.py).
+        q = infra.queue(run.queue)
+        conn.lrem(q.key, 0, run.rq_id())
+        ScheduledJobRegistry(queue=q).remove(run.rq_id())
+        conn.delete(Job.key_for(run.rq_id()))
         _event("job.deferred", run, delay=None, reason=f"cancelled: {reason}")
     return cancelled
 

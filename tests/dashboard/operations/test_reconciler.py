@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 from django.utils import timezone
+from rq import Queue
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
 
 from dashboard.infra import queues
 from dashboard.models import JobAttempt, JobRun, Repository, WorkerBeat
@@ -107,3 +110,57 @@ def test_a_job_started_by_a_dead_worker_is_enqueued_again(tmp_path: Path) -> Non
     WorkerBeat.objects.filter(name="w.1").update(last_seen=timezone.now() - timedelta(hours=1))
     assert reconcile()["requeued"] == 1
     assert _queue_ids(run) == [run.rq_id().encode()]
+
+
+def _aged(run: JobRun, **fields: str) -> None:
+    """The run's RQ job, enqueued a minute ago (past the grace), with ``fields`` set."""
+    old = (datetime.now(UTC) - timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+    queues.connection().hset(Job.key_for(run.rq_id()), mapping={"enqueued_at": old, **fields})
+
+
+def test_a_job_a_worker_dequeued_but_has_not_started_is_left_alone(tmp_path: Path) -> None:
+    run = _queued_sync(tmp_path)
+    q = queues.queue(run.queue)
+    # A worker of this one queue moved it to the intermediate list (and may start it yet).
+    assert Queue.dequeue_any([q], None, connection=q.connection) is not None
+    _aged(run)
+    assert reconcile()["requeued"] == 0
+    assert q.intermediate_queue.get_job_ids() == [run.rq_id()]
+    q.connection.delete(q.intermediate_queue_key)  # ...until its worker died with it
+    assert reconcile()["requeued"] == 1
+    assert _queue_ids(run) == [run.rq_id().encode()]
+
+
+def test_a_scheduled_job_is_left_until_due_then_promoted_and_one_in_no_schedule_requeued(
+    tmp_path: Path,
+) -> None:
+    run = _queued_sync(tmp_path)
+    q = queues.queue(run.queue)
+    registry = ScheduledJobRegistry(queue=q)
+    q.remove(run.rq_id())
+    _aged(run, status="scheduled")
+    registry.schedule(Job.fetch(run.rq_id(), connection=q.connection),
+                      datetime.now(UTC) + timedelta(minutes=10))  # fmt: skip
+    result = reconcile()
+    assert (result["requeued"], result["promoted"]) == (0, 0)  # due later
+    registry.schedule(Job.fetch(run.rq_id(), connection=q.connection),
+                      datetime.now(UTC) - timedelta(minutes=10))  # fmt: skip
+    result = reconcile()
+    assert (result["requeued"], result["promoted"]) == (0, 1)  # overdue: promoted first
+    assert _queue_ids(run) == [run.rq_id().encode()] and registry.get_job_ids() == []
+    q.remove(run.rq_id())
+    _aged(run, status="scheduled")  # marked scheduled, in no schedule
+    assert reconcile()["requeued"] == 1
+    assert _queue_ids(run) == [run.rq_id().encode()]
+
+
+@pytest.mark.parametrize("status", ["finished", "failed", "stopped", "canceled"])
+def test_a_job_that_ended_without_its_run_moving_on_is_enqueued_again(
+    tmp_path: Path, status: str
+) -> None:
+    run = _queued_sync(tmp_path)
+    queues.queue(run.queue).remove(run.rq_id())
+    queues.connection().hset(Job.key_for(run.rq_id()), "status", status)
+    assert reconcile()["requeued"] == 1  # at once: an ended job is never between two steps
+    assert _queue_ids(run) == [run.rq_id().encode()]
+    assert queues.connection().hget(Job.key_for(run.rq_id()), "status") == b"queued"
