@@ -15,6 +15,11 @@ if TYPE_CHECKING:
         coupling,
         directory_coupling,
     )
+    from dashboard.analytics.ownership import (
+        directory_ownership,
+        file_ownership,
+        knowledge_at_risk,
+    )
     from dashboard.analytics.rows import (
         MAX_DEPTH,
         Scope,
@@ -38,6 +43,9 @@ __all__ = [
     "coupling",
     "directory_coupling",
     "directory_of",
+    "directory_ownership",
+    "file_ownership",
+    "knowledge_at_risk",
     "parse_window",
 ]
 
@@ -48,6 +56,9 @@ _SURFACE: dict[str, str] = {
     "coupled_with": "dashboard.analytics.coupling",
     "coupling": "dashboard.analytics.coupling",
     "directory_coupling": "dashboard.analytics.coupling",
+    "directory_ownership": "dashboard.analytics.ownership",
+    "file_ownership": "dashboard.analytics.ownership",
+    "knowledge_at_risk": "dashboard.analytics.ownership",
     "MAX_DEPTH": "dashboard.analytics.rows",
     "Scope": "dashboard.analytics.rows",
     "directory_of": "dashboard.analytics.rows",
