@@ -9,11 +9,19 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dashboard.analytics.age import (
+        directory_age,
+        file_age,
+    )
     from dashboard.analytics.coupling import (
         Thresholds,
         coupled_with,
         coupling,
         directory_coupling,
+    )
+    from dashboard.analytics.hotspots import (
+        directory_hotspots,
+        file_hotspots,
     )
     from dashboard.analytics.ownership import (
         directory_ownership,
@@ -41,9 +49,13 @@ __all__ = [
     "Window",
     "coupled_with",
     "coupling",
+    "directory_age",
     "directory_coupling",
+    "directory_hotspots",
     "directory_of",
     "directory_ownership",
+    "file_age",
+    "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
     "parse_window",
@@ -52,10 +64,14 @@ __all__ = [
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "directory_age": "dashboard.analytics.age",
+    "file_age": "dashboard.analytics.age",
     "Thresholds": "dashboard.analytics.coupling",
     "coupled_with": "dashboard.analytics.coupling",
     "coupling": "dashboard.analytics.coupling",
     "directory_coupling": "dashboard.analytics.coupling",
+    "directory_hotspots": "dashboard.analytics.hotspots",
+    "file_hotspots": "dashboard.analytics.hotspots",
     "directory_ownership": "dashboard.analytics.ownership",
     "file_ownership": "dashboard.analytics.ownership",
     "knowledge_at_risk": "dashboard.analytics.ownership",
