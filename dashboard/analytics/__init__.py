@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from dashboard.analytics.coupling import (
         Thresholds,
         coupled_with,
-        coupling,
         directory_coupling,
+        file_coupling,
     )
     from dashboard.analytics.hotspots import (
         directory_hotspots,
@@ -48,13 +48,13 @@ __all__ = [
     "Thresholds",
     "Window",
     "coupled_with",
-    "coupling",
     "directory_age",
     "directory_coupling",
     "directory_hotspots",
     "directory_of",
     "directory_ownership",
     "file_age",
+    "file_coupling",
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
@@ -68,7 +68,7 @@ _SURFACE: dict[str, str] = {
     "file_age": "dashboard.analytics.age",
     "Thresholds": "dashboard.analytics.coupling",
     "coupled_with": "dashboard.analytics.coupling",
-    "coupling": "dashboard.analytics.coupling",
+    "file_coupling": "dashboard.analytics.coupling",
     "directory_coupling": "dashboard.analytics.coupling",
     "directory_hotspots": "dashboard.analytics.hotspots",
     "file_hotspots": "dashboard.analytics.hotspots",

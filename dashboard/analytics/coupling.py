@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dashboard.analytics.rows import Scope, directory_ctes, fetch
+from dashboard.models import Commit, FileChange
 
 
 @dataclass(frozen=True)
@@ -40,40 +41,48 @@ class Thresholds:
 
 
 def _kept(scope: Scope, t: Thresholds) -> tuple[str, list[Any]]:
-    """``scoped``, ``sized`` (revisions small enough) and ``kept(rev, path)``."""
-    head, params = scope.rows_cte()
+    """``kept(rev, path)``: the file rows of the scope's revisions that changed at most
+    ``max_changeset_size`` files (``Commit.files_changed`` is the number of its file rows,
+    docs/analysis.md#analysis-semantics, so no count is needed)."""
+    where, params = scope.commit_filter()
     sql = (
-        f"{head}, sized AS (SELECT rev FROM scoped GROUP BY rev HAVING COUNT(*) <= %s), "  # noqa: S608
-        "kept AS (SELECT scoped.rev AS rev, scoped.path AS path FROM scoped "
-        "JOIN sized ON sized.rev = scoped.rev)"
+        "kept AS MATERIALIZED (SELECT f.commit_id AS rev, f.path AS path "  # noqa: S608
+        f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
+        f"ON f.commit_id = c.id WHERE {where} AND c.files_changed <= %s)"
     )
     return sql, [*params, t.max_changeset_size]
 
 
 def _entity_pairs(
-    head: str, params: list[Any], entities: str, t: Thresholds, *, of: str | None, limit: int
+    head: str,
+    params: list[Any],
+    pairs: str,
+    t: Thresholds,
+    *,
+    limit: int,
 ) -> list[tuple[Any, ...]]:
-    """Pairs of ``entities(rev, e)`` with their shared and individual revisions, the
-    thresholds applied in SQL; ``of`` keeps only the pairs of that one entity."""
-    if of is None:
-        pair_join, pair_params = "a.e < b.e", []
-    else:
-        pair_join, pair_params = "a.e = %s AND b.e <> a.e", [of]
+    """``pairs`` (a CTE body over ``head``'s ``ents(rev, e)``: ``shared(ea, eb, shared)``,
+    one row per pair) joined to each entity's revisions, the thresholds applied in SQL."""
     sql = (
-        f"WITH {head}, revs AS (SELECT e, COUNT(*) AS n FROM {entities} GROUP BY e), "  # noqa: S608
-        f"pairs AS (SELECT a.e AS ea, b.e AS eb, COUNT(*) AS shared FROM {entities} a "
-        f"JOIN {entities} b ON b.rev = a.rev AND {pair_join} GROUP BY a.e, b.e "
-        "HAVING COUNT(*) >= %s) "
-        "SELECT p.ea, p.eb, p.shared, ra.n, rb.n FROM pairs p "
+        f"WITH {head}, revs AS (SELECT e, COUNT(*) AS n FROM ents GROUP BY e), "  # noqa: S608
+        f"{pairs} "
+        "SELECT p.ea, p.eb, p.shared, ra.n, rb.n FROM shared p "
         "JOIN revs ra ON ra.e = p.ea JOIN revs rb ON rb.e = p.eb "
-        "WHERE ra.n + rb.n >= 2 * %s AND 200 * p.shared >= %s * (ra.n + rb.n) "
+        "WHERE p.shared >= %s AND ra.n + rb.n >= 2 * %s AND 200 * p.shared >= %s * (ra.n + rb.n) "
         "ORDER BY 200 * p.shared * 1.0 / (ra.n + rb.n) DESC, p.shared DESC, p.ea, p.eb "
         "LIMIT %s"
     )
-    return fetch(
-        sql,
-        [*params, *pair_params, t.min_shared_revs, t.min_revs, t.min_coupling, limit],
-    )
+    return fetch(sql, [*params, t.min_shared_revs, t.min_revs, t.min_coupling, limit])
+
+
+#: The pairs of files: each kept row against the other rows of its commit, read through
+#: the file rows' index on their commit (a self-join of the kept rows has no index, and
+#: SQLite then compares every row with every other: seconds at 2,000 commits).
+_FILE_PAIRS = (
+    "shared AS (SELECT a.path AS ea, b.path AS eb, COUNT(*) AS shared FROM kept a "  # noqa: S608
+    f"JOIN {FileChange._meta.db_table} b ON b.commit_id = a.rev AND {{join}} "
+    "GROUP BY a.path, b.path)"
+)
 
 
 def _row(a: str, b: str, shared: int, revs_a: int, revs_b: int) -> dict[str, Any]:
@@ -89,14 +98,15 @@ def _row(a: str, b: str, shared: int, revs_a: int, revs_b: int) -> dict[str, Any
     }
 
 
-def coupling(
+def file_coupling(
     scope: Scope, t: Thresholds | None = None, *, limit: int = 100
 ) -> list[dict[str, Any]]:
     """The coupled file pairs of the window, strongest first (``entity`` < ``coupled``)."""
     t = t or Thresholds()
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
-    return [_row(*r) for r in _entity_pairs(head, params, "ents", t, of=None, limit=limit)]
+    pairs = _FILE_PAIRS.format(join="b.path > a.path")
+    return [_row(*r) for r in _entity_pairs(head, params, pairs, t, limit=limit)]
 
 
 def coupled_with(
@@ -106,7 +116,8 @@ def coupled_with(
     t = t or Thresholds()
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
-    return [_row(*r) for r in _entity_pairs(head, params, "ents", t, of=path, limit=limit)]
+    pairs = _FILE_PAIRS.format(join="a.path = %s AND b.path <> a.path")
+    return [_row(*r) for r in _entity_pairs(head, [*params, path], pairs, t, limit=limit)]
 
 
 def directory_coupling(
@@ -114,9 +125,23 @@ def directory_coupling(
 ) -> list[dict[str, Any]]:
     """Coupling between directories (the first ``depth`` levels of each path): a
     revision's change set is the distinct directories of its files, after the
-    ``max_changeset_size`` cut on its files (docs/analytics.md#change-coupling)."""
+    ``max_changeset_size`` cut on its files (docs/analytics.md#change-coupling). Each
+    distinct path's directory is computed once (``dirmap``); the pairs come from the
+    file pairs of each commit, read through the file rows' commit index."""
     t = t or Thresholds()
     head, params = _kept(scope, t)
-    dirs, name = directory_ctes("kept", depth, ("rev", "path"))
-    head += f", {dirs}, ents AS (SELECT DISTINCT rev, dir AS e FROM {name})"  # noqa: S608
-    return [_row(*r) for r in _entity_pairs(head, params, "ents", t, of=None, limit=limit)]
+    dirs, name = directory_ctes("paths", depth, ("path",))
+    head += (
+        ", paths AS (SELECT DISTINCT path FROM kept), "  # noqa: S608
+        f"{dirs}, dirmap AS MATERIALIZED (SELECT path, dir FROM {name}), "
+        "ents AS (SELECT DISTINCT kept.rev AS rev, dirmap.dir AS e FROM kept "
+        "JOIN dirmap ON dirmap.path = kept.path)"
+    )
+    pairs = (
+        "dirpairs AS (SELECT DISTINCT a.rev AS rev, da.dir AS ea, db.dir AS eb FROM kept a "  # noqa: S608
+        f"JOIN {FileChange._meta.db_table} b ON b.commit_id = a.rev "
+        "JOIN dirmap da ON da.path = a.path JOIN dirmap db ON db.path = b.path "
+        "WHERE db.dir > da.dir), "
+        "shared AS (SELECT ea, eb, COUNT(*) AS shared FROM dirpairs GROUP BY ea, eb)"
+    )
+    return [_row(*r) for r in _entity_pairs(head, params, pairs, t, limit=limit)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.analytics.coupling import Thresholds, coupled_with, coupling, directory_coupling
+from dashboard.analytics.coupling import Thresholds, coupled_with, directory_coupling, file_coupling
 from dashboard.analytics.rows import Scope, directory_of
 from dashboard.analytics.window import parse_window
 from tests.support.analytics_history import LoggedCommit, analysed, build, git_log
@@ -57,10 +57,10 @@ def test_coupling_equals_code_maat_over_git_log_in_every_window(tmp_path: Path) 
     repo = analysed(origin)
     whole = Scope.of(repo, parse_window())
     # The planted pair, with code-maat's defaults: nothing else passes them.
-    assert table(coupling(whole)) == [("core/a.py", "core/b.py", 80, 10, 8)]
+    assert table(file_coupling(whole)) == [("core/a.py", "core/b.py", 80, 10, 8)]
     log = git_log(origin)
     for t in THRESHOLDS:
-        assert table(coupling(whole, t, limit=10_000)) == maat(files_of(log), t), t
+        assert table(file_coupling(whole, t, limit=10_000)) == maat(files_of(log), t), t
     # A window: the same commits as git log --since/--until selects.
     days = sorted({c.committed_at[:10] for c in log})
     for since, until in [(days[1], days[-3]), (days[0], days[0]), (days[-4], None)]:
@@ -69,7 +69,7 @@ def test_coupling_equals_code_maat_over_git_log_in_every_window(tmp_path: Path) 
         assert windowed, (since, until)
         scope = Scope.of(repo, window)
         for t in THRESHOLDS[1:]:
-            assert table(coupling(scope, t, limit=10_000)) == maat(files_of(windowed), t)
+            assert table(file_coupling(scope, t, limit=10_000)) == maat(files_of(windowed), t)
 
 
 def test_what_changes_with_a_file_and_directories(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_what_changes_with_a_file_and_directories(tmp_path: Path) -> None:
     ]
     assert all(r["entity"] == "core/a.py" for r in got)
     # Every row of the per-file view is a row of the repository view, mirrored.
-    pairs = {(r["entity"], r["coupled"]): r for r in coupling(scope, loose, limit=10_000)}
+    pairs = {(r["entity"], r["coupled"]): r for r in file_coupling(scope, loose, limit=10_000)}
     for r in got:
         key = tuple(sorted((r["entity"], r["coupled"])))
         assert pairs[key]["degree"] == r["degree"]

@@ -45,3 +45,18 @@ def test_the_scope_holds_git_logs_rows_and_no_merge(tmp_path: Path) -> None:
     )
     assert got == want
     assert ("side/x.py", 1, 0, "bob@example.com") in got  # once: the merge's diff is not counted
+
+
+def test_no_public_name_is_shadowed_by_a_module_of_the_package() -> None:
+    """Importing ``dashboard.analytics.coupling`` sets the package's ``coupling`` attribute
+    to that module, so a public function of the same name would be unreachable through the
+    package once its module loaded (``file_coupling`` is named so for this)."""
+    import importlib
+    import inspect
+
+    from dashboard import analytics
+
+    for module in set(analytics._SURFACE.values()):
+        importlib.import_module(module)
+    for name in analytics.__all__:
+        assert not inspect.ismodule(getattr(analytics, name)), name
