@@ -1,0 +1,188 @@
+"""Server time of every analytics view (docs/analytics.md) over a synthetic history,
+beside its anchor: ``git log --no-merges --numstat`` over the same window, the one git
+command every view can be reproduced from.
+
+The repository is ``bench/analysis.py``'s synthetic history (``git fast-import``: 40
+authors, 11 directories, topic branches merged every 15-60 commits), analysed by
+gitward's own pipeline in this process (submit, then a burst RQ worker draining the
+queues), so the rows are exactly what a deployment stores. Then each view is computed
+``--rounds`` times after one warm-up, for the whole history and for the last 90 and
+365 days of it; printed: the median and max wall time in ms, and the anchor's (``git
+log`` of the same window, output read and discarded: git's own cost of the raw data,
+before any aggregation). SQLite by default; ``--database-url`` for PostgreSQL. Prints
+JSON; nothing is asserted.
+
+    .venv/bin/python bench/analytics.py [--commits 12000] [--rounds 7]
+        [--database-url postgres://postgres@127.0.0.1:5432/gw_analytics_bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(
+        f"_gitward_bench_{name}", ROOT / "bench" / f"{name}.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+live = _load("live")
+synth = _load("analysis")
+
+
+def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
+
+
+def git_log(origin: Path, args: list[str]) -> Callable[[], None]:
+    def run() -> None:
+        subprocess.run(
+            ["git", "-C", str(origin), "log", "--no-merges", "--no-renames", "--numstat",
+             "--format=%H %cI %aE", *args],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    return run
+
+
+def setup_django(tmp: Path, nodes: list[Any], database_url: str) -> None:
+    """Django in this process on a fresh database (SQLite under ``tmp`` unless
+    ``database_url``), ``nodes`` as the Redis masters, ``tmp`` as the local root
+    submissions may use; no inherited gitward settings."""
+    for key in list(os.environ):
+        if key.startswith(("REDIS_URL", "GITWARD_", "DATABASE_URL")):
+            del os.environ[key]
+    (tmp / "var").mkdir(parents=True, exist_ok=True)
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="dashboard.settings",
+        GITWARD_VAR_DIR=str(tmp / "var"),
+        GITWARD_LOCAL_ROOTS=str(tmp),
+        DATABASE_URL=database_url or f"sqlite:///{tmp / 'var' / 'db.sqlite3'}",
+        REDIS_URLS=",".join(n.url for n in nodes),
+        GITWARD_LOG_LEVEL="WARNING",
+    )
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--commits", type=int, default=12_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--database-url", default="")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
+    out: dict[str, Any] = {"commits": args.commits, "load_average": os.getloadavg()[0]}
+    origin = tmp / "origin"
+    t0 = time.perf_counter()
+    synth.build_repository(origin, args.commits, seed=7, repack=False)
+    out["build_s"] = round(time.perf_counter() - t0, 1)
+    with live.redis_nodes(tmp) as nodes:
+        setup_django(tmp, nodes, args.database_url)
+        from rq import SimpleWorker
+
+        from dashboard import analytics
+        from dashboard.infra import queues
+        from dashboard.management.commands.worker import worker_queues
+        from dashboard.models import Commit, FileChange
+        from dashboard.repositories import submit_repository
+        from workers.pool import PauseAware
+
+        class Worker(PauseAware, SimpleWorker):
+            pass
+
+        t0 = time.perf_counter()
+        repo, _ = submit_repository(url=str(origin))
+        worker = Worker(
+            [queues.queue(n) for n in worker_queues()], connection=queues.worker_connection()
+        )
+        worker.work(burst=True, with_scheduler=True, logging_level="WARNING")
+        repo.refresh_from_db()
+        assert repo.status == "ready", repo.error
+        out["analyse_s"] = round(time.perf_counter() - t0, 1)
+        out["stored_commits"] = Commit.objects.filter(repository=repo).count()
+        out["stored_file_rows"] = FileChange.objects.filter(repository=repo).count()
+        last_day = (
+            subprocess.run(
+                ["git", "-C", str(origin), "log", "-1", "--format=%cd", "--date=format:%Y-%m-%d"],
+                check=True, capture_output=True, text=True,
+            ).stdout.strip()
+        )  # fmt: skip
+        windows = {
+            "whole history": analytics.parse_window(),
+            "last 365 days": analytics.parse_window(until=last_day, last="365"),
+            "last 90 days": analytics.parse_window(until=last_day, last="90"),
+        }
+        hot_file = analytics.file_hotspots(analytics.Scope.of(repo, windows["whole history"]))[0]
+        for label, window in windows.items():
+            scope = analytics.Scope.of(repo, window)
+            views: dict[str, Callable[[], Any]] = {
+                "anchor: git log --numstat": git_log(origin, window.git_args()),
+                "coupling (files)": lambda s=scope: analytics.file_coupling(s),
+                "coupling (directories, depth 2)": lambda s=scope: analytics.directory_coupling(
+                    s, depth=2
+                ),
+                "coupled with the top hotspot": lambda s=scope: analytics.coupled_with(
+                    s, hot_file["path"]
+                ),
+                "ownership (files)": lambda s=scope: analytics.file_ownership(s),
+                "ownership (directories)": lambda s=scope: analytics.directory_ownership(s),
+                "knowledge at risk": lambda s=scope: analytics.knowledge_at_risk(s),
+                "age (files)": lambda s=scope: analytics.file_age(s),
+                "age (directories)": lambda s=scope: analytics.directory_age(s),
+                "hotspots (files)": lambda s=scope: analytics.file_hotspots(s),
+                "hotspots (directories)": lambda s=scope: analytics.directory_hotspots(s),
+            }
+            out[label] = {
+                "commits": Commit.objects.filter(repository=repo, is_merge=False)
+                .filter(**_bounds(window))
+                .count(),
+                **{name: timed(fn, args.rounds) for name, fn in views.items()},
+            }
+        from django.conf import settings
+
+        out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    print(json.dumps(out, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bounds(window: Any) -> dict[str, Any]:
+    bounds = {}
+    if window.start:
+        bounds["committed_at__gte"] = window.start
+    if window.end:
+        bounds["committed_at__lt"] = window.end
+    return bounds
+
+
+if __name__ == "__main__":
+    main()

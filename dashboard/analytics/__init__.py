@@ -1,0 +1,93 @@
+"""Analytics over the stored commits and file changes of a repository, for the served
+analyzer fingerprint and inside a time window: change coupling, ownership and knowledge,
+code age and hotspots with their trend, per file and rolled up by directory. Read-only, in
+SQL over the rows ``dashboard.repositories`` writes. See docs/analytics.md."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dashboard.analytics.age import (
+        directory_age,
+        file_age,
+    )
+    from dashboard.analytics.coupling import (
+        Thresholds,
+        coupled_with,
+        directory_coupling,
+        file_coupling,
+    )
+    from dashboard.analytics.hotspots import (
+        directory_hotspots,
+        file_hotspots,
+    )
+    from dashboard.analytics.ownership import (
+        directory_ownership,
+        file_ownership,
+        knowledge_at_risk,
+    )
+    from dashboard.analytics.rows import (
+        MAX_DEPTH,
+        Scope,
+        directory_of,
+    )
+    from dashboard.analytics.window import (
+        PRESETS,
+        BadWindow,
+        Window,
+        parse_window,
+    )
+
+__all__ = [
+    "MAX_DEPTH",
+    "PRESETS",
+    "BadWindow",
+    "Scope",
+    "Thresholds",
+    "Window",
+    "coupled_with",
+    "directory_age",
+    "directory_coupling",
+    "directory_hotspots",
+    "directory_of",
+    "directory_ownership",
+    "file_age",
+    "file_coupling",
+    "file_hotspots",
+    "file_ownership",
+    "knowledge_at_risk",
+    "parse_window",
+]
+
+#: Each public name and the module that defines it, loaded on first read (PEP 562); see
+#: docs/architecture.md#package-surfaces.
+_SURFACE: dict[str, str] = {
+    "directory_age": "dashboard.analytics.age",
+    "file_age": "dashboard.analytics.age",
+    "Thresholds": "dashboard.analytics.coupling",
+    "coupled_with": "dashboard.analytics.coupling",
+    "file_coupling": "dashboard.analytics.coupling",
+    "directory_coupling": "dashboard.analytics.coupling",
+    "directory_hotspots": "dashboard.analytics.hotspots",
+    "file_hotspots": "dashboard.analytics.hotspots",
+    "directory_ownership": "dashboard.analytics.ownership",
+    "file_ownership": "dashboard.analytics.ownership",
+    "knowledge_at_risk": "dashboard.analytics.ownership",
+    "MAX_DEPTH": "dashboard.analytics.rows",
+    "Scope": "dashboard.analytics.rows",
+    "directory_of": "dashboard.analytics.rows",
+    "BadWindow": "dashboard.analytics.window",
+    "PRESETS": "dashboard.analytics.window",
+    "Window": "dashboard.analytics.window",
+    "parse_window": "dashboard.analytics.window",
+}
+
+
+def __getattr__(name: str) -> object:
+    try:
+        module = _SURFACE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), name)

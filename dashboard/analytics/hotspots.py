@@ -1,0 +1,83 @@
+"""Hotspots inside a window, with their trend (docs/analytics.md#hotspots): the files and
+directories changed by the most non-merge commits of the window, with their churn and
+authors. The trend compares the second half of the window with the first: ``recent`` and
+``earlier`` revisions, and ``rising``, ``falling`` or ``steady``. An unbounded window
+starts at the repository's first stored commit and ends now."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from dashboard.analytics.rows import Scope, as_instant, directory_ctes, fetch
+from dashboard.models import Commit
+
+
+def midpoint(scope: Scope) -> datetime | None:
+    """The instant splitting the window in two halves; None when it holds no commit."""
+    start = scope.window.start
+    if start is None:
+        where, params = scope.commit_filter()
+        sql = f"SELECT MIN(c.committed_at) FROM {Commit._meta.db_table} c WHERE {where}"  # noqa: S608
+        (first,) = fetch(sql, params)[0]
+        if first is None:
+            return None
+        start = as_instant(first)
+    end = scope.window.reference()
+    return (start + (end - start) / 2).replace(microsecond=0)
+
+
+def _trend(recent: int, earlier: int) -> str:
+    return "rising" if recent > earlier else "falling" if recent < earlier else "steady"
+
+
+def _rows(found: list[tuple[Any, ...]], key: str) -> list[dict[str, Any]]:
+    return [
+        {
+            key: entity,
+            "revs": int(revs),
+            "churn": int(churn or 0),
+            "authors": int(authors),
+            "recent": int(recent),
+            "earlier": int(revs) - int(recent),
+            "trend": _trend(int(recent), int(revs) - int(recent)),
+        }
+        for entity, revs, churn, authors, recent in found
+    ]
+
+
+def file_hotspots(scope: Scope, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The most changed files of the window (revisions, then churn, then path)."""
+    mid = midpoint(scope)
+    if mid is None:
+        return []
+    head, params = scope.rows_cte()
+    found = fetch(
+        f"WITH {head} SELECT path, COUNT(*), SUM(added + deleted), COUNT(DISTINCT author), "  # noqa: S608
+        "SUM(CASE WHEN at >= %s THEN 1 ELSE 0 END) FROM scoped GROUP BY path "
+        "ORDER BY COUNT(*) DESC, SUM(added + deleted) DESC, path LIMIT %s",
+        [*params, connection.ops.adapt_datetimefield_value(mid), limit],
+    )
+    return _rows(found, "path")
+
+
+def directory_hotspots(scope: Scope, *, depth: int = 1, limit: int = 50) -> list[dict[str, Any]]:
+    """The most changed directories of the window: revisions are distinct commits that
+    changed any file in the directory; churn sums its files' lines."""
+    mid = midpoint(scope)
+    if mid is None:
+        return []
+    head, params = scope.rows_cte()
+    dirs, name = directory_ctes(
+        "scoped", depth, ("rev", "path", "added", "deleted", "author", "at")
+    )
+    found = fetch(
+        f"WITH {head}, {dirs} SELECT dir, COUNT(DISTINCT rev), SUM(added + deleted), "  # noqa: S608
+        "COUNT(DISTINCT author), COUNT(DISTINCT CASE WHEN at >= %s THEN rev END) "
+        f"FROM {name} GROUP BY dir ORDER BY COUNT(DISTINCT rev) DESC, "
+        "SUM(added + deleted) DESC, dir LIMIT %s",
+        [*params, connection.ops.adapt_datetimefield_value(mid), limit],
+    )
+    return _rows(found, "directory")

@@ -1,0 +1,152 @@
+"""Ownership and knowledge (docs/analytics.md#ownership-and-knowledge), per file and per
+directory, over a window's non-merge commits.
+
+An author's share of a file is the revisions (commits) of theirs that changed it over all
+its revisions; the main developer has the largest share (ties: the smaller email).
+Fragmentation is code-maat's fractal value, 1 - sum(share^2): 0 when one author made every
+change. A directory's changes are the commits that changed a file in it; its bus factor is
+the fewest authors whose changes add up to more than half of them. Knowledge at risk: the
+authors with no commit in the last ``inactive_days`` before the window's end (over the
+whole stored history, not only the window), and the files of the window that no active
+author changed."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from dashboard.analytics.rows import (
+    Scope,
+    as_instant,
+    author_names,
+    directory_ctes,
+    fetch,
+)
+from dashboard.analytics.window import Window
+from dashboard.models import Commit
+
+
+def _shares(counts: dict[str, int]) -> dict[str, Any]:
+    """Main developer, share, fragmentation and bus factor of one entity's per-author counts."""
+    total = sum(counts.values())
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    main, main_revs = ranked[0]
+    bus, covered = 0, 0
+    for _, n in ranked:
+        bus += 1
+        covered += n
+        if 2 * covered > total:
+            break
+    return {
+        "revs": total,
+        "authors": len(counts),
+        "main_dev": main,
+        "main_dev_revs": main_revs,
+        "ownership": round(main_revs / total, 4),
+        "fragmentation": round(1 - sum((n / total) ** 2 for n in counts.values()), 4),
+        "bus_factor": bus,
+    }
+
+
+def _by_author(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    for entity, author, n in rows:
+        out[entity][author] = int(n)
+    return out
+
+
+def file_ownership(scope: Scope, *, limit: int = 200) -> list[dict[str, Any]]:
+    """Per file: revisions, authors, main developer and their share, fragmentation and bus
+    factor; the most changed files first."""
+    head, params = scope.rows_cte()
+    per = _by_author(
+        fetch(
+            f"WITH {head} SELECT path, author, COUNT(*) FROM scoped GROUP BY path, author",  # noqa: S608
+            params,
+        )
+    )
+    names = author_names(scope)
+    rows = [{"path": path, **_shares(counts)} for path, counts in per.items()]
+    for row in rows:
+        row["main_dev_name"] = names.get(row["main_dev"], row["main_dev"])
+    rows.sort(key=lambda r: (-r["revs"], r["path"]))
+    return rows[:limit]
+
+
+def directory_ownership(scope: Scope, *, depth: int = 1) -> list[dict[str, Any]]:
+    """Per directory (first ``depth`` levels): its changes (distinct commits), authors,
+    main developer, share, fragmentation and bus factor, with every author's changes;
+    the lowest bus factor first, then the most changed."""
+    head, params = scope.rows_cte()
+    dirs, name = directory_ctes("scoped", depth, ("rev", "path", "author"))
+    per = _by_author(
+        fetch(
+            f"WITH {head}, {dirs} SELECT dir, author, COUNT(DISTINCT rev) FROM {name} "  # noqa: S608
+            "GROUP BY dir, author",
+            params,
+        )
+    )
+    names = author_names(scope)
+    rows = []
+    for directory, counts in per.items():
+        row = {"directory": directory, **_shares(counts)}
+        row["main_dev_name"] = names.get(row["main_dev"], row["main_dev"])
+        row["by_author"] = [
+            {"author": a, "name": names.get(a, a), "revs": n}
+            for a, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
+        rows.append(row)
+    rows.sort(key=lambda r: (r["bus_factor"], -r["revs"], r["directory"]))
+    return rows
+
+
+def last_seen(scope: Scope) -> dict[str, Any]:
+    """Each author's last commit (committer date) up to the window's end, over the whole
+    stored history: inactivity is not bounded by the window's start."""
+    whole = Scope(scope.repo, scope.fingerprint, Window(None, scope.window.end))
+    where, params = whole.commit_filter()
+    rows = fetch(
+        f"SELECT c.author_canonical_email, MAX(c.committed_at) FROM {Commit._meta.db_table} c "  # noqa: S608
+        f"WHERE {where} GROUP BY c.author_canonical_email",
+        params,
+    )
+    return {author: as_instant(at) for author, at in rows}
+
+
+def knowledge_at_risk(scope: Scope, *, inactive_days: int = 90) -> dict[str, Any]:
+    """The inactive authors (no commit in ``inactive_days`` before the window's end) and,
+    for each, the files of the window that only inactive authors changed."""
+    if inactive_days < 1:
+        raise ValueError("inactive_days must be at least 1")
+    cutoff = scope.window.reference() - timedelta(days=inactive_days)
+    seen = last_seen(scope)
+    inactive = {a for a, at in seen.items() if at < cutoff}
+    head, params = scope.rows_cte()
+    per = _by_author(
+        fetch(
+            f"WITH {head} SELECT path, author, COUNT(*) FROM scoped GROUP BY path, author",  # noqa: S608
+            params,
+        )
+    )
+    names = author_names(Scope(scope.repo, scope.fingerprint, Window(None, scope.window.end)))
+    files: dict[str, list[str]] = defaultdict(list)
+    for path, counts in per.items():
+        if set(counts) <= inactive:
+            for author in counts:
+                files[author].append(path)
+    authors = [
+        {
+            "author": a,
+            "name": names.get(a, a),
+            "last_commit_at": seen[a].isoformat(),
+            "files": sorted(files.get(a, [])),
+        }
+        for a in sorted(inactive, key=lambda a: (seen[a], a))
+    ]
+    return {
+        "inactive_days": inactive_days,
+        "cutoff": cutoff.isoformat(),
+        "authors": authors,
+        "files_at_risk": sum(1 for counts in per.values() if set(counts) <= inactive),
+    }
