@@ -167,7 +167,12 @@ def catch_up_repositories(fingerprint: str, after: int) -> str:
 def drive_rollout(rollout_id: int, takeover: bool = False, actor: str = "system") -> str:
     """RQ entry point (queue ``rollouts``): take the rollout's deploy lock and drive it
     to its end; returns the final state. A second delivery of the same job finds the
-    rollout no longer pending and stops (``RolloutError``). See docs/rollouts.md."""
+    rollout no longer pending and stops (``RolloutError``); so does the first one when
+    the rollout was aborted before it ran (it returns the state: nothing to drive). See
+    docs/rollouts.md."""
+    ended = rollouts.ended_state(rollout_id)
+    if ended and not takeover:
+        return f"nothing to drive: rollout #{rollout_id} is {ended}"
     driver = rollouts.RolloutDriver(rollout_id, warmer=rollouts.warm_rollout)
     driver.acquire(actor=actor, takeover=takeover, reason="driver started")
     return driver.run()

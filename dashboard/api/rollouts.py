@@ -18,6 +18,7 @@ from dashboard.api.endpoint import api_view, error, int_param, json_body, permit
 from dashboard.models import Rollout
 from dashboard.rollouts import (
     abort_rollout,
+    check_applies,
     describe_rollout,
     driver_alive,
     enqueue_driver_job,
@@ -170,11 +171,19 @@ def rollout_action(request: HttpRequest, rollout_id: int, action: str) -> HttpRe
     """``POST /api/rollouts/<id>/promote|rollback|abort|takeover`` ``{reason?, force?}``.
 
     * promote — asks the driver for the next step (current after the last): 202;
-    * rollback — the one button: a live driver is asked (202); a dead one's lock is
-      taken here, routing goes back at once and the lock is released (200);
-    * abort — for a dead driver (or ``force``): 200;
+    * rollback — the one button: a live driver is asked (202; it supersedes a pending
+      promote); a dead one's lock is taken here, routing goes back at once and the lock
+      is released (200);
+    * abort — ends a rollout from any state it has not ended in: a live driver is
+      asked (202), else the lock is taken here (200);
     * takeover — a dead driver's rollout gets a new driver job on the ``rollouts``
       queue (202); a live one is refused (409).
+
+    An action that does not apply to the rollout's state (abort of a finished
+    rollout, promote before the gate passed, rollback of a superseded one, …) is a 409
+    ``{"error"}`` naming the state, refused before the deploy lock is touched; a lease
+    that is not a live driver's is broken only with ``"force": true`` (audited as
+    ``rollout.lock.break``). docs/rollouts.md#operator-actions.
     """
     target = f"rollout #{rollout_id}"
     perm = ROLLOUT_ACTIONS.get(action)
@@ -219,9 +228,10 @@ def _run_rollout_action(
         )
         return done, 202 if delegated else 200
     if action == "abort":
-        return abort_rollout(rollout=ro.pk, actor=actor, reason=reason or "abort", force=force), 200
-    if not ro.is_active:
-        raise RolloutError(f"rollout #{ro.pk} is {ro.state}: nothing to take over")
+        delegated = driver_alive(ro) and not force
+        done = abort_rollout(rollout=ro.pk, actor=actor, reason=reason or "abort", force=force)
+        return done, 202 if delegated else 200
+    ro = check_applies(ro, "takeover")
     if driver_alive(ro):
         raise RolloutBusy(
             f"rollout #{ro.pk} is still driven by {ro.lock_holder}: nothing to take over"

@@ -246,10 +246,9 @@ def _run(ro: Rollout, verb: str, user: Any, why: str, percent: int | None) -> st
             return f"rollback requested from the driver {ro.lock_holder}"
         return f"routed back to {label(ro.previous)}; {label(ro.version)} is draining"
     if verb == "abort":
-        if ro.is_active and holder_alive(ro):
-            start.request_action(rollout=ro, action="abort", actor=user, params={"reason": why})
-            return f"abort requested from the driver {ro.lock_holder}"
         after = abort_rollout(rollout=ro, actor=user, reason=why, wait=0.0)
+        if after.pending_action and after.pending_action.get("action") == "abort":
+            return f"abort requested from the driver {ro.lock_holder}"
         return f"rollout #{ro.pk} is {after.state}"
     if verb == "takeover":
         if not start.enqueue_driver_job(ro.pk, takeover=True, actor=versions.actor_name(user)):

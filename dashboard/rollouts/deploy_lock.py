@@ -30,7 +30,6 @@ from dashboard.models import Rollout
 from dashboard.rollouts import start
 from dashboard.rollouts.driver import RolloutDriver
 from dashboard.rollouts.steps import abort_in_place
-from dashboard.versions import RolloutBusy
 from workers import locks as workers_locks
 
 R = Rollout.State
@@ -49,8 +48,9 @@ def takeover_rollout(
 ) -> RolloutDriver:
     """Take over a rollout whose holder died (its lease ran out) — or, with ``force``,
     one whose holder is alive. Returns a driver holding the lock with a new token in
-    this process; call ``run()`` to keep driving or ``release()``. Audited."""
-    pk = rollout if isinstance(rollout, int) else rollout.pk
+    this process; call ``run()`` to keep driving or ``release()``. Audited. Refused
+    (``InvalidTransition``) for a rollout that has ended (``start.refusal``)."""
+    pk = start.check_applies(rollout, "takeover").pk
     d = RolloutDriver(pk, **driver)
     d.acquire(actor=actor, takeover=True, force=force, reason=reason or "takeover")
     return d
@@ -67,35 +67,23 @@ def rollback_rollout(
 ) -> Rollout:
     """The one-button rollback.
 
+    0. Refuse (``InvalidTransition``, before the lock is touched) a rollout it does not
+       apply to (``start.refusal``): one that ended other than completed, a completed
+       one whose version is no longer current, or one completed while another rollout
+       of the queue is in progress (that rollout's driver holds the deploy lock).
     1. Take the deploy lock: a new lease with a new token when the holder is gone (a
        completed rollout, or a dead driver); a live holder's lease only with ``force``
        (emergency rollback, audited) — otherwise the request goes to that holder
-       (``request_action``) and this returns at once.
+       (``request_action``, which lets a rollback supersede a pending promote) and this
+       returns at once. A lease still in Redis that is not a live holder's (a dead
+       driver's, not yet expired) is broken only with ``force`` too.
     2. Route back (``rollouts.rollback``): the previous version's stored results are
        served from the moment it commits.
     3. Drain: tick until the new version is drained or ``wait`` seconds passed, then
        release the lock. Drain bookkeeping needs no token, so an unfinished drain is
        completed later by any driver or the reconciler (``drains.check_drain``).
     """
-    pk = rollout if isinstance(rollout, int) else rollout.pk
-    ro = Rollout.objects.select_related("version").get(pk=pk)
-    live = ro.is_active and holder_alive(ro)
-    if live and not force:
-        return start.request_action(
-            rollout=ro, action="rollback", actor=actor, params={"reason": reason}
-        )
-    d = takeover_rollout(rollout=pk, actor=actor, reason=reason, force=force, **driver)
-    try:
-        token = int(d.token or 0)
-        ro = Rollout.objects.select_related("version").get(pk=pk)
-        if ro.state != R.ROLLING_BACK:
-            abort_in_place(ro, token=token, actor=actor, reason=reason)
-        deadline = time.monotonic() + wait
-        while d.tick() and time.monotonic() < deadline:
-            time.sleep(d.poll)
-    finally:
-        d.release(actor=actor, reason="rollback routed")
-    return Rollout.objects.get(pk=pk)
+    return _end(rollout, "rollback", actor, reason, force, wait, driver)
 
 
 def abort_rollout(
@@ -107,17 +95,42 @@ def abort_rollout(
     wait: float = 0.0,
     **driver: Any,
 ) -> Rollout:
-    """Abort a rollout whose holder died (or, with ``force``, any): same path as
-    :func:`rollback_rollout`, but never delegated to a live holder."""
-    pk = rollout if isinstance(rollout, int) else rollout.pk
-    ro = Rollout.objects.select_related("version").get(pk=pk)
+    """End a rollout that has not ended, from any of its states (pending, active,
+    rolling back; docs/rollouts.md#ending-a-rollout): a live driver is asked (unless
+    ``force``), a dead or absent one's lock is taken here. A version the rollout never
+    routed to (registered, warm_failed, drained, retired) is left as it is and the
+    rollout is aborted; otherwise the version is rolled back and drains. A completed
+    rollout is refused (``InvalidTransition``: roll it back instead)."""
+    return _end(rollout, "abort", actor, reason, force, wait, driver)
+
+
+def _end(
+    rollout: Rollout | int,
+    action: str,
+    actor: Any,
+    reason: str,
+    force: bool,
+    wait: float,
+    driver: dict[str, Any],
+) -> Rollout:
+    ro = start.check_applies(rollout, action)
+    pk = ro.pk
     if ro.is_active and holder_alive(ro) and not force:
-        raise RolloutBusy(
-            f"rollout #{pk} is driven by {ro.lock_holder} (heartbeat "
-            f"{ro.heartbeat_at.isoformat() if ro.heartbeat_at else 'never'}): ask it to roll "
-            "back, or force"
+        return start.request_action(
+            rollout=ro, action=action, actor=actor, params={"reason": reason}
         )
-    return rollback_rollout(rollout=pk, actor=actor, reason=reason, force=True, wait=wait, **driver)
+    d = RolloutDriver(pk, **driver)
+    d.acquire(actor=actor, takeover=True, force=force, reason=reason or action)
+    try:
+        token = int(d.token or 0)
+        ro = Rollout.objects.select_related("version").get(pk=pk)
+        abort_in_place(ro, token=token, actor=actor, reason=reason, reopen=action == "rollback")
+        deadline = time.monotonic() + wait
+        while d.tick() and time.monotonic() < deadline:
+            time.sleep(d.poll)
+    finally:
+        d.release(actor=actor, reason=f"{action} routed")
+    return Rollout.objects.get(pk=pk)
 
 
 def holder_alive(ro: Rollout) -> bool:

@@ -65,7 +65,17 @@ def check_version_drain(
     """
     pk = version if isinstance(version, int) else version.pk
     with transaction.atomic():
-        row = AnalyzerVersion.objects.select_for_update().get(pk=pk)
+        # Lock order (as ``do_transition``'s): the rollout row (``check_drain`` locked
+        # it), then every version of the queue by pk — never this row alone first. A
+        # lone row lock here, then ``do_transition`` locking the queue's versions in pk
+        # order, deadlocked on PostgreSQL against a transition of the same queue that
+        # holds a lower pk and waits for this row (docs/rollouts.md#lock-order).
+        queue = AnalyzerVersion.objects.values_list("queue", flat=True).get(pk=pk)
+        rows = {
+            v.pk: v
+            for v in AnalyzerVersion.objects.select_for_update().filter(queue=queue).order_by("pk")
+        }
+        row = rows[pk]
         if row.state != S.DRAINING:
             return row.state in {S.DRAINED, S.RETIRED}
         seen = dict(counts) if counts is not None else drain_counts(row)

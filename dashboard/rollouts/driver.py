@@ -25,6 +25,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from dashboard import locks, versions
+from dashboard.accounts import record_audit
 from dashboard.locks import check_token
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.rollouts import drains, start, steps, warming
@@ -83,6 +84,8 @@ class RolloutDriver:
         self.stopping = threading.Event()
         self._hb_stop = threading.Event()
         self._hb: threading.Thread | None = None
+        #: Heartbeats that failed for another reason than a lost lease (and were retried).
+        self.heartbeat_errors = 0
 
     @property
     def redlock(self) -> Redlock:
@@ -123,15 +126,44 @@ class RolloutDriver:
             raise RolloutError(f"rollout #{ro.pk} is {ro.state}: its driver already ran")
         if takeover and not (ro.is_active or ro.state == R.COMPLETED):
             raise RolloutError(f"rollout #{ro.pk} is {ro.state}: nothing to take over")
+        if takeover and ro.state == R.COMPLETED:
+            # Re-opened by a rollback: never while another rollout of the queue is in
+            # progress — its driver holds this very lock (docs/rollouts.md#operator-actions).
+            other = (
+                Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
+                .exclude(pk=ro.pk)
+                .first()
+            )
+            if other is not None:
+                raise RolloutBusy(
+                    f"rollout #{other.pk} of {ro.queue!r} is {other.state} and holds its "
+                    f"deploy lock: end it before rolling back rollout #{ro.pk}"
+                )
         key = workers_locks.deploy(ro.queue)
         held = self.redlock.inspect(key)
         if held is not None and takeover:
+            own = (held.get("holder") or {}).get("token") == ro.lock_token
             if not force:
                 raise RolloutBusy(
-                    f"the deploy lock of {ro.queue!r} is still held by {describe_lock(held)}; "
-                    "wait for the lease to run out or force the takeover"
+                    f"the deploy lock of {ro.queue!r} is still held by {describe_lock(held)}"
+                    f"{'' if own else f', not by rollout #{ro.pk}'}; wait for the lease to "
+                    "run out or force the takeover"
                 )
             if held.get("nonce"):
+                # An explicit force only, and audited before the lease is touched: the
+                # record stays even if the acquire below fails (docs/security.md).
+                record_audit(
+                    user=actor,
+                    action="rollout.lock.break",
+                    target=key,
+                    outcome=f"forced: broke the lease of {describe_lock(held)}",
+                    detail={
+                        "rollout": ro.pk,
+                        "own": own,
+                        "holder": held.get("holder") or {},
+                        "reason": reason,
+                    },
+                )
                 self.redlock.force_release(key, str(held["nonce"]))
         holder = {"worker": self.name, "job": f"rollout-{ro.pk}", "version": ro.version.fingerprint}
         try:
@@ -217,24 +249,47 @@ class RolloutDriver:
     def _heartbeat(self) -> None:
         """Extend every TTL/3. A failed extension, or a rollout row that names another
         token (taken over), ends the lease for this driver: ``lost`` is set and no further
-        routing change of ours can pass ``do_transition``'s token check anyway."""
+        routing change of ours can pass ``do_transition``'s token check anyway.
+
+        Any other error (the database refuses the ``heartbeat_at`` stamp, a master
+        answers garbage) is logged and counted (``heartbeat_errors``) and the beat goes
+        on at its next interval: the lease is the Redis one, extended on its own, so a
+        database blip neither ends the drive nor lets the lease lapse unnoticed. The
+        thread never dies silently: whatever ends it sets ``lost`` unless it was asked
+        to stop, so ``tick`` returns False and the drive ends
+        (docs/rollouts.md#the-drivers-heartbeat).
+        """
         lock = self.lock
         assert lock is not None
         try:
             while not self._hb_stop.wait(self.ttl / 3.0):
                 try:
                     lock.extend(self.ttl)
+                    stamped = Rollout.objects.filter(
+                        pk=self.rollout_id, lock_token=lock.token
+                    ).update(heartbeat_at=timezone.now())
                 except LockLost as exc:
                     log.warning("rollout #%s: deploy lock lost: %s", self.rollout_id, exc)
                     self.lost.set()
                     return
-                stamped = Rollout.objects.filter(pk=self.rollout_id, lock_token=lock.token).update(
-                    heartbeat_at=timezone.now()
-                )
+                except Exception as exc:
+                    self.heartbeat_errors += 1
+                    log.warning(
+                        "rollout #%s: heartbeat failed (%s: %s); retrying in %.1fs",
+                        self.rollout_id, type(exc).__name__, exc, self.ttl / 3.0,
+                    )  # fmt: skip
+                    # A broken connection is replaced on the next beat, not reused.
+                    close_old_connections()
+                    continue
                 if not stamped:
                     self.lost.set()
                     return
+        except BaseException:
+            log.exception("rollout #%s: heartbeat thread died", self.rollout_id)
+            raise
         finally:
+            if not self._hb_stop.is_set():
+                self.lost.set()
             close_old_connections()
 
     def release(self, *, actor: Any = "system", reason: str = "") -> None:
@@ -353,6 +408,11 @@ class RolloutDriver:
         version = AnalyzerVersion.objects.get(pk=ro.version_id)
         if ro.state == R.ROLLING_BACK:
             drains.check_drain(rollout=ro, token=token, actor=actor)
+            return
+        if version.state not in steps.DRIVEN:
+            # Retired meanwhile (or moved by hand): no step applies, so end the rollout
+            # rather than tick for ever (docs/rollouts.md#ending-a-rollout).
+            steps.end_unrollable(rollout=ro, token=token, actor=actor)
             return
         if version.state in {S.REGISTERED, S.WARM_FAILED, S.DRAINED}:
             if not ro.warm_set.get("items") and ro.previous is not None:

@@ -25,6 +25,7 @@ from dashboard import infra, locks
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.versions import (
     QUEUE,
+    InvalidTransition,
     RolloutBusy,
     RolloutError,
     actor_name,
@@ -39,6 +40,14 @@ from dashboard.versions import (
 from workers import locks as workers_locks
 
 DEFAULT_STEPS = (10, 50, 100)
+#: Version states a rollout may start from (a re-activation starts from drained).
+STARTABLE = frozenset(
+    {
+        AnalyzerVersion.State.REGISTERED,
+        AnalyzerVersion.State.WARM_FAILED,
+        AnalyzerVersion.State.DRAINED,
+    }
+)
 #: The Redis queue rollout drivers run on (``workers.jobs.drive_rollout``).
 DRIVER_QUEUE = "rollouts"
 
@@ -48,6 +57,14 @@ S = AnalyzerVersion.State
 
 def active_rollout(queue: str = QUEUE) -> Rollout | None:
     return Rollout.objects.filter(queue=queue, state__in=Rollout.ACTIVE_STATES).first()
+
+
+def ended_state(rollout_id: int) -> str | None:
+    """The rollout's state if it has ended (or does not exist: ``"missing"``), else None."""
+    state = Rollout.objects.filter(pk=rollout_id).values_list("state", flat=True).first()
+    if state is None:
+        return "missing"
+    return None if state in Rollout.ACTIVE_STATES else str(state)
 
 
 def _describe_holder(ro: Rollout) -> str:
@@ -145,12 +162,28 @@ def start_rollout(
     busy = busy_message(queue) or _lock_busy_message(queue)
     if busy:
         raise RolloutBusy(busy)
-    version = register_version(queue=queue, config=config, actor=actor)
-    if version.state not in {S.REGISTERED, S.WARM_FAILED, S.DRAINED}:
-        raise RolloutError(f"{version} cannot be rolled out from state {version.state}")
     who = f"{actor_name(actor)}@{socket.gethostname()}"
     try:
+        # One transaction from the registration to the rollout row: a start refused
+        # after its version was registered (a state that cannot be rolled out, or a
+        # concurrent start that won the queue) rolls the registration back with it, so
+        # a refused start leaves no ``registered`` version behind.
         with transaction.atomic():
+            registered = register_version(queue=queue, config=config, actor=actor)
+            # Lock the queue's versions (pk order, as ``do_transition`` does) and check
+            # the state on the locked row. Race: a retire of this version locks the
+            # same rows and refuses while a rollout targets it, so either it committed
+            # first and the state check below refuses, or it waits and sees this
+            # rollout (docs/rollouts.md#ending-a-rollout).
+            rows = {
+                v.pk: v
+                for v in AnalyzerVersion.objects.select_for_update()
+                .filter(queue=queue)
+                .order_by("pk")
+            }
+            version = rows[registered.pk]
+            if version.state not in STARTABLE:
+                raise RolloutError(f"{version} cannot be rolled out from state {version.state}")
             ro = Rollout.objects.create(
                 queue=queue,
                 version=version,
@@ -251,6 +284,89 @@ def enqueue_driver_job(rollout_id: int, *, takeover: bool = False, actor: str = 
 # ---------------------------------------------------------------------------- operator actions
 
 ACTIONS = frozenset({"promote", "rollback", "set_ramp", "abort"})
+#: Requests that end a rollout: they supersede a pending promote / set ramp (a rollback
+#: a moment after a promote request is never refused for it) and are idempotent.
+ENDING = frozenset({"rollback", "abort"})
+
+
+def refusal(rollout: Rollout, action: str) -> str | None:
+    """Why ``action`` does not apply to the rollout in its current state, or None.
+
+    The one check every operator action (API, CLI, the Rollouts page) makes before it
+    touches the rollout or its deploy lock (docs/rollouts.md#operator-actions):
+
+    * ``promote`` / ``set_ramp``: the rollout is ``active`` (its driver took the lock)
+      and its version passed the gate (verified or ramping);
+    * ``abort``: the rollout has not ended (pending, active, rolling back) — from each
+      of those states it ends it;
+    * ``rollback``: the rollout has not ended, or it completed, its version is still
+      current and no other rollout of the queue is in progress (re-opening it then
+      would take that rollout's deploy lock);
+    * ``takeover``: the rollout has not ended.
+
+    A read: the domain step re-checks under the rollout row's lock.
+    """
+    pk, state = rollout.pk, rollout.state
+    version = AnalyzerVersion.objects.get(pk=rollout.version_id)
+    ended = state not in Rollout.ACTIVE_STATES
+    if action in {"promote", "set_ramp"}:
+        verb = "promote" if action == "promote" else "set the ramp of"
+        if state == Rollout.State.PENDING:
+            return (
+                f"rollout #{pk} is pending (no driver took its deploy lock yet): "
+                f"nothing to {verb} yet"
+            )
+        if state != Rollout.State.ACTIVE:
+            return f"rollout #{pk} is {state}: nothing to {verb}"
+        if version.state not in {S.VERIFIED, S.RAMPING}:
+            return (
+                f"{version} is {version.state}: nothing to {verb} before it passed the warming gate"
+            )
+        return None
+    if action in {"abort", "takeover"}:
+        if ended:
+            hint = (
+                " (roll it back instead)"
+                if state == Rollout.State.COMPLETED and action == "abort"
+                else ""
+            )
+            return f"rollout #{pk} is {state}: it has ended, nothing to {action}{hint}"
+        return None
+    if action == "rollback":
+        if not ended:
+            return None
+        if state != Rollout.State.COMPLETED:
+            return f"rollout #{pk} is {state}: it has ended, nothing to roll back"
+        if version.state != S.CURRENT:
+            return (
+                f"rollout #{pk} completed, but {version} is no longer current ({version.state}): "
+                "nothing to roll back"
+            )
+        if rollout.previous_id is None:
+            return f"{version} has no previous version to roll back to"
+        other = (
+            Rollout.objects.filter(queue=rollout.queue, state__in=Rollout.ACTIVE_STATES)
+            .exclude(pk=pk)
+            .first()
+        )
+        if other is not None:
+            return (
+                f"rollout #{other.pk} of {rollout.queue!r} is {other.state}: end it before "
+                f"rolling back rollout #{pk}"
+            )
+        return None
+    return f"unknown action {action!r}"
+
+
+def check_applies(rollout: Rollout | int, action: str) -> Rollout:
+    """The rollout, fresh, if ``action`` applies to it now (:func:`refusal`); else
+    ``InvalidTransition`` (a 409 over the API, one line from the CLI)."""
+    pk = rollout if isinstance(rollout, int) else rollout.pk
+    ro = Rollout.objects.select_related("version", "previous").get(pk=pk)
+    why = refusal(ro, action)
+    if why:
+        raise InvalidTransition(why)
+    return ro
 
 
 def request_action(
@@ -258,12 +374,23 @@ def request_action(
 ) -> Rollout:
     """Ask the rollout's driver (the deploy-lock holder) to ``promote``, ``rollback``,
     ``set_ramp`` (``params={"percent": p}``) or ``abort``; it runs it with its token
-    within a poll interval. One request at a time: a conditional UPDATE on an empty
-    ``pending_action`` makes two operators' clicks give one request and one refusal.
+    within a poll interval. Refused (``InvalidTransition``) when the action does not
+    apply to the rollout's state (:func:`refusal`).
+
+    One request at a time: a conditional UPDATE on an empty ``pending_action`` makes
+    two operators' clicks give one request and one refusal — except that a rollback or
+    abort supersedes a pending promote / set ramp (recorded as ``action.superseded``),
+    and a second rollback or abort while one is pending is that request (no error).
+
+    Race: the driver claims a request with a conditional UPDATE on the exact request
+    it read (``RolloutDriver.tick``). A rollback that replaced the promote first is
+    the one the driver claims; if the driver claimed the promote first, the rollback
+    is a new request, run on the next tick, after the promote. Either way it runs.
     """
     if action not in ACTIONS:
         raise RolloutError(f"unknown action {action!r}")
     pk = rollout if isinstance(rollout, int) else rollout.pk
+    check_applies(pk, action)
     request = {
         "action": action,
         "actor": actor_name(actor),
@@ -271,14 +398,32 @@ def request_action(
         "at": timezone.now().isoformat(),
     }
     with transaction.atomic():
-        updated = Rollout.objects.filter(
-            pk=pk, state__in=Rollout.ACTIVE_STATES, pending_action__isnull=True
-        ).update(pending_action=request, updated_at=timezone.now())
+        row = Rollout.objects.filter(pk=pk, state__in=Rollout.ACTIVE_STATES)
+        updated = row.filter(pending_action__isnull=True).update(
+            pending_action=request, updated_at=timezone.now()
+        )
+        superseded: dict[str, Any] | None = None
+        if not updated and action in ENDING:
+            locked = Rollout.objects.select_for_update(of=("self",)).filter(pk=pk).first()
+            pending = locked.pending_action if locked is not None else None
+            if locked is not None and locked.is_active and pending:
+                if pending.get("action") in ENDING:
+                    return Rollout.objects.select_related("version").get(pk=pk)
+                updated = row.filter(pending_action=pending).update(
+                    pending_action=request, updated_at=timezone.now()
+                )
+                superseded = pending if updated else None
         ro = Rollout.objects.select_related("version").get(pk=pk)
         if not updated:
             if not ro.is_active:
-                raise RolloutError(f"rollout #{pk} is {ro.state}: nothing to {action}")
+                raise InvalidTransition(f"rollout #{pk} is {ro.state}: nothing to {action}")
             raise RolloutBusy(f"rollout #{pk} already has a pending request: {ro.pending_action}")
+        if superseded is not None:
+            record_event(
+                ro, ro.version, "action.superseded", "", "", actor,
+                f"{superseded.get('action')} superseded by {action}", None,
+                {"superseded": superseded},
+            )  # fmt: skip
         record_event(ro, ro.version, "action.requested", "", "", actor, action, None, request)
     return ro
 

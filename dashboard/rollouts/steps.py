@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from dashboard.models import AnalyzerVersion, Rollout
@@ -19,6 +19,7 @@ from dashboard.repositories import enqueue_catch_up
 from dashboard.runs import cancel_runs
 from dashboard.versions import (
     InvalidTransition,
+    RolloutBusy,
     check_fence,
     do_transition,
     publish_rollout_event,
@@ -242,7 +243,9 @@ def rerouted(*, closed: Sequence[str], served: str, rollout: int | None = None) 
     return cancelled
 
 
-def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = "") -> Rollout:
+def rollback(
+    *, rollout: Rollout | int, token: int, actor: Any, reason: str = "", reopen: bool = True
+) -> Rollout:
     """Route back to the previous version at once; the new one starts draining.
 
     * new version warming / warm_failed / verified / ramping: it → draining; the
@@ -253,12 +256,48 @@ def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = ""
 
     The rollout becomes ``rolling_back`` until ``drains.check_drain`` sees the new
     version empty twice; a completed rollout (promoted, lock released) can be rolled
-    back by a holder that re-took the deploy lock.
+    back by a holder that re-took the deploy lock (``reopen``; an abort passes False
+    and is refused instead), unless another rollout of the queue is in progress
+    (``RolloutBusy``: re-opening it would break the one-active-rollout rule).
     """
 
     def step(ro: Rollout) -> None:
         version = AnalyzerVersion.objects.get(pk=ro.version_id)
         why = reason or "rollback"
+        if ro.state == Rollout.State.COMPLETED:
+            if not reopen:
+                raise InvalidTransition(
+                    f"rollout #{ro.pk} is completed: nothing to abort (roll it back instead)"
+                )
+            if version.state != S.CURRENT:
+                raise InvalidTransition(
+                    f"rollout #{ro.pk} completed, but {version} is no longer current "
+                    f"({version.state}): nothing to roll back"
+                )
+            # Re-opened by a rollback after promote. Checked here, on the locked row,
+            # and guarded by the partial unique constraint: a rollout of the queue that
+            # started meanwhile makes this a refusal, never an IntegrityError.
+            other = (
+                Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
+                .exclude(pk=ro.pk)
+                .first()
+            )
+            if other is not None:
+                raise RolloutBusy(
+                    f"rollout #{other.pk} of {ro.queue!r} is {other.state}: end it before "
+                    f"rolling back rollout #{ro.pk}"
+                )
+            ro.state, ro.finished_at = Rollout.State.ACTIVE, None
+            try:
+                with transaction.atomic():
+                    ro.save(update_fields=["state", "finished_at", "updated_at"])
+            except IntegrityError:
+                raise RolloutBusy(
+                    f"another rollout of {ro.queue!r} started: end it before rolling back "
+                    f"rollout #{ro.pk}"
+                ) from None
+        elif ro.state not in Rollout.ACTIVE_STATES:
+            raise InvalidTransition(f"rollout #{ro.pk} is {ro.state}: nothing to roll back")
         if version.state == S.CURRENT:
             if ro.previous_id is None:
                 raise InvalidTransition(f"{version} has no previous version to roll back to")
@@ -276,11 +315,6 @@ def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = ""
             )
         elif version.state != S.DRAINING:
             raise InvalidTransition(f"{version} cannot be rolled back from {version.state}")
-        if ro.state == Rollout.State.COMPLETED:
-            # Re-opened by a rollback after promote: the partial unique constraint refuses
-            # it if another rollout of the queue is active meanwhile.
-            ro.state, ro.finished_at = Rollout.State.ACTIVE, None
-            ro.save(update_fields=["state", "finished_at", "updated_at"])
         set_rollout_state(
             rollout=ro, to=Rollout.State.ROLLING_BACK, actor=actor, token=token, reason=why
         )
@@ -291,19 +325,74 @@ def rollback(*, rollout: Rollout | int, token: int, actor: Any, reason: str = ""
     return _locked_step(rollout, step)
 
 
-def abort_in_place(ro: Rollout, *, token: int, actor: Any, reason: str) -> Rollout:
-    """Roll back (or, for a version never warmed, abort) as the lock holder."""
-    state = AnalyzerVersion.objects.values_list("state", flat=True).get(pk=ro.version_id)
-    if state == S.REGISTERED or ro.state == Rollout.State.PENDING:
-        return _locked_step(
-            ro,
-            lambda locked: set_rollout_state(
-                rollout=locked,
-                to=Rollout.State.ABORTED,
-                actor=actor,
-                token=token,
-                reason=reason,
-                outcome=f"aborted: {reason}",
-            ),
-        )
-    return rollback(rollout=ro, token=token, actor=actor, reason=reason)
+#: Version states a rollout that has not routed anything finds its version in: its
+#: driver never began warming (registered, or a re-activation of warm_failed or drained
+#: that had not begun), or the version was retired meanwhile. Ending such a rollout
+#: touches no version.
+UNTOUCHED = frozenset({S.REGISTERED, S.WARM_FAILED, S.DRAINED, S.RETIRED})
+
+
+def abort_in_place(
+    ro: Rollout, *, token: int, actor: Any, reason: str, reopen: bool = True
+) -> Rollout:
+    """End the rollout as the lock holder, from whichever state it is in
+    (docs/rollouts.md#ending-a-rollout):
+
+    * pending or active with its version untouched (``UNTOUCHED``): aborted, no
+      version transition (a drained version being re-activated stays drained);
+    * rolling back: already routed back; it ends once drained (``rolled_back`` at once
+      if its version is drained or retired already);
+    * otherwise: rolled back (``rollback``; ``reopen`` as there).
+    """
+
+    def end(locked: Rollout) -> None:
+        state = AnalyzerVersion.objects.values_list("state", flat=True).get(pk=locked.version_id)
+        if locked.state == Rollout.State.ROLLING_BACK:
+            if state in {S.DRAINED, S.RETIRED}:
+                set_rollout_state(
+                    rollout=locked, to=Rollout.State.ROLLED_BACK, actor=actor, token=token,
+                    reason="drained", outcome=f"rolled back to {locked.previous}",
+                )  # fmt: skip
+            return
+        if locked.state in {Rollout.State.PENDING, Rollout.State.ACTIVE} and state in UNTOUCHED:
+            set_rollout_state(
+                rollout=locked, to=Rollout.State.ABORTED, actor=actor, token=token,
+                reason=reason, outcome=f"aborted: {reason}",
+            )  # fmt: skip
+            return
+        raise _RollBack
+
+    try:
+        return _locked_step(ro, end)
+    except _RollBack:
+        return rollback(rollout=ro, token=token, actor=actor, reason=reason, reopen=reopen)
+
+
+class _RollBack(Exception):
+    """``abort_in_place``'s locked check found a version to route back from."""
+
+
+def end_unrollable(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout | None:
+    """The driver's way out when its rollout's version can no longer be rolled out
+    (retired meanwhile, or in a state no step moves it from): the rollout fails with
+    the reason, instead of being ticked for ever. Returns None (nothing done) if the
+    version is in a state the driver handles after all."""
+    done: list[Rollout] = []
+
+    def step(ro: Rollout) -> None:
+        version = AnalyzerVersion.objects.get(pk=ro.version_id)
+        if ro.state != Rollout.State.ACTIVE or version.state in DRIVEN:
+            return
+        set_rollout_state(
+            rollout=ro, to=Rollout.State.FAILED, actor=actor, token=token,
+            reason=f"{version} is {version.state}: it can no longer be rolled out",
+            outcome=f"failed: {version} is {version.state}",
+        )  # fmt: skip
+        done.append(ro)
+
+    out = _locked_step(rollout, step)
+    return out if done else None
+
+
+#: Version states the driver moves a rollout's version on from (``RolloutDriver._advance``).
+DRIVEN = frozenset({S.REGISTERED, S.WARM_FAILED, S.DRAINED, S.WARMING, S.VERIFIED, S.RAMPING})

@@ -112,8 +112,9 @@ def verify_warm_set(
 
     * ``coverage`` — stored commits of the set under the new fingerprint / commits in
       the set ≥ ``warm_set["threshold"]`` (an empty set has nothing to vouch for: fails);
-    * ``errors`` — no failed or dead analysis run, and no failed chunk, of the new
-      fingerprint on the set's repositories;
+    * ``errors`` — no finally failed analysis run (dead-lettered or discarded: a run
+      waiting for its retry is not final) and no failed chunk, of the new fingerprint
+      on the set's repositories;
     * ``fingerprint`` — every file row of the new fingerprint's commits carries the new
       fingerprint, and no file row of the new fingerprint hangs off another's commit;
     * ``workers`` — at least one live worker (heartbeat within ``worker_window``,
@@ -137,11 +138,15 @@ def verify_warm_set(
         stored += len(have)
         missing.extend({"repository": pk, "sha": s} for s in shas if s not in have)
     coverage = stored / expected if expected else 0.0
+    # Only a run that is finally failed counts: dead-lettered (no retry left) or
+    # discarded by an operator. A ``failed`` run failed one attempt and waits for its
+    # retry (``runs.fail_attempt`` schedules it): it may still succeed, so it is not an
+    # error yet — while it waits, its commits are missing from the coverage instead.
     failed_runs = JobRun.objects.filter(
         kind=JobRun.Kind.ANALYZE,
         fingerprint=fp,
         repository_id__in=repo_ids,
-        state__in=[JobRun.State.FAILED, JobRun.State.DEAD, JobRun.State.DISCARDED],
+        state__in=[JobRun.State.DEAD, JobRun.State.DISCARDED],
     )
     failed_chunks = Chunk.objects.filter(
         fingerprint=fp, repository_id__in=repo_ids, state=Chunk.State.FAILED

@@ -338,6 +338,22 @@ def do_transition(
             raise InvalidTransition(
                 f"{row}: only a queue's first version becomes current without warming"
             )
+        elif to == S.RETIRED:
+            # A rollout that targets the version would find it gone and could never be
+            # driven or aborted (docs/rollouts.md#ending-a-rollout). Race: a start of
+            # this version locks these same version rows before it inserts its rollout
+            # (``dashboard.rollouts.start.start_rollout``), so either it committed first
+            # and is seen here, or it waits for us and sees the version retired.
+            targeted = (
+                Rollout.objects.filter(version_id=row.pk, state__in=Rollout.ACTIVE_STATES)
+                .order_by("pk")
+                .first()
+            )
+            if targeted is not None:
+                raise InvalidTransition(
+                    f"{row} is the target of rollout #{targeted.pk} ({targeted.state}): "
+                    "abort that rollout before retiring the version"
+                )
         if to == S.CURRENT and current is not None:
             # Superseded in the same transaction: the queue is never without a current
             # version, and never has two (the partial unique index would refuse it).
@@ -433,15 +449,8 @@ def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVer
     if current is not None:
         return current
 
-    version = register_version(
-        queue=queue,
-        config={
-            "detect_renames": analysis.DEFAULT.detect_renames,
-            "ignore_whitespace": analysis.DEFAULT.ignore_whitespace,
-            "exclude_paths": list(analysis.DEFAULT.exclude_paths),
-        },
-        actor=actor,
-    )
+    # The lock first, then the version: a refused adoption (the lock is held) leaves
+    # no registered version behind (docs/rollouts.md#refusals-leave-nothing-behind).
     key = workers_locks.deploy(queue)
     try:
         lock = locks.redlock().acquire(
@@ -454,7 +463,16 @@ def ensure_baseline(*, queue: str = QUEUE, actor: Any = "system") -> AnalyzerVer
         raise RolloutBusy(f"the deploy lock of {queue!r} is held by {held}") from None
     try:
         # InvalidTransition: another process made a version current meanwhile.
-        with contextlib.suppress(InvalidTransition):
+        with contextlib.suppress(InvalidTransition), transaction.atomic():
+            version = register_version(
+                queue=queue,
+                config={
+                    "detect_renames": analysis.DEFAULT.detect_renames,
+                    "ignore_whitespace": analysis.DEFAULT.ignore_whitespace,
+                    "exclude_paths": list(analysis.DEFAULT.exclude_paths),
+                },
+                actor=actor,
+            )
             do_transition(
                 version=version,
                 to=S.CURRENT,

@@ -67,6 +67,20 @@ def verify(ro: Rollout, driver: RolloutDriver) -> Rollout:
     return steps.record_verdict(rollout=ro, verdict=PASSING, token=token, actor="alice")
 
 
+def completed_and_running() -> tuple[Rollout, Rollout, RolloutDriver]:
+    """Rollout A of ``RENAMES`` promoted to current (completed, its lock released) and
+    rollout B of another config running, its driver (this process) holding the deploy
+    lock: ``(A, B, B's driver)``."""
+    a, da = start()
+    verify(a, da)
+    token = int(da.token or 0)
+    steps.set_ramp(rollout=a, percent=100, token=token, actor="alice")
+    steps.promote(rollout=a, token=token, actor="alice")
+    da.release()
+    b, db = start({"ignore_whitespace": True}, actor="bob")
+    return Rollout.objects.get(pk=a.pk), b, db
+
+
 def state(pk: int) -> str:
     return str(AnalyzerVersion.objects.values_list("state", flat=True).get(pk=pk))
 

@@ -107,7 +107,7 @@ class Command(BaseCommand):
         for name, text in [
             ("promote", "next ramp step, or make the version current after the last"),
             ("rollback", "route back to the previous version and drain the new one"),
-            ("abort", "roll back a rollout whose driver died (or --force)"),
+            ("abort", "end a rollout that has not ended, from any of its states"),
             ("takeover", "take the deploy lock of a rollout whose driver died (or --force)"),
             ("drive", "run a rollout's driver in the foreground"),
             ("checklist", "the rollout's release checklist as Markdown"),
@@ -115,7 +115,9 @@ class Command(BaseCommand):
             p = sub.add_parser(name, help=text)
             p.add_argument("id", type=int)
             if name in {"rollback", "abort", "takeover", "drive"}:
-                p.add_argument("--force", action="store_true", help="break a live lease")
+                p.add_argument(
+                    "--force", action="store_true", help="break a lease still held (audited)"
+                )
                 p.add_argument("--reason", default="")
             if name in {"promote", "rollback", "abort"}:
                 p.add_argument("--timeout", type=float, default=30.0)
@@ -265,23 +267,24 @@ class Command(BaseCommand):
         self.stdout.write(f"rollout {ro.pk} {ro.state}: {version.state} {version.ramp_percent}%")
 
     def do_rollback(self, o: dict[str, Any]) -> None:
-        ro = rollback_rollout(
-            rollout=o["id"],
-            actor=o["actor"],
-            reason=o["reason"] or "rollback",
-            force=o["force"],
-            wait=o["timeout"],
-        )
-        self.stdout.write(f"rollout {ro.pk} {ro.state}")
+        self._end(rollback_rollout, "rollback", o)
 
     def do_abort(self, o: dict[str, Any]) -> None:
-        ro = abort_rollout(
+        self._end(abort_rollout, "abort", o)
+
+    def _end(self, action: Any, verb: str, o: dict[str, Any]) -> None:
+        """Roll back or abort (``deploy_lock``): refused in one line when it does not
+        apply to the rollout's state; a live driver is asked and the request awaited."""
+        ro = action(
             rollout=o["id"],
             actor=o["actor"],
-            reason=o["reason"] or "abort",
+            reason=o["reason"] or verb,
             force=o["force"],
             wait=o["timeout"],
         )
+        if ro.pending_action and ro.pending_action.get("action") in {"rollback", "abort"}:
+            self.stdout.write(f"rollout {ro.pk}: {verb} requested from its driver {ro.lock_holder}")
+            ro = self._wait(ro.pk, lambda r: r.pending_action is None, o["timeout"], "the request")
         self.stdout.write(f"rollout {ro.pk} {ro.state}")
 
     def do_takeover(self, o: dict[str, Any]) -> None:

@@ -11,11 +11,14 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from dashboard.infra import queues
+from dashboard.locks import leases
 from dashboard.models import AnalyzerVersion, ApiToken, AuditEntry, Rollout
 from dashboard.rollouts import start as rollouts_start
 from dashboard.rollouts import steps
 from dashboard.versions import state_machine
 from dashboard.versions.state_machine import ensure_baseline
+from tests.support.rollouts import DRIVERS, _release_drivers, completed_and_running  # noqa: F401
+from workers.locks import keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,9 +115,11 @@ def test_actions_are_permission_checked_and_act_on_the_rollout(client: Client, c
     ro = rollouts_start.start_rollout(
         config={"detect_renames": True}, actor="ci", enqueue_driver=False
     )
-    # The CI token may promote (a request to the driver) but not roll back.
+    # The CI token may promote (a request to the driver) but not roll back; a promote
+    # of a rollout no driver took yet does not apply to its state: a 409 naming it.
     res = call(client, "POST", f"/api/rollouts/{ro.pk}/promote", ci)
-    assert res.status_code == 202 and res.json()["pending_action"]["action"] == "promote"
+    assert res.status_code == 409 and "is pending" in res.json()["error"], res.content
+    assert Rollout.objects.get(pk=ro.pk).pending_action is None
     refused = call(client, "POST", f"/api/rollouts/{ro.pk}/rollback", ci)
     assert refused.status_code == 403
     assert AuditEntry.objects.filter(
@@ -213,3 +218,71 @@ def test_a_drained_version_is_retired_over_the_api(client: Client) -> None:
     assert refused.count() == 6
     assert AuditEntry.objects.filter(action="rollout.transition", actor="admin",
                                      outcome__contains="drained → retired").exists()  # fmt: skip
+
+
+def test_actions_on_a_finished_rollout_are_409s_and_leave_the_running_ones_lock(
+    client: Client,
+) -> None:
+    """Rollout A completed; rollout B runs, its driver holding the queue's deploy lock.
+    Aborting A (even with ``force``), taking it over, promoting it or rolling it back is
+    a JSON 409 naming why — never a 500 — and B's lease, token and driver are
+    untouched: no lease is broken for an action that does not apply."""
+    a, b, driver = completed_and_running()
+    ops = a_user("ops", "rollback_rollout", "start_rollout")
+    before = leases.redlock().inspect(keys.deploy("analysis"))
+    assert before is not None and before["holder"]["token"] == b.lock_token
+    for action, body, text in [
+        ("abort", {}, "is completed: it has ended, nothing to abort"),
+        ("abort", {"force": True}, "is completed: it has ended, nothing to abort"),
+        ("takeover", {}, "is completed: it has ended, nothing to takeover"),
+        ("promote", {}, "is completed: nothing to promote"),
+        ("rollback", {}, f"rollout #{b.pk} of 'analysis' is active"),
+        ("rollback", {"force": True}, f"rollout #{b.pk} of 'analysis' is active"),
+    ]:
+        res = call(client, "POST", f"/api/rollouts/{a.pk}/{action}", ops, body)
+        assert res.status_code == 409, (action, res.content)
+        assert set(res.json()) == {"error"} and text in res.json()["error"], res.json()
+    after = leases.redlock().inspect(keys.deploy("analysis"))
+    assert after is not None and after["nonce"] == before["nonce"]
+    assert after["holder"]["token"] == b.lock_token
+    assert driver.tick() and not driver.lost.is_set()
+    assert Rollout.objects.get(pk=a.pk).state == "completed"
+    assert Rollout.objects.get(pk=b.pk).state == "active"
+    assert not AuditEntry.objects.filter(action="rollout.lock.break").exists()
+    assert (
+        AuditEntry.objects.filter(action="rollout.abort", outcome__startswith="refused").count()
+        == 2
+    )
+
+
+def test_a_version_a_rollout_targets_is_not_retired_and_its_rollout_is_always_aborted(
+    client: Client,
+) -> None:
+    """A re-activation rollout of a drained version, before its first step: retiring
+    the version is a 409 naming the rollout (it would wedge the queue), and aborting
+    the rollout ends it without touching the version — then the queue is free and the
+    version can be retired."""
+    base = ensure_baseline(actor="setup")
+    v = state_machine.register_version(config={"detect_renames": True}, actor="setup")
+    AnalyzerVersion.objects.filter(pk=v.pk).update(
+        state=AnalyzerVersion.State.DRAINED, verified_at=base.created_at
+    )
+    ro = rollouts_start.start_rollout(
+        config={"detect_renames": True}, actor="ci", enqueue_driver=False
+    )
+    admin = a_user("admin", "rollback_rollout")
+    path = f"/api/versions/{v.fingerprint[:12]}/retire"
+    refused = call(client, "POST", path, admin)
+    assert refused.status_code == 409, refused.content
+    assert f"target of rollout #{ro.pk} (pending)" in refused.json()["error"]
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == "drained"
+    aborted = call(client, "POST", f"/api/rollouts/{ro.pk}/abort", admin, {"reason": "no"})
+    assert aborted.status_code == 200, aborted.content
+    assert aborted.json()["state"] == "aborted"
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == "drained"
+    assert leases.redlock().inspect(keys.deploy("analysis")) is None  # released
+    again = rollouts_start.start_rollout(
+        config={"ignore_whitespace": True}, actor="ci", enqueue_driver=False
+    )
+    assert again.state == "pending"
+    assert call(client, "POST", path, admin).status_code == 200

@@ -26,6 +26,7 @@ from tests.support.rollouts import (  # noqa: F401 (fixture)
     PASSING,
     RENAMES,
     _release_drivers,
+    completed_and_running,
     wait_for,
 )
 from workers.locks import keys
@@ -334,3 +335,68 @@ def test_a_drained_version_is_retired_from_the_cli_and_never_rolled_out_again(en
     ).exists()
     again = manage(env, "start", "--set", "detect_renames=true", "--driver", "none")
     assert again.returncode != 0 and "cannot be rolled out from state retired" in again.stderr
+
+
+def test_the_cli_refuses_to_abort_a_finished_rollout_in_one_line_and_leaves_the_lock(
+    env,
+) -> None:
+    """``manage.py rollout abort ID`` of a completed rollout while another runs: one
+    line, a non-zero exit, no traceback — and the running rollout's lease (same nonce,
+    same token) and driver untouched, even with ``--force``."""
+    a, b, driver = completed_and_running()
+    before = leases.redlock().inspect(KEY)
+    for args in (("abort", str(a.pk)), ("abort", str(a.pk), "--force"),
+                 ("takeover", str(a.pk)), ("rollback", str(a.pk), "--force")):  # fmt: skip
+        out = manage(env, *args)
+        assert out.returncode != 0, (args, out.stdout)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, (
+            args,
+            out.stderr,
+        )
+        assert f"rollout #{a.pk}" in out.stderr or f"rollout #{b.pk}" in out.stderr
+    after = leases.redlock().inspect(KEY)
+    assert after is not None and before is not None and after["nonce"] == before["nonce"]
+    assert driver.tick() and not driver.lost.is_set()
+    assert Rollout.objects.get(pk=a.pk).state == "completed"
+    assert Rollout.objects.get(pk=b.pk).state == "active"
+    assert not AuditEntry.objects.filter(action="rollout.lock.break").exists()
+
+
+def test_a_lease_still_in_redis_is_broken_only_with_force_and_the_break_is_audited(
+    settings, tmp_path: Path
+) -> None:
+    """A SIGKILLed driver's lease stays in Redis for one TTL (30 s here): meanwhile the
+    lease is not broken unless an action is forced — and the forced break is an audit
+    row naming the lease it broke."""
+    env = worker_env(settings, tmp_path, GITWARD_LOCK_TTL="30")
+    ensure_baseline(actor="setup")
+    ro = start.start_rollout(config=RENAMES, actor="alice", enqueue_driver=False)
+    proc = spawn_driver(env, ro.pk)
+    try:
+        wait_for(lambda: AnalyzerVersion.objects.get(pk=ro.version_id).state == S.WARMING, 60)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    ro.refresh_from_db()
+    dead = leases.redlock().inspect(KEY)
+    assert dead is not None and dead["holder"]["token"] == ro.lock_token
+    # Unforced, a lease under the rollout's own token looks like a live driver: the
+    # abort is a request to it, which nobody takes — said in one line, non-zero exit.
+    asked = manage(env, "abort", str(ro.pk), "--reason", "host lost", "--timeout", "1")
+    assert asked.returncode != 0 and "no driver took the request" in asked.stderr, asked.stderr
+    assert len(asked.stderr.strip().splitlines()) == 1 and "Traceback" not in asked.stderr
+    # A takeover is refused outright, naming the lease.
+    taken = manage(env, "takeover", str(ro.pk))
+    assert taken.returncode != 0 and "still held by" in taken.stderr, taken.stderr
+    assert Rollout.objects.get(pk=ro.pk).state == "active"
+    assert not AuditEntry.objects.filter(action="rollout.lock.break").exists()
+    forced = manage(env, "abort", str(ro.pk), "--force", "--reason", "host lost", "--timeout", "0")
+    assert forced.returncode == 0, forced.stderr
+    ro.refresh_from_db()
+    assert ro.state == "rolling_back"
+    assert AnalyzerVersion.objects.get(pk=ro.version_id).state == S.DRAINING
+    entry = AuditEntry.objects.get(action="rollout.lock.break")
+    assert entry.detail["rollout"] == ro.pk and entry.detail["own"] is True
+    assert entry.detail["holder"]["token"] == dead["holder"]["token"]
+    assert entry.outcome.startswith("forced: broke the lease of ")
+    assert entry.detail["reason"] == "host lost"

@@ -17,8 +17,9 @@ from dashboard.infra import queues
 from dashboard.locks import leases
 from dashboard.models import AnalyzerVersion, JobAttempt, JobRun, Rollout, RolloutEvent
 from dashboard.rollouts import start as rollouts_start
-from dashboard.rollouts import steps
+from dashboard.rollouts import steps, warming
 from dashboard.rollouts.driver import RolloutDriver
+from dashboard.runs import attempts as runs_attempts
 from dashboard.versions import state_machine
 from dashboard.versions.state_machine import ensure_baseline
 from tests.support.checked_threads import CheckedThread
@@ -270,3 +271,124 @@ def test_after_a_rollback_the_previous_results_are_served_as_stored(tmp_path: Pa
     assert row.computed_at == cached_at  # served from the cache: no recomputation
     stored = Commit.objects.filter(repository=repo, fingerprint=base.fingerprint)
     assert stored.count() == len(origin.shas()) == stored.values("sha").distinct().count()
+
+
+def test_a_driver_ends_a_rollout_whose_version_can_no_longer_be_rolled_out() -> None:
+    """A version retired behind a pending rollout's back (as a retire could before it
+    checked for rollouts): the driver's first tick ends the rollout — failed, naming
+    why — instead of ticking for ever, and the queue takes a new rollout."""
+    ensure_baseline(actor="setup")
+    ro = rollouts_start.start_rollout(config=RENAMES, actor="alice", enqueue_driver=False)
+    AnalyzerVersion.objects.filter(pk=ro.version_id).update(state=S.RETIRED)
+    driver = RolloutDriver(ro.pk, ttl=5.0)
+    driver.acquire(actor="alice")
+    DRIVERS.append(driver)
+    assert driver.tick() is False
+    ro.refresh_from_db()
+    assert ro.state == Rollout.State.FAILED and "is retired" in ro.outcome
+    assert AnalyzerVersion.objects.get(pk=ro.version_id).state == S.RETIRED
+    driver.release()
+    again = rollouts_start.start_rollout(
+        config={"ignore_whitespace": True}, actor="bob", enqueue_driver=False
+    )
+    assert again.state == Rollout.State.PENDING
+
+
+def test_a_warm_run_waiting_for_its_retry_is_not_an_error_of_the_gate(tmp_path: Path) -> None:
+    """A warm-set run that failed once and waits for its retry: the driver records no
+    verdict (the version keeps warming); once the retry stored its commits the gate
+    passes. Only a finally failed run (dead-lettered) fails the gate."""
+    base = ensure_baseline(actor="setup")
+    repo, origin = analysed(tmp_path, "r")
+    spec = warming.select_warm_set(fingerprint=base.fingerprint, commits_per_repository=4)
+    warm = list(reversed(spec["items"][0][1]))  # oldest first
+    ro = rollouts_start.start_rollout(
+        config=RENAMES, actor="ci", enqueue_driver=False, warm_set=spec
+    )
+    driver = RolloutDriver(ro.pk, ttl=5.0, warm_timeout=600)
+    driver.acquire(actor="ci")
+    DRIVERS.append(driver)
+    assert driver.tick()
+    new = AnalyzerVersion.objects.get(pk=ro.version_id)
+    assert new.state == S.WARMING
+    analyse_as(new, repo, warm[:3])
+    report_worker(new)
+    # The fourth commit's run fails its first attempt through the real attempt path.
+    run = runs_attempts.ensure_run(
+        kind=JobRun.Kind.ANALYZE, job_id="warm-retry",
+        queue=state_machine.physical_queue("analysis", new.fingerprint),
+        repository_id=repo.pk, fingerprint=new.fingerprint,
+    )  # fmt: skip
+    attempt = runs_attempts.begin_attempt(run_id=run.pk, number=1, worker="w")
+    assert attempt is not None
+    assert runs_attempts.fail_attempt(attempt, OSError("connection reset")) == "failed"
+    verdict = warming.verify_warm_set(version=new, warm_set=spec)
+    assert verdict["checks"]["errors"] is True and verdict["errors"] == 0, verdict["summary"]
+    assert driver.tick()
+    assert AnalyzerVersion.objects.get(pk=new.pk).state == S.WARMING
+    assert Rollout.objects.get(pk=ro.pk).state == Rollout.State.ACTIVE
+    assert not RolloutEvent.objects.filter(rollout=ro, action="verdict").exists()
+    # The retry succeeds and stores the fourth commit: the gate passes.
+    retry = runs_attempts.begin_attempt(run_id=run.pk, number=2, worker="w")
+    assert retry is not None
+    analyse_as(new, repo, warm[3:])
+    runs_attempts.succeed_attempt(retry)
+    driver.tick()
+    assert AnalyzerVersion.objects.get(pk=new.pk).state == S.VERIFIED
+    # A dead-lettered run is final: the gate fails on it.
+    dead = runs_attempts.ensure_run(
+        kind=JobRun.Kind.ANALYZE, job_id="warm-dead", queue="q",
+        repository_id=repo.pk, fingerprint=new.fingerprint,
+    )  # fmt: skip
+    final = runs_attempts.begin_attempt(run_id=dead.pk, number=1, worker="w")
+    assert final is not None
+    runs_attempts.fail_attempt(final, KeyError("lost"), permanent=True)
+    assert warming.verify_warm_set(version=new, warm_set=spec)["errors"] == 1
+    assert origin
+
+
+def test_a_database_error_in_the_heartbeat_is_logged_retried_and_keeps_the_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database refuses the heartbeat's ``heartbeat_at`` stamp (a trigger raises
+    on it: a real error from the real database). The heartbeat thread logs each
+    failure and beats on: the lease stays extended past its TTL and the driver stays
+    alive; once the database takes the stamp again ``heartbeat_at`` moves on."""
+    ensure_baseline(actor="setup")
+    ro = rollouts_start.start_rollout(config=RENAMES, actor="alice", enqueue_driver=False)
+    driver = RolloutDriver(ro.pk, ttl=1.5)
+    driver.acquire(actor="alice")
+    DRIVERS.append(driver)
+    table = Rollout._meta.db_table
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(
+                "create function refuse_heartbeat() returns trigger language plpgsql as "
+                "$$ begin raise exception 'heartbeat refused by the database'; end $$"
+            )
+            cur.execute(
+                f"create trigger refuse_heartbeat before update of heartbeat_at on {table} "
+                "for each row execute function refuse_heartbeat()"
+            )
+        else:
+            cur.execute(
+                f"create trigger refuse_heartbeat before update of heartbeat_at on {table} "
+                "begin select raise(abort, 'heartbeat refused by the database'); end"
+            )
+    try:
+        # Four refused beats (every TTL/3 = 0.5 s): 2 s, longer than the lease's TTL.
+        wait_for(lambda: caplog.text.count("heartbeat failed") >= 4, 30, "four refused heartbeats")
+        assert "heartbeat refused by the database" in caplog.text
+        info = leases.redlock().inspect(keys.deploy("analysis"))
+        assert info is not None and info["holder"]["token"] == driver.token
+        assert not driver.lost.is_set() and driver.tick()
+    finally:
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                cur.execute(f"drop trigger refuse_heartbeat on {table}")
+                cur.execute("drop function refuse_heartbeat()")
+            else:
+                cur.execute("drop trigger refuse_heartbeat")
+    stamped = Rollout.objects.get(pk=ro.pk).heartbeat_at
+    wait_for(lambda: Rollout.objects.get(pk=ro.pk).heartbeat_at > stamped, 30, "a new stamp")
+    assert not driver.lost.is_set()

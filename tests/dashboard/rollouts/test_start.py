@@ -4,8 +4,9 @@ on the real database with the real deploy lock (Redlock over three redis-servers
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, connections, transaction
 
+from dashboard.locks import leases
 from dashboard.locks.fencing import next_token
 from dashboard.models import AnalyzerVersion, AuditEntry, Rollout, RolloutEvent
 from dashboard.rollouts import drains
@@ -22,6 +23,7 @@ from dashboard.versions.state_machine import (
     RolloutError,
     ensure_baseline,
 )
+from tests.support.checked_threads import CheckedThread
 from tests.support.rollouts import (  # noqa: F401 (fixture)
     DRIVERS,
     PASSING,
@@ -31,6 +33,7 @@ from tests.support.rollouts import (  # noqa: F401 (fixture)
     start,
     state,
     verify,
+    wait_for,
 )
 from workers.analysis.analyzer import DEFAULT
 from workers.locks import keys
@@ -346,7 +349,9 @@ def test_operator_requests_reach_the_driver_once() -> None:
     verify(ro, driver)
     rollouts_start.request_action(rollout=ro, action="promote", actor="erin")
     with pytest.raises(RolloutBusy, match="pending request"):
-        rollouts_start.request_action(rollout=ro, action="rollback", actor="frank")
+        rollouts_start.request_action(
+            rollout=ro, action="set_ramp", actor="frank", params={"percent": 30}
+        )
     assert driver.tick()
     assert AnalyzerVersion.objects.get(pk=ro.version_id).ramp_percent == ro.steps[0]
     assert Rollout.objects.get(pk=ro.pk).pending_action is None
@@ -393,3 +398,137 @@ def test_the_checklist_lists_each_step_and_keeps_hostile_text_inert() -> None:
     data = describe_rollout(Rollout.objects.get(pk=ro.pk), timeline=True)
     assert data["state"] == "rolling_back" and data["lock_token"] == token
     assert [e["action"] for e in data["timeline"]][:3] == ["rollout", "lock.taken", "rollout"]
+
+
+def test_a_rollback_right_after_a_promote_request_supersedes_it() -> None:
+    """A rollback a moment after a promote request (still pending: the driver has not
+    polled) is never refused for it: it replaces the promote, so the version never
+    ramps; a second rollback (or an abort) meanwhile is the same request, not an error."""
+    ro, driver = start()
+    verify(ro, driver)
+    rollouts_start.request_action(rollout=ro, action="promote", actor="erin")
+    back = rollouts_start.request_action(
+        rollout=ro, action="rollback", actor="frank", params={"reason": "wrong numbers"}
+    )
+    assert back.pending_action["action"] == "rollback"
+    same = rollouts_start.request_action(rollout=ro, action="abort", actor="gina")
+    assert same.pending_action == back.pending_action
+    superseded = RolloutEvent.objects.get(rollout=ro, action="action.superseded")
+    assert superseded.actor == "frank" and superseded.detail["superseded"]["action"] == "promote"
+    assert driver.tick()
+    ro.refresh_from_db()
+    assert ro.state == Rollout.State.ROLLING_BACK and ro.pending_action is None
+    assert state(ro.version_id) == S.DRAINING
+    assert not RolloutEvent.objects.filter(rollout=ro, to_state=S.RAMPING).exists()
+    driver.release()
+    empty = {"queued": 0, "started": 0, "scheduled": 0, "runs": 0}
+    drains.check_drain(rollout=ro, token=None, actor="t", counts=empty)
+    assert drains.check_drain(rollout=ro, token=None, actor="t", counts=empty)
+    # Once the driver claimed a promote, a rollback is the next request: both run.
+    again, d2 = start(config={"ignore_whitespace": True})
+    verify(again, d2)
+    rollouts_start.request_action(rollout=again, action="promote", actor="erin")
+    assert d2.tick()
+    rollouts_start.request_action(rollout=again, action="rollback", actor="frank")
+    d2.tick()
+    assert Rollout.objects.get(pk=again.pk).state == Rollout.State.ROLLING_BACK
+    moves = RolloutEvent.objects.filter(rollout=again, action="transition")
+    assert [m.to_state for m in moves.order_by("at", "id")][-2:] == [S.RAMPING, S.DRAINING]
+
+
+def test_actions_that_do_not_apply_to_a_rollouts_state_are_refused_before_anything() -> None:
+    """Each operator action checks the rollout's state first (``start.refusal``): a
+    promote before the gate, an abort or takeover of an ended rollout, a rollback of
+    one whose version is no longer current — refused, naming the state, nothing written."""
+    ro, driver = start()
+    with pytest.raises(InvalidTransition, match="registered: nothing to promote"):
+        rollouts_start.request_action(rollout=ro, action="promote", actor="erin")
+    assert Rollout.objects.get(pk=ro.pk).pending_action is None
+    verify(ro, driver)
+    token = int(driver.token or 0)
+    rollouts_steps.set_ramp(rollout=ro, percent=100, token=token, actor="a")
+    rollouts_steps.promote(rollout=ro, token=token, actor="a")
+    driver.release()
+    ro = Rollout.objects.get(pk=ro.pk)
+    assert rollouts_start.refusal(ro, "rollback") is None  # rollback after promote: yes
+    for action, text in [
+        ("abort", "is completed: it has ended, nothing to abort (roll it back instead)"),
+        ("takeover", "is completed: it has ended, nothing to takeover"),
+        ("promote", "is completed: nothing to promote"),
+    ]:
+        assert text in (rollouts_start.refusal(ro, action) or ""), action
+    # A later rollout supersedes it: nothing of the first one to roll back any more.
+    later, d2 = start(config={"ignore_whitespace": True})
+    first = Rollout.objects.get(pk=ro.pk)
+    assert f"rollout #{later.pk} of 'analysis' is active" in rollouts_start.refusal(
+        first, "rollback"
+    )
+    verify(later, d2)
+    t2 = int(d2.token or 0)
+    rollouts_steps.set_ramp(rollout=later, percent=100, token=t2, actor="a")
+    rollouts_steps.promote(rollout=later, token=t2, actor="a")
+    d2.release()
+    assert "is no longer current (draining)" in rollouts_start.refusal(first, "rollback")
+    events = RolloutEvent.objects.count()
+    with pytest.raises(InvalidTransition, match="no longer current"):
+        rollouts_start.check_applies(first, "rollback")
+    assert RolloutEvent.objects.count() == events
+
+
+def test_a_start_refused_for_a_held_deploy_lock_leaves_no_version_behind() -> None:
+    """A queue that never had a version adopts the deployed default first (the
+    baseline); with the deploy lock held by someone else the start is refused — and
+    leaves no ``registered`` baseline (or any other version) behind."""
+    lock = leases.redlock().acquire(keys.deploy("analysis"), ttl=10.0, holder={"worker": "ops"})
+    try:
+        with pytest.raises(RolloutBusy, match="held by ops"):
+            rollouts_start.start_rollout(config=RENAMES, actor="ci", enqueue_driver=False)
+    finally:
+        lock.release()
+    assert list(AnalyzerVersion.objects.values_list("state", flat=True)) == []
+    assert Rollout.objects.count() == 0
+
+
+def test_a_start_that_loses_the_race_for_the_queue_leaves_no_version_behind() -> None:
+    """Two starts of different configs at once: both pass the busy check, the second
+    waits for the first's transaction and is refused by the one-active-rollout
+    constraint — and its version's registration goes with it (one transaction).
+    PostgreSQL: the wait is seen in ``pg_stat_activity``, so the interleaving is exact."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the loser's wait is observed in pg_stat_activity (PostgreSQL)")
+    ensure_baseline(actor="setup")
+    outcome: list[object] = []
+
+    def loser() -> None:
+        try:
+            rollouts_start.start_rollout(
+                config={"ignore_whitespace": True}, actor="late", enqueue_driver=False
+            )
+        except RolloutBusy as exc:
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    thread = CheckedThread(target=loser)
+    with transaction.atomic():
+        won = rollouts_start.start_rollout(config=RENAMES, actor="first", enqueue_driver=False)
+        thread.start()
+        wait_for(lambda: _lock_waiters() == 1, 30, "the second start to wait for the first")
+    thread.join(30)
+    assert len(outcome) == 1 and f"rollout #{won.pk}" in str(outcome[0])
+    assert Rollout.objects.count() == 1
+    assert sorted(AnalyzerVersion.objects.values_list("state", flat=True)) == [
+        S.CURRENT, S.REGISTERED,
+    ]  # fmt: skip
+    assert not AnalyzerVersion.objects.filter(config__ignore_whitespace=True).exists()
+
+
+def _lock_waiters() -> int:
+    with connections["default"].cursor() as cur:
+        # Inside a transaction the statistics views are a snapshot: take a fresh one.
+        cur.execute("select pg_stat_clear_snapshot()")
+        cur.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() "
+            "and wait_event_type = 'Lock'"
+        )
+        return int(cur.fetchone()[0])
