@@ -8,12 +8,14 @@ re-exports them, so callers keep one import.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from dashboard.infra import QueueUnavailable
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.repositories import enqueue_catch_up
 from dashboard.runs import cancel_runs
@@ -28,6 +30,7 @@ from dashboard.versions import (
 )
 
 S = AnalyzerVersion.State
+log = logging.getLogger(__name__)
 
 
 def locked_rollout(rollout: Rollout | int) -> Rollout:
@@ -229,15 +232,28 @@ def rerouted(*, closed: Sequence[str], served: str, rollout: int | None = None) 
     whose gate just closed (``runs.cancel_runs``; their workers take no job, and the
     served version has its own plan) and start the catch-up that brings every
     repository up to date under the served fingerprint (``chunk_plans.catch_up``: batches on
-    the maintenance queue, deduplicated). Recorded on the rollout's timeline."""
-    cancelled = {fp: cancel_runs(fingerprint=fp, reason="analyzer version closed") for fp in closed}
-    enqueue_catch_up(served)
+    the maintenance queue, deduplicated). Recorded on the rollout's timeline.
+
+    Only the fast path: with the queue server unreachable the version change stands and
+    both are left to the reconciler, which cancels closed versions' queued runs and
+    enqueues the catch-up every round while a repository lags (docs/rollouts.md#wiring);
+    raising here would fail the caller after its commit."""
+    cancelled: dict[str, int] = {}
+    note = ""
+    try:
+        for fp in closed:
+            cancelled[fp] = cancel_runs(fingerprint=fp, reason="analyzer version closed")
+        enqueue_catch_up(served)
+    except QueueUnavailable as exc:
+        log.warning("after the version change: %s; left for the reconciler", exc)
+        note = " (queue server unreachable: left for the reconciler)"
     if rollout is not None:
         ro = Rollout.objects.select_related("version").get(pk=rollout)
         with transaction.atomic():
             record_event(
                 ro, ro.version, "jobs.moved", "", "", "system",
-                f"cancelled {sum(cancelled.values())} queued job(s); catch-up of {served[:12]}",
+                f"cancelled {sum(cancelled.values())} queued job(s); catch-up of {served[:12]}"
+                f"{note}",
                 None, {"cancelled": cancelled, "catch_up": served},
             )  # fmt: skip
     return cancelled

@@ -193,10 +193,10 @@ def sweep_closed_queues(fingerprints: set[str]) -> int:
         ids = [*q.get_job_ids(), *scheduled.get_job_ids()]
         if not ids:
             continue
-        waiting = {
+        waiting = {  # the next attempt of every run on this queue that waits for one
             run.rq_id()
             for run in JobRun.objects.filter(
-                fingerprint=fp, state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
+                queue=q.name, state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
             ).only("job_id", "attempts")
         }
         for job_id in ids:

@@ -5,7 +5,6 @@ Real RQ workers (one per version, each loading its own config), real Redis, real
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from dashboard.models import (
     JobRun,
     Repository,
     Rollout,
+    RolloutEvent,
 )
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.chunk_plans import plan_repository
@@ -183,9 +183,11 @@ def test_a_promote_whose_catch_up_was_lost_is_caught_up_by_the_reconciler(
     _, ro, driver, origins = setup_rollout(tmp_path)
     new = new_version(ro)
     queue_node.kill()
-    with contextlib.suppress(Exception):  # the hook meets the dead queue server
-        act(driver, ro, "promote")
+    act(driver, ro, "promote")  # its after-commit hook meets the dead queue server
     assert new_version(ro).state == S.CURRENT
+    assert Rollout.objects.get(pk=ro.pk).state == Rollout.State.COMPLETED
+    moved = RolloutEvent.objects.get(rollout=ro, action="jobs.moved")
+    assert moved.reason.endswith("(queue server unreachable: left for the reconciler)")
     assert reconcile()["queue_unreachable"] == 1
 
     queue_node.restart()  # empty: whatever the hook might have written is gone

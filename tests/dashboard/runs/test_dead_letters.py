@@ -70,6 +70,17 @@ def test_a_retry_moves_a_dead_run_once_and_reopens_its_chunk_and_repository() ->
     assert queues.queue("analysis").job_ids == [run.rq_id()]
 
 
+def test_retrying_another_versions_dead_chunk_leaves_its_failed_repository_alone() -> None:
+    """The repository failed for its own (served) chunk; a canary's dead chunk never
+    failed it (docs/lifecycle.md#statuses), so retrying that one does not reopen it."""
+    (run,) = dead_runs(1)
+    Repository.objects.update(fingerprint="s" * 16)
+    JobRun.objects.filter(pk=run.pk).update(fingerprint="c" * 16)
+    assert dead_letters.retry_runs([run.pk]) == 1
+    assert Chunk.objects.get(pk=run.chunk_id).state == Chunk.State.QUEUED
+    assert Repository.objects.get().status == Repository.Status.FAILED
+
+
 def test_retrying_a_dead_sync_queues_its_repository_again() -> None:
     (run,) = dead_runs(1, kind=JobRun.Kind.SYNC)
     JobRun.objects.filter(pk=run.pk).update(generation=1)
