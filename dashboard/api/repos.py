@@ -7,13 +7,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from dashboard.api.endpoint import api_view, error, json_body, rate_limited
 from dashboard.models import Repository
 from dashboard.repositories import (
+    EXISTING,
     BadCursor,
     commit_dict,
     commit_page,
     current_fingerprint,
     repository_status,
     repository_summary,
-    submit_repository,
+    user_submission,
 )
 from workers.remotes import InvalidRemote
 
@@ -31,10 +32,11 @@ def repos(request: HttpRequest) -> HttpResponse:
     if branch is not None and not isinstance(branch, str):
         return error("branch must be a string", 400)
     try:
-        repo, created = submit_repository(url=url, branch=branch, user=request.user)
+        repo, outcome = user_submission(url=url, branch=branch, user=request.user)
     except InvalidRemote as exc:
         return error(str(exc), 400)
-    return JsonResponse(repository_status(repo), status=202 if created else 200)
+    # a duplicate is returned unchanged unless the user may re-analyse (docs/api.md)
+    return JsonResponse(repository_status(repo), status=200 if outcome == EXISTING else 202)
 
 
 def _repo_or_404(repo_id: int) -> Repository | None:

@@ -168,14 +168,15 @@ class Commit(models.Model):
     fingerprint = models.CharField(max_length=64)
     sha = models.CharField(max_length=40)
     parents = models.TextField(blank=True, default="")  # git has no limit: Linux has 66
-    author_name = models.CharField(max_length=512)
-    author_email = models.CharField(max_length=512)
-    author_canonical_name = models.CharField(max_length=512)
-    author_canonical_email = models.CharField(max_length=512)
+    #: Identities are stored whole, as git keeps them (git has no length limit).
+    author_name = models.TextField()
+    author_email = models.TextField()
+    author_canonical_name = models.TextField()
+    author_canonical_email = models.TextField()
     authored_at = models.DateTimeField()
     author_tz = models.SmallIntegerField(default=0)  # UTC offset in minutes
-    committer_name = models.CharField(max_length=512)
-    committer_email = models.CharField(max_length=512)
+    committer_name = models.TextField()
+    committer_email = models.TextField()
     committed_at = models.DateTimeField()
     committer_tz = models.SmallIntegerField(default=0)
     subject = models.TextField()

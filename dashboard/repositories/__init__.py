@@ -1,6 +1,7 @@
-"""Repositories and their results: submission and lifecycle, the chunk plans of a
-sync, the fenced writes of commits and file changes, commit counts, the commit page,
-re-analysis, the summaries the pages read, and view counts. See docs/analysis.md."""
+"""Repositories and their results: submission (a user's, and what a duplicate may do)
+and lifecycle, the chunk plans of a sync, the fenced writes of commits and file changes,
+commit counts, the commit page, re-analysis, the summaries the pages read, and view
+counts. See docs/analysis.md."""
 
 from __future__ import annotations
 
@@ -41,13 +42,24 @@ if TYPE_CHECKING:
     )
     from dashboard.repositories.one_commit import CommitNotFound, commit_details, repository_mirror
     from dashboard.repositories.reanalysis import may_reanalyse, reanalyse
+    from dashboard.repositories.submissions import (
+        CREATED,
+        EXISTING,
+        REANALYSED,
+        Submission,
+        user_submission,
+    )
     from dashboard.repositories.summaries import repository_summary
     from dashboard.repositories.view_counts import flush_views, record_view
 
 __all__ = [
+    "CREATED",
+    "EXISTING",
+    "REANALYSED",
     "BadCursor",
     "CommitNotFound",
     "Plan",
+    "Submission",
     "begin_chunk",
     "catch_up",
     "claim_sync",
@@ -76,6 +88,7 @@ __all__ = [
     "repository_with_status",
     "resolve_repository",
     "submit_repository",
+    "user_submission",
     "validate_remote",
     "write_chunk",
 ]
@@ -115,6 +128,11 @@ _SURFACE: dict[str, str] = {
     "repository_mirror": "dashboard.repositories.one_commit",
     "may_reanalyse": "dashboard.repositories.reanalysis",
     "reanalyse": "dashboard.repositories.reanalysis",
+    "CREATED": "dashboard.repositories.submissions",
+    "EXISTING": "dashboard.repositories.submissions",
+    "REANALYSED": "dashboard.repositories.submissions",
+    "Submission": "dashboard.repositories.submissions",
+    "user_submission": "dashboard.repositories.submissions",
     "repository_summary": "dashboard.repositories.summaries",
     "flush_views": "dashboard.repositories.view_counts",
     "record_view": "dashboard.repositories.view_counts",

@@ -18,6 +18,8 @@ from dashboard.infra import RedisUnavailable
 from dashboard.live.snapshots import repository_live
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
+    CREATED,
+    REANALYSED,
     BadCursor,
     commit_page,
     current_fingerprint,
@@ -27,7 +29,7 @@ from dashboard.repositories import (
     repository_mirror,
     repository_summary,
     repository_with_status,
-    submit_repository,
+    user_submission,
 )
 from dashboard.web.charts import history_bars
 from dashboard.web.forms import SubmitRepositoryForm
@@ -79,7 +81,7 @@ def repositories(request: HttpRequest) -> HttpResponse:
             return response
     if request.method == "POST" and form.is_valid():
         try:
-            repo, created = submit_repository(
+            repo, outcome = user_submission(
                 url=form.cleaned_data["url"], branch=form.cleaned_data["branch"], user=request.user
             )
         except InvalidRemote as exc:
@@ -87,9 +89,11 @@ def repositories(request: HttpRequest) -> HttpResponse:
         except RedisUnavailable as exc:
             form.add_error(None, str(exc))
         else:
-            if created:
+            if outcome == CREATED:
                 messages.success(request, f"Submitted {repo.name}; analysis queued.")
-            else:
+            elif outcome == REANALYSED:
+                messages.success(request, f"{repo.name} is analysed again: new commits queued.")
+            else:  # a duplicate changes nothing without the re-analyse permission
                 messages.info(request, f"{repo.name} was already submitted.")
             return redirect("repository", repo_id=repo.pk)
     status_code = 400 if request.method == "POST" else 200

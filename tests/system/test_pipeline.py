@@ -224,6 +224,41 @@ def test_g22_a_repository_that_borrows_objects_from_outside_the_roots_is_never_s
     assert not Commit.objects.filter(sha=secret.head()).exists()
 
 
+@pytest.mark.parametrize("branch", ["ｍａｉｎ", "fix#1", "é/ü{x}"])
+def test_a_branch_git_accepts_is_analysed_not_failed_later_for_its_name(
+    tmp_path: Path, branch: str
+) -> None:
+    """A full-width or otherwise non-ASCII branch name passes the submission check as it
+    passes git's (``git check-ref-format --branch``), and the fetch takes it too: it was
+    accepted, then failed for good by the mirror's narrower rule."""
+    origin = GitRepo.create(tmp_path / "origin", branch=branch)
+    origin.commit("on the odd branch", {"a.txt": "1\n"})
+    origin.commit("again", {"a.txt": "1\n2\n"})
+    repo, _ = submit_repository(url=str(origin.path), branch=branch)
+    assert repo.branch == branch
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY, repo.error
+    assert_matches_git(repo, origin.path)
+
+
+def test_identities_longer_than_512_characters_are_stored_whole(git_repo: GitRepo) -> None:
+    """git keeps an author's or committer's name and e-mail whatever their length; so
+    does gitward (they were cut at 512 characters)."""
+    name, email = "Ada " + "L" * 3000, "ada" + "x" * 1500 + "@example.com"
+    git_repo.commit("long", {"long.txt": "x\n"}, author=(name, email))
+    git_repo.git("commit", "--amend", "--quiet", "--no-edit", "--reset-author",
+                 GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email,
+                 GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email)  # fmt: skip
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    stored = Commit.objects.get(repository=repo, sha=git_repo.head())
+    assert (stored.author_name, stored.author_email) == (name, email)
+    assert (stored.committer_name, stored.committer_email) == (name, email)
+    assert (stored.author_canonical_name, stored.author_canonical_email) == (name, email)
+    assert_matches_git(repo, git_repo.path)
+
+
 def hostile_history(tmp_path: Path) -> GitRepo:
     """Merges (two-parent and octopus), a root commit, binary files, a rename, an empty
     commit, non-ASCII names and messages, names with spaces/tabs/newlines, a .mailmap."""

@@ -12,8 +12,10 @@ Notes / decisions:
   still honours ``--diff-merges=first-parent`` (checked against ``git diff --numstat
   <first-parent> <merge>`` in the tests).  Git prints each commit only once, so duplicate
   shas in the input are yielded once (first occurrence).
-* Text (names, e-mails, subject, paths) is decoded as UTF-8 with ``errors="replace"``:
+* Text (names, e-mails, subject) is decoded as UTF-8 with ``errors="replace"``:
   surrogate escapes cannot be stored in PostgreSQL, so undecodable bytes become U+FFFD.
+  Paths are names, so two must never merge: a path that is not UTF-8 becomes git's
+  quoted form instead (``workers.git.path_text``), one-to-one.
   Git itself re-encodes commit messages to UTF-8 (``i18n.logOutputEncoding``).
 * The analysis options come from one :class:`workers.analysis.analyzer.AnalyzerConfig` (the
   version the worker loaded), and only become git arguments here:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import NamedTuple
 
 from workers.analysis.languages import language_for
+from workers.git import path_text
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 #: Default bound on the files of one commit (a git bomb's root commit has ~10^9 paths):
@@ -41,7 +42,7 @@ class FileStat(NamedTuple):
     """One file of a commit's diff. A tuple (immutable, cheap to build: the parser makes
     one per file and nothing else)."""
 
-    path: str  # UTF-8 decoded with errors="replace" (see module docstring)
+    path: str  # workers.git.path_text: UTF-8 as is, else git's quoted form (one-to-one)
     added: int  # 0 for binary
     deleted: int  # 0 for binary
     binary: bool
@@ -192,8 +193,10 @@ def _parse_log(
     def path_of(raw: bytes) -> tuple[str, str]:
         hit = paths.get(raw)
         if hit is None:
-            text = raw.decode("utf-8", "replace")
-            hit = (text, language_for(text))
+            # Distinct names stay distinct (a lossy decode would merge two undecodable
+            # ones); the language comes from the name as it reads.
+            text = path_text(raw)
+            hit = (text, language_for(raw.decode("utf-8", "replace")))
             if len(paths) >= _PATH_CACHE_LIMIT:
                 paths.clear()
             paths[raw] = hit
@@ -219,7 +222,7 @@ def _parse_log(
                     ren_old = tok
                 else:
                     path, lang = path_of(tok)
-                    old = ren_old.decode("utf-8", "replace")
+                    old = path_text(ren_old)
                     add(_new_tuple(FileStat, (path, ren_added, ren_deleted, ren_binary, lang, old)))
                 continue
             first = tok[:1]

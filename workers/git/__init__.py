@@ -1,5 +1,6 @@
 """Git, hardened: the git runner, mirrors and their limits, refused fetches, the fsck
-policy, workspace sanitation, the per-host mirror lock and the commit view.
+policy, workspace sanitation, the per-host mirror lock, the commit view and the text of
+paths that are not UTF-8.
 See docs/security.md and docs/lifecycle.md."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from workers.git.commit_view import (
 )
 from workers.git.fetch_errors import RepositoryUnavailable
 from workers.git.mirror import mirror_head, pins_for, update_mirror
+from workers.git.paths import path_text
 from workers.git.runner import GitError, ProcessGroups, Runner, command, death_prefix, hardened_env
 from workers.git.workspace import mirror_path
 
@@ -35,6 +37,7 @@ __all__ = [
     "mirror_path",
     "mirror_state",
     "open_mirror",
+    "path_text",
     "pins_for",
     "read_message",
     "read_patch",

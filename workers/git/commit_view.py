@@ -45,6 +45,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 import git
 
 from workers.git.mirror import HEAD_REF, mirror_head
+from workers.git.paths import path_text
 from workers.git.runner import command, hardened_env
 
 __all__ = [
@@ -261,13 +262,14 @@ _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34,
 
 
 def _unquote(text: str) -> tuple[str, str]:
-    """Git's C-style quoted path at the start of ``text`` → (path, rest after it)."""
+    """Git's C-style quoted path at the start of ``text`` → (path, rest after it); the
+    path's bytes as ``surrogateescape`` text (``_path`` makes the stored form of it)."""
     out = bytearray()
     i = 1
     while i < len(text):
         ch = text[i]
         if ch == '"':
-            return out.decode("utf-8", "replace"), text[i + 1 :]
+            return out.decode("utf-8", "surrogateescape"), text[i + 1 :]
         if ch == "\\" and i + 1 < len(text):
             nxt = text[i + 1]
             if nxt in "01234567" and re.fullmatch(r"[0-7]{3}", text[i + 1 : i + 4]):
@@ -279,7 +281,7 @@ def _unquote(text: str) -> tuple[str, str]:
             continue
         out += ch.encode("utf-8", "surrogateescape")
         i += 1
-    return out.decode("utf-8", "replace"), ""
+    return out.decode("utf-8", "surrogateescape"), ""
 
 
 def _header_paths(line: str) -> tuple[str, str]:
@@ -301,7 +303,14 @@ def _header_paths(line: str) -> tuple[str, str]:
         else:
             a, _, b = rest.partition(" b/")
             b = "b/" + b
-    return a.removeprefix("a/"), b.removeprefix("b/")
+    return _path(a.removeprefix("a/")), _path(b.removeprefix("b/"))
+
+
+def _path(escaped: str) -> str:
+    """A header path (its bytes as ``surrogateescape`` text) in the form the analysis
+    stores (``path_text``): the stored file rows and the patch's files then match, and
+    no lone surrogate reaches a page or a JSON body."""
+    return path_text(escaped.encode("utf-8", "surrogateescape"))
 
 
 def _stop(proc: Any) -> None:

@@ -50,6 +50,7 @@ from workers.git.mirror_limits import (
 from workers.git.runner import GitError, Runner
 from workers.git.sanitation import STALE_AFTER, remove_stale_files, remove_stale_temporaries
 from workers.git.workspace import host_lock_path, mirror_path, new_temporary
+from workers.remotes import InvalidRemote, normalise_branch
 
 if TYPE_CHECKING:
     from workers.remotes import Remote
@@ -83,7 +84,6 @@ __all__ = [
 HEAD_REF = "refs/gitward/head"
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_BRANCH_OK = re.compile(r"[A-Za-z0-9._/+@=,-]+")
 _SHA = re.compile(rb"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
@@ -206,20 +206,18 @@ def _record_checked(git_dir: Path, max_object_bytes: int | None) -> None:
 
 
 def _check_branch(branch: str) -> None:
-    """Defence in depth behind ``parse.normalise_branch`` (docs/security.md#g3): the
-    branch only ever appears inside a refspec after ``--end-of-options``, and must look
-    like a branch."""
+    """Defence in depth behind ``normalise_branch`` (docs/security.md#g3): the branch
+    only ever appears inside a refspec after ``--end-of-options``, and must be exactly
+    what the submission check returns for it. The same rules, not stricter ones: a
+    branch accepted at submission (``ｍａｉｎ``, ``fix#1``: git's own rules allow them)
+    must not fail here for good."""
     if not branch:
         return
-    if (
-        branch.startswith(("-", "/", "."))
-        or not _BRANCH_OK.fullmatch(branch)
-        or ".." in branch
-        or "@{" in branch
-        or "//" in branch
-        or branch.endswith(("/", ".", ".lock"))
-        or len(branch) > 255
-    ):
+    try:
+        same = normalise_branch(branch) == branch
+    except InvalidRemote:
+        same = False
+    if not same:
         raise RepositoryUnavailable(f"invalid branch name {branch[:80]!r}")
 
 

@@ -33,6 +33,11 @@ def normalise_branch(raw: str | None) -> str:
         name = name[len("refs/heads/") :]
         if not name:
             raise InvalidRemote("branch name is empty")
+    if name.startswith("refs/"):
+        # refs/heads/refs/heads/x is a branch named "refs/heads/x": legal for git, but
+        # it would read as another name at the next check (the mirror's); refused so the
+        # result is a fixed point.
+        raise InvalidRemote("branch name must not start with 'refs/' (after refs/heads/)")
     if any(ch in _BRANCH_FORBIDDEN for ch in name):
         raise InvalidRemote("branch name contains one of ~ ^ : ? * [ \\")
     if ".." in name:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from dashboard.management.terminal import json_text, plain
 from dashboard.models import Repository
 from dashboard.repositories import (
     current_fingerprint,
@@ -29,16 +29,16 @@ class Command(BaseCommand):
         try:
             repo = resolve_repository(options["repo"])
         except Repository.DoesNotExist:
-            raise CommandError(f"no repository {options['repo']!r}") from None
+            raise CommandError(f"no repository {plain(repr(options['repo']))}") from None
         fp = current_fingerprint()
         if options["commits"]:
             for row in iter_commits(repo, fingerprint=fp):
-                self.stdout.write(json.dumps(row, ensure_ascii=False))
+                self.stdout.write(json_text(row))
             return
         state = repository_status(repo)
         summary = repository_summary(repo, fp)
         if options["json"]:
-            self.stdout.write(json.dumps(state | {"summary": summary}, ensure_ascii=False))
+            self.stdout.write(json_text(state | {"summary": summary}))
             return
         t = summary["totals"]
         lines = [
@@ -63,4 +63,5 @@ class Command(BaseCommand):
                 "hotspots: "
                 + ", ".join(f"{h['path']} ({h['changes']})" for h in summary["hotspots"][:5])
             )
-        self.stdout.write("\n".join(lines))
+        # repository data is the pusher's text: no control character reaches the terminal
+        self.stdout.write("\n".join(plain(line) for line in lines))

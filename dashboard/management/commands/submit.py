@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.infra import RedisUnavailable
+from dashboard.management.terminal import plain
 from dashboard.models import Repository
 from dashboard.repositories import repository_status, submit_repository
 from dashboard.web.humanize import count
@@ -52,19 +53,20 @@ class Command(BaseCommand):
                 time.sleep(0.25)
         self._print(repo, options, created=created)
         if repo.status == Repository.Status.FAILED:
-            raise CommandError(f"analysis failed: {repo.error or 'unknown error'}", returncode=2)
+            raise CommandError(
+                plain(f"analysis failed: {repo.error or 'unknown error'}"), returncode=2
+            )
 
     def _print(
         self, repo: Repository, options: dict[str, Any], *, created: bool | None = None
     ) -> None:
         state = repository_status(repo)
         if options["json"]:
-            self.stdout.write(json.dumps(state))
+            self.stdout.write(json.dumps(state))  # ASCII: every control escaped
             return
         verb = "submitted" if created else "already known:" if created is False else ""
-        self.stdout.write(
+        line = (
             f"{verb} repository {repo.pk} {repo.url} [{state['status']}] "
-            f"{state['commits_analyzed']}/{count(state['commits_total'], 'commit')}".replace(
-                "  ", " "
-            ).strip()
+            f"{state['commits_analyzed']}/{count(state['commits_total'], 'commit')}"
         )
+        self.stdout.write(plain(line.replace("  ", " ").strip()))

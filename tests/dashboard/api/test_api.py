@@ -207,3 +207,31 @@ def test_api_and_cli_return_the_same_data(
     cli = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(api, key=lambda c: c["sha"]) == sorted(cli, key=lambda c: c["sha"])
     assert Commit.objects.count() == 3
+
+
+def test_a_duplicate_submission_returns_the_repository_unchanged_unless_the_user_may_reanalyse(
+    client: Client, user: User, token: str, git_repo: GitRepo
+) -> None:
+    """docs/api.md: re-submitting a ready or failed repository's URL starts no sync for a
+    user without ``dashboard.change_repository`` (200, unchanged, nothing audited); for
+    one with it, it is the re-analyse button's action (202, audited as repo.reanalyse)."""
+    from django.contrib.auth.models import Permission
+
+    from dashboard.models import AuditEntry, JobRun
+
+    first = post(client, {"url": str(git_repo.path)}, token)
+    assert first.status_code == 202
+    run_workers()
+    repo = Repository.objects.get(pk=first.json()["id"])
+    for status in ("ready", "failed"):
+        Repository.objects.filter(pk=repo.pk).update(status=status)
+        again = post(client, {"url": str(git_repo.path)}, token)
+        assert again.status_code == 200 and again.json()["status"] == status
+    assert JobRun.objects.filter(repository=repo, kind="sync").count() == 1
+    assert not AuditEntry.objects.exists()
+    user.user_permissions.add(Permission.objects.get(codename="change_repository"))
+    again = post(client, {"url": str(git_repo.path)}, token)
+    assert again.status_code == 202 and again.json()["status"] == "queued"
+    assert JobRun.objects.filter(repository=repo, kind="sync").count() == 2
+    entry = AuditEntry.objects.get()
+    assert entry.action == "repo.reanalyse" and entry.user == user

@@ -130,3 +130,33 @@ def test_submit_names_one_commit_in_the_singular(tmp_path, capsys) -> None:
     call_command("submit", str(one.path))
     again = capsys.readouterr().out
     assert again.startswith("already known:") and again.rstrip().endswith("1/1 commit"), again
+
+
+def test_results_never_print_terminal_control_from_repository_data(
+    git_repo: GitRepo, capsys
+) -> None:
+    """An author name and a path holding ESC sequences (a window retitle, a screen clear,
+    8-bit CSI, a bidi override) are printed escaped by ``results`` in every format; the
+    JSON still decodes to git's exact text."""
+    evil_name = "Eve\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e"
+    evil_path = "src/\x1b[31mred\x1b[0m.py"
+    git_repo.commit("evil", {evil_path: "x = 1\n"}, author=(evil_name, "eve@example.com"))
+    call_command("submit", str(git_repo.path))
+    run_workers()
+    capsys.readouterr()
+    for args in ((), ("--json",), ("--commits",)):
+        call_command("results", str(git_repo.path), *args)
+        out = capsys.readouterr().out
+        assert not any(ch in out for ch in "\x1b\x07\x9b\u202e"), args
+        if args == ("--json",):
+            authors = json.loads(out)["summary"]["authors"]
+            assert evil_name in {a["name"] for a in authors}  # the JSON value is exact
+    call_command("results", str(git_repo.path))
+    out = capsys.readouterr().out
+    assert "Eve\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m\\u202e (1)" in out
+    assert "src/\\x1b[31mred\\x1b[0m.py (1)" in out
+    call_command("results", str(git_repo.path), "--commits")
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    evil = next(r for r in rows if r["subject"] == "evil")
+    assert evil["author_name"] == evil_name
+    assert [f["path"] for f in evil["files"]] == [evil_path]

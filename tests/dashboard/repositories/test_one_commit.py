@@ -240,3 +240,64 @@ def test_re_analyse_is_permission_checked_and_audited(operator: Client, analysed
     assert AuditEntry.objects.filter(action="repo.reanalyse", actor="bob",
                                      outcome__startswith="refused").exists()  # fmt: skip
     assert operator.post("/api/repos/4242/reanalyse").status_code == 404
+
+
+def _non_utf8_repository(path: Path) -> tuple[GitRepo, str]:
+    """Two tree entries whose names are not UTF-8 and differ in one byte (a raw-bytes
+    file and one added by ``update-index --cacheinfo``), a UTF-8 name shaped like a
+    quoted one, and a plain one; returns the repository and the commit."""
+    import subprocess
+
+    repo = GitRepo.create(path)
+    repo.commit("root", {"README.md": "hi\n"})
+    (path / "caf\xe9".encode("latin-1").decode("utf-8", "surrogateescape")).write_bytes(b"1\n")
+    blob = repo.git("hash-object", "-w", "--stdin", input=b"2\n2\n").strip()
+    env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "PATH": "/usr/bin:/bin"}
+    subprocess.run([b"git", b"add", b"--", b"caf\xe9"], cwd=path, check=True, env=env)
+    info = b"100644," + blob.encode() + b",caf\xe8"
+    subprocess.run([b"git", b"update-index", b"--add", b"--cacheinfo", info], cwd=path,
+                   check=True, env=env)  # fmt: skip
+    repo.write('"quoted"', "3\n")
+    repo.git("add", "--", '"quoted"')
+    sha = repo.commit("names that are not UTF-8", {"plain.txt": "4\n"})
+    return repo, sha
+
+
+def test_paths_that_are_not_utf8_stay_distinct_everywhere_and_nothing_500s(
+    operator: Client, tmp_path: Path
+) -> None:
+    """docs/analysis.md: a path that is not UTF-8 is stored and shown in git's own quoted
+    form (what ``core.quotePath=on`` prints), so two such names stay two files (they
+    merged into one U+FFFD name in hotspots), the commit page answers 200 and its API
+    lists exactly the stored files, each with its patch (it listed phantom extra files
+    holding lone surrogates)."""
+    import subprocess
+
+    from dashboard.models import FileChange
+    from dashboard.repositories.lifecycle import current_fingerprint
+    from dashboard.repositories.summaries import repository_summary
+
+    origin, sha = _non_utf8_repository(tmp_path / "latin")
+    repo, _ = submit_repository(url=str(origin.path))
+    run_workers()
+    repo.refresh_from_db()
+    assert repo.status == "ready", repo.error
+    # git's own quoted names for the two that are not UTF-8
+    quoted = subprocess.run(
+        ["git", "-C", str(origin.path), "-c", "core.quotepath=on", "show", "--format=",
+         "--name-only", sha], capture_output=True, check=True, text=True,
+    ).stdout.split("\n")  # fmt: skip
+    assert '"caf\\350"' in quoted and '"caf\\351"' in quoted
+    want = {'"caf\\350"', '"caf\\351"', '"\\"quoted\\""', "plain.txt"}
+    stored = set(FileChange.objects.filter(commit__sha=sha).values_list("path", flat=True))
+    assert stored == want
+    hotspots = repository_summary(repo, current_fingerprint())["hotspots"]
+    assert {'"caf\\350"', '"caf\\351"'} <= {h["path"] for h in hotspots}
+    body = api(operator, repo, sha)
+    assert {f["path"] for f in body["files"]} == want
+    assert len(body["files"]) == body["files_changed"] == 4
+    assert all(f["patch"] is not None and f["added"] is not None for f in body["files"])
+    raw = operator.get(f"/api/repos/{repo.pk}/commits/{sha}").content
+    assert b"\\ud" not in raw  # no lone surrogate escaped into the JSON
+    shown = page(operator, repo, sha)
+    assert html.escape('"caf\\350"') in shown and html.escape('"caf\\351"') in shown

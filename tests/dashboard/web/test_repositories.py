@@ -92,3 +92,23 @@ def test_viewing_a_repository_counts_toward_the_rollout_warm_set(logged_in: Clie
         assert logged_in.get(f"/repos/{repo.pk}/").status_code == 200
     flush_views()  # counted in memory, written in batches (dashboard.repositories.view_counts)
     assert RepositoryView.objects.get(repository=repo).views == 3
+
+
+def test_a_duplicate_submission_by_the_form_starts_nothing_without_the_permission(
+    logged_in: Client, git_repo: GitRepo
+) -> None:
+    """The form as the API (docs/api.md): a ready repository submitted again by a user
+    who may not re-analyse is shown as it is, with no new sync."""
+    from dashboard.models import AuditEntry, JobRun
+
+    first = logged_in.post("/repos/", {"url": str(git_repo.path), "branch": ""})
+    assert first.status_code == 302
+    run_workers()
+    repo = Repository.objects.get()
+    assert repo.status == Repository.Status.READY
+    again = logged_in.post("/repos/", {"url": str(git_repo.path), "branch": ""}, follow=True)
+    assert b"was already submitted" in again.content
+    repo.refresh_from_db()
+    assert repo.status == Repository.Status.READY
+    assert JobRun.objects.filter(repository=repo, kind="sync").count() == 1
+    assert not AuditEntry.objects.exists()
