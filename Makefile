@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install run test test-fast lint bench browser clean deploy-check
+.PHONY: install run test test-fast lint bench browser clean deploy-check soak
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ test: install browser
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# Long runs against a real system (docs/testing.md#fuzzing): Schemathesis against a live
+# server with GITWARD_FUZZ_EXAMPLES examples per operation and mode. No per-test timeout.
+GITWARD_FUZZ_EXAMPLES ?= 500
+
+soak: install
+	GITWARD_FUZZ_EXAMPLES=$(GITWARD_FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:cacheprovider --timeout 0 tests/system/test_api_fuzz.py
 
 lint: install
 	$(VENV)/bin/ruff check .
