@@ -11,6 +11,7 @@ hundred requests, well within the suite's budget); ``make soak`` raises it.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -112,5 +113,53 @@ def test_schemathesis_finds_no_server_error(
         )
     assert not server_errors, "\n".join(server_errors[:20])
     assert total >= len(operations) * 2  # it really ran
+    logged = api_server["log"].read_text()
+    assert "Traceback" not in logged and "Internal Server Error" not in logged, logged[-4000:]
+
+
+def _raw(base: str, request: bytes) -> bytes:
+    """One raw HTTP/1.1 exchange with the server: its status line and headers."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(request)
+        return conn.recv(4096)
+
+
+def test_hostile_requests_to_the_real_server_get_clean_answers(
+    api_server: dict[str, Any],
+) -> None:
+    """What the test client cannot show: the real server's framing. A chunked body (no
+    Content-Length) over the limit is a 413; a multipart body without a boundary a 400;
+    a websocket handshake to a path no route names is refused with 403 (Channels'
+    router raised: uvicorn answered 500 and logged the traceback)."""
+    root = User.objects.create_superuser("raw", password="pw-raw-123456")
+    auth = f"Bearer {ApiToken.issue(root)[1]}"
+    base = api_server["base"]
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"url": "'
+        for _ in range(3):
+            yield b"x" * 1_000_000
+        yield b'"}'
+
+    big = requests.post(
+        f"{base}/api/repos", data=chunks(), timeout=60,
+        headers={"Authorization": auth, "Content-Type": "application/json"},
+    )  # fmt: skip
+    assert "Content-Length" not in big.request.headers  # chunked
+    assert big.status_code == 413 and "larger than" in big.json()["error"]
+    multipart = requests.post(
+        f"{base}/api/repos", data=b"--x\r\n", timeout=30,
+        headers={"Authorization": auth, "Content-Type": "multipart/form-data"},
+    )  # fmt: skip
+    assert multipart.status_code == 400 and "multipart" in multipart.json()["error"]
+    for path in ("/ws/nowhere/", "/ws/repos/99999999999999999999/"):
+        answer = _raw(
+            base,
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://localhost\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode(),
+        )
+        assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
     logged = api_server["log"].read_text()
     assert "Traceback" not in logged and "Internal Server Error" not in logged, logged[-4000:]
