@@ -8,6 +8,7 @@ which none is here), and nothing is logged at ERROR (no traceback).
 
 from __future__ import annotations
 
+import base64
 import logging
 from typing import Any
 
@@ -17,6 +18,7 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dashboard.models import Repository
 from dashboard.rollouts.start import start_rollout
 from dashboard.versions.state_machine import ensure_baseline
 
@@ -122,5 +124,46 @@ def test_arbitrary_raw_bodies_never_give_a_server_error(
             "POST", url, body, content_type="application/x-www-form-urlencoded"
         )
         check(response, caplog, (url, body))
+
+    one()
+
+
+#: The list pages and the query parameters each reads (docs/api.md#limits).
+LIST_QUERIES = {
+    "/repos/": ["q", "status", "before"],
+    "/runs/": ["q", "state", "kind", "repo", "before"],
+    "/audit/": ["q", "action", "actor", "before"],
+    "/dead-letters/": ["q", "page"],
+    "/repos/{repo}/": ["cursor"],
+    "/rollouts/": ["queue"],
+    "/": [],
+}
+#: Values as they arrive in a query string: any text (a NUL included), numbers past 64
+#: bits, digits ``int`` refuses (``²``), base64-looking cursors.
+QUERY_VALUES = st.one_of(
+    TEXT,
+    st.integers().map(str),
+    st.sampled_from(["²", "١٢", "9" * 30, "-1", "0", "1e3", " 7 ", "WyIx", "null"]),
+    st.binary(max_size=40).map(lambda b: base64.urlsafe_b64encode(b).decode()),
+)
+
+
+@pytest.mark.parametrize("path", sorted(LIST_QUERIES))
+def test_arbitrary_list_queries_never_give_a_server_error(
+    path: str, operator: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every list page read with arbitrary values of its own parameters and others: a
+    page (200), or a 400 for what no query may hold (a NUL), never a 5xx."""
+    caplog.set_level(logging.ERROR)
+    repo = Repository.objects.create(url="https://example.com/owner/repo")
+    known = st.fixed_dictionaries({}, optional={p: QUERY_VALUES for p in LIST_QUERIES[path]})
+
+    @FUZZ
+    @given(query=known, extra=st.dictionaries(TEXT.filter(bool), QUERY_VALUES, max_size=2))
+    def one(query: dict[str, str], extra: dict[str, str]) -> None:
+        url = path.format(repo=repo.pk)
+        response = operator.get(url, {**extra, **query})
+        check(response, caplog, (url, query, extra))
+        assert response.status_code in {200, 400}, (url, query, response.status_code)
 
     one()
