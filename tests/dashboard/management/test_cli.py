@@ -12,7 +12,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from dashboard.models import ApiToken, Repository
+from dashboard.models import AnalyzerVersion, ApiToken, Repository
+from dashboard.versions.state_machine import ensure_baseline, register_version
 from dashboard.web.humanize import count
 from tests.conftest import run_workers
 from tests.support.gitrepo import GitRepo
@@ -130,3 +131,18 @@ def test_submit_names_one_commit_in_the_singular(tmp_path, capsys) -> None:
     call_command("submit", str(one.path))
     again = capsys.readouterr().out
     assert again.startswith("already known:") and again.rstrip().endswith("1/1 commit"), again
+
+
+@pytest.mark.parametrize("reason", ["clear\x1b[2J", "bell\x07", "c1\x9b"])
+def test_rollout_refuses_a_reason_with_control_characters_before_acting(reason: str) -> None:
+    """One line, non-zero, and the version is untouched (docs/api.md#limits): an ESC in
+    a reason would reach an operator's terminal from the timeline later."""
+    ensure_baseline(actor="setup")
+    v = register_version(config={"detect_renames": True}, actor="setup")
+    AnalyzerVersion.objects.filter(pk=v.pk).update(state=AnalyzerVersion.State.DRAINED)
+    with pytest.raises(CommandError) as info:
+        call_command("rollout", "retire", v.fingerprint[:12], "--reason", reason)
+    assert str(info.value) == "--reason must not hold control characters (NUL, ESC, …)"
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.DRAINED
+    call_command("rollout", "retire", v.fingerprint[:12], "--reason", "superseded")
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.RETIRED
