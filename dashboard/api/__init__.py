@@ -11,6 +11,7 @@ from dashboard.api.commits import commit_detail, repo_reanalyse
 from dashboard.api.dlq import bulk_action, dlq, dlq_discard, dlq_group, dlq_retry
 from dashboard.api.endpoint import not_found
 from dashboard.api.metrics import metrics
+from dashboard.api.openapi import openapi_document
 from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
 from dashboard.api.repos import repo_commits, repo_detail, repos
 from dashboard.api.rollouts import (
@@ -31,6 +32,7 @@ __all__ = [
     "lock_release",
     "metrics",
     "not_found",
+    "openapi_document",
     "queue_pause",
     "queue_resume",
     "repo_commits",

@@ -61,7 +61,9 @@ def _repo_list_context(request: HttpRequest) -> dict[str, Any]:
 @require_http_methods(["GET", "POST"])
 @reusable  # GET only: a POST is rendered every time
 def repositories(request: HttpRequest) -> HttpResponse:
-    form = SubmitRepositoryForm(request.POST or None)
+    # Bound for every POST, an empty one too: the rate limit's form error below needs a
+    # bound form (an unbound one has no cleaned_data: AttributeError, a 500).
+    form = SubmitRepositoryForm(request.POST if request.method == "POST" else None)
     if request.method == "POST":
         verdict = check("submit", request.user)
         if not verdict.allowed:

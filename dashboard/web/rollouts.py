@@ -150,9 +150,16 @@ def rollout_checklist_md(request: HttpRequest, rollout_id: int) -> HttpResponse:
 
 
 def _back(request: HttpRequest, default: str) -> str:
+    """The form's ``next`` if it is a path of this site, else ``default``. A path only
+    (``redirect`` takes any other word for a URL name: NoReverseMatch, a 500) and
+    printable (a newline in a Location header raises BadHeaderError: a 500 too)."""
     target = str(request.POST.get("next") or "")
-    if target and url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    if (
+        target.startswith("/")
+        and target.isprintable()
+        and url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        )
     ):
         return target
     return default

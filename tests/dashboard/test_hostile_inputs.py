@@ -17,6 +17,7 @@ import base64
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -152,9 +153,9 @@ def test_a_json_string_no_column_can_store_is_a_400(api: Client, token: str, bod
 
 
 def test_an_scp_style_url_that_normalises_past_the_column_is_a_400(
-    api: Client, browser: Client, token: str
+    api: Client, browser: Client, token: str, settings: Any
 ) -> None:
-    settings.ALLOWED_HOSTS_NETS = ["0.0.0.0/0"]  # type: ignore[misc]  # (restored by pytest-django)
+    settings.ALLOWED_HOSTS_NETS = ["0.0.0.0/0"]  # the fixture: restored after the test
     url = "git@127.0.0.1:" + "a" * (2048 - len("git@127.0.0.1:"))
     assert len(url) == 2048
     res = api.post("/api/repos", {"url": url}, content_type="application/json", **bearer(token))
@@ -323,3 +324,28 @@ def test_jobrun_table_is_untouched_by_refused_retries(api: Client, token: str) -
     )  # fmt: skip
     assert res.status_code == 400
     assert JobRun.objects.get(pk=run.pk).state == JobRun.State.DEAD
+
+
+# ---------------------------------------------------------------------------- found by fuzzing
+# (tests/dashboard/web/test_form_fuzz.py found both)
+
+
+@pytest.mark.parametrize(
+    "next_", ["nonsense", "/rollouts/\nSet-Cookie: x=1", "https://evil.example/"]
+)
+def test_a_rollout_forms_next_that_is_no_local_path_goes_to_the_default(
+    browser: Client, next_: str
+) -> None:
+    ensure_baseline(actor="setup")
+    v = state_machine.register_version(config={"detect_renames": True}, actor="setup")
+    res = browser.post(f"/rollouts/versions/{v.pk}/retire/", {"next": next_})
+    assert res.status_code == 302 and res["Location"] == "/rollouts/"
+
+
+def test_an_empty_submission_over_the_rate_limit_is_a_429_with_its_form_error(
+    browser: Client, settings: Any
+) -> None:
+    settings.RATE_SUBMIT_PER_MINUTE = 1  # the fixture: restored after the test
+    assert browser.post("/repos/", {}).status_code == 400  # the form: url is required
+    res = browser.post("/repos/", {})
+    assert res.status_code == 429 and b"Too many submissions" in res.content

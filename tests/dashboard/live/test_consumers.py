@@ -11,6 +11,8 @@ queue server lost or stalled, in tests/system/test_queuedown.py.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,14 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
 from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dashboard.infra import events, queues
 from dashboard.infra.events import publish_event
+from dashboard.infra.inputs import BadInput, parse_json
 from dashboard.live import consumers
 from dashboard.models import Repository
 from dashboard.settings import channel_layer_host
@@ -257,3 +263,78 @@ def test_a_joined_socket_does_not_join_again(
         await comm.disconnect()
 
     run(scenario())
+
+
+#: Frames a client may send: JSON of any shape (but a snapshot request, answered below),
+#: any text, text that looks like JSON nested deep, and binary.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+).filter(lambda v: not (isinstance(v, dict) and v.get("type") == "snapshot"))
+_FRAMES = st.lists(
+    st.one_of(
+        _JSON.map(lambda v: {"text_data": json.dumps(v)}),
+        st.text(min_size=1, max_size=200).map(lambda t: {"text_data": t}),
+        st.integers(1, 3000).map(lambda n: {"text_data": "[" * n + "]" * n}),
+        st.integers(1, 1500).map(lambda n: {"text_data": '{"a":' * n + "0" + "}" * n}),
+        st.binary(min_size=1, max_size=50).map(lambda b: {"bytes_data": b}),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+def _closes(frame: dict[str, Any]) -> int | None:
+    """The close code a frame must get, None if the socket must stay open."""
+    text = frame.get("text_data")
+    if text is None or len(text) > consumers.MAX_INBOUND_BYTES:
+        return 1009
+    try:
+        parse_json(text)
+    except BadInput:
+        return 1003
+    return None
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(frames=_FRAMES)
+def test_arbitrary_frames_never_crash_the_consumer(
+    frames: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/testing.md#fuzzing: whatever a client sends, the socket either closes with
+    the code that says why (1003 not JSON we take, 1009 too big or binary) or stays
+    open and still answers a snapshot request; the consumer never raises and nothing
+    is logged at ERROR."""
+    caplog.set_level(logging.ERROR)
+    caplog.clear()
+    user = User.objects.filter(username="fuzz").first() or make_user("fuzz")
+    hdrs = session_headers(user)
+
+    async def scenario() -> None:
+        comm, ok, _ = await connect("/ws/repos/", hdrs)
+        assert ok and (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
+        for frame in frames:
+            await comm.send_to(**frame)
+            code = _closes(frame)
+            if code is not None:
+                out = await comm.receive_output(timeout=10)
+                assert out == {"type": "websocket.close", "code": code}, frame
+                return
+        consumers.SNAPSHOT_MIN_INTERVAL, before = 0.0, consumers.SNAPSHOT_MIN_INTERVAL
+        try:
+            await comm.send_json_to({"type": "snapshot"})
+            assert (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
+        finally:
+            consumers.SNAPSHOT_MIN_INTERVAL = before
+        await comm.disconnect()
+
+    run(scenario())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -12,7 +12,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from dashboard.models import ApiToken, Repository
+from dashboard.models import AnalyzerVersion, ApiToken, Repository
+from dashboard.versions.state_machine import ensure_baseline, register_version
 from dashboard.web.humanize import count
 from tests.conftest import run_workers
 from tests.support.gitrepo import GitRepo
@@ -160,3 +161,18 @@ def test_results_never_print_terminal_control_from_repository_data(
     evil = next(r for r in rows if r["subject"] == "evil")
     assert evil["author_name"] == evil_name
     assert [f["path"] for f in evil["files"]] == [evil_path]
+
+
+@pytest.mark.parametrize("reason", ["clear\x1b[2J", "bell\x07", "c1\x9b"])
+def test_rollout_refuses_a_reason_with_control_characters_before_acting(reason: str) -> None:
+    """One line, non-zero, and the version is untouched (docs/api.md#limits): an ESC in
+    a reason would reach an operator's terminal from the timeline later."""
+    ensure_baseline(actor="setup")
+    v = register_version(config={"detect_renames": True}, actor="setup")
+    AnalyzerVersion.objects.filter(pk=v.pk).update(state=AnalyzerVersion.State.DRAINED)
+    with pytest.raises(CommandError) as info:
+        call_command("rollout", "retire", v.fingerprint[:12], "--reason", reason)
+    assert str(info.value) == "--reason must not hold control characters (NUL, ESC, …)"
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.DRAINED
+    call_command("rollout", "retire", v.fingerprint[:12], "--reason", "superseded")
+    assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.RETIRED

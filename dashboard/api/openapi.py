@@ -1,0 +1,570 @@
+"""The OpenAPI 3.1 document of the JSON API, served at ``GET /api/openapi.json``
+(docs/api.md#the-schema).
+
+It is a data structure maintained here by hand, beside the resources it describes, not
+generated: ``tests/dashboard/api/test_openapi.py`` checks that every route under
+``/api/`` in the URLconf is in it, and that real responses of every operation validate
+against it; ``tests/system/test_api_fuzz.py`` sends Schemathesis's requests, generated
+from it, to a live server and counts the server errors (there must be none).
+
+Objects list the fields clients rely on as ``required`` and allow more
+(``additionalProperties`` is left open): a new field is not a breaking change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api.endpoint import error
+
+# ---------------------------------------------------------------------------- helpers
+
+JSON = "application/json"
+ID = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+TIME = {"type": "string", "format": "date-time"}
+TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+STR_OR_NULL = {"type": ["string", "null"]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": sorted(required),
+        "properties": {**required, **(optional or {})},
+    }
+
+
+def _ok(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+#: The error answers every operation may give (docs/api.md): each ``{"error": ...}``.
+_ERRORS = {
+    "400": "a malformed request: a parameter, a body, a limit (docs/api.md#limits)",
+    "401": "no session and no bearer token, or an unknown token",
+    "403": "a missing permission, or a session write without its CSRF token",
+    "404": "no such object, or no such route (an id past 2^63-1 included)",
+    "405": "the method is not allowed here (the Allow header names those that are)",
+    "413": "the body is larger than the upload limit",
+    "429": "over the rate limit (Retry-After says when to come back)",
+    "503": "a Redis server or the database is not answering (Retry-After)",
+}
+
+
+def _responses(ok: dict[str, Any], *extra: str) -> dict[str, Any]:
+    """``ok`` (status → response) and the error answers: the common ones and ``extra``
+    (``"409"``)."""
+    out = dict(ok)
+    for status in [*_ERRORS, *extra]:
+        why = _ERRORS.get(status, "the object's state does not allow this now")
+        out[status] = {"description": why, "content": {JSON: {"schema": _ref("Error")}}}
+    return out
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON request body (form fields with the same names are accepted too)."""
+    return {"required": False, "content": {JSON: {"schema": schema}}}
+
+
+def _path(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema,
+            "description": description}  # fmt: skip
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}  # fmt: skip
+
+
+def _op(summary: str, responses: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"summary": summary, "responses": responses, **more}
+
+
+# ---------------------------------------------------------------------------- schemas
+
+_CHUNKS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        **_obj({"error": {"type": "string"}}),
+        "description": "Every 4xx and 5xx answer of the API.",
+    },
+    "Repository": _obj(
+        {
+            "id": ID,
+            "url": {"type": "string"},
+            "name": {"type": "string"},
+            "branch": {"type": "string"},
+            "status": {"enum": ["queued", "syncing", "analyzing", "ready", "failed"]},
+            "head": STR_OR_NULL,
+            "commits_total": {"type": "integer", "minimum": 0},
+            "commits_analyzed": {"type": "integer", "minimum": 0},
+            "progress": {"type": "number", "minimum": 0, "maximum": 100},
+            "chunks": _CHUNKS,
+            "fingerprint": {"type": "string"},
+            "error": STR_OR_NULL,
+            "created_at": TIME,
+            "analyzed_at": TIME_OR_NULL,
+        },
+        {"summary": {"type": ["object", "null"]}},
+    ),
+    "FileChange": _obj(
+        {
+            "path": {"type": "string"},
+            "added": {"type": ["integer", "null"]},
+            "deleted": {"type": ["integer", "null"]},
+            "binary": {"type": "boolean"},
+            "language": {"type": "string"},
+        }
+    ),
+    "Commit": _obj(
+        {
+            "sha": {"type": "string", "pattern": "^[0-9a-f]{40}$"},
+            "parents": {"type": "array", "items": {"type": "string"}},
+            "author_name": {"type": "string"},
+            "author_email": {"type": "string"},
+            "authored_at": TIME,
+            "committer_name": {"type": "string"},
+            "committer_email": {"type": "string"},
+            "committed_at": TIME,
+            "subject": {"type": "string"},
+            "is_merge": {"type": "boolean"},
+            "files_changed": {"type": "integer", "minimum": 0},
+            "insertions": {"type": "integer", "minimum": 0},
+            "deletions": {"type": "integer", "minimum": 0},
+        },
+        {"files": {"type": "array", "items": _ref("FileChange")}},
+    ),
+    "CommitPage": _obj(
+        {"results": {"type": "array", "items": _ref("Commit")}, "next": STR_OR_NULL}
+    ),
+    "CommitDetails": _obj(
+        {
+            "sha": {"type": "string"},
+            "parents": {"type": "array", "items": {"type": "string"}},
+            "is_merge": {"type": "boolean"},
+            "subject": {"type": "string"},
+            "message": {"type": "string"},
+            "author": _obj(
+                {
+                    "name": {"type": "string"},
+                    "email": {"type": "string"},
+                    "date": {"type": "string"},
+                }
+            ),
+            "committer": {"type": "object"},
+            "files_changed": {"type": "integer"},
+            "insertions": {"type": "integer"},
+            "deletions": {"type": "integer"},
+            "files": {"type": "array", "items": {"type": "object"}},
+            "mirror": _obj({"available": {"type": "boolean"}}),
+            "patch": {"type": "object"},
+        }
+    ),
+    "Reanalysis": _obj({"repository": ID, "outcome": {"type": "string"}}),
+    "RunRepository": _obj({"id": ID, "url": {"type": "string"}}),
+    "Run": _obj(
+        {
+            "id": ID,
+            "job_id": {"type": "string"},
+            "kind": {"type": "string"},
+            "state": {"type": "string"},
+            "repository": _ref("RunRepository"),
+            "chunk": {"type": ["integer", "null"]},
+            "fingerprint": {"type": "string"},
+            "attempts": {"type": "integer", "minimum": 0},
+            "worker": {"type": "string"},
+            "error": {"type": "string"},
+            "cause": {"type": "string"},
+            "group": {"type": "string"},
+            "finished_at": TIME_OR_NULL,
+        },
+        {"history": {"type": "array", "items": {"type": "object"}}},
+    ),
+    "RunPage": _obj(
+        {
+            "results": {"type": "array", "items": _ref("Run")},
+            "next": ID | {"type": ["integer", "null"]},
+        }
+    ),
+    "RunTrace": _obj(
+        {
+            "id": ID,
+            "job_id": {"type": "string"},
+            "trace_id": {"type": "string"},
+            "kind": {"type": "string"},
+            "state": {"type": "string"},
+            "repository": _ref("RunRepository"),
+            "attempts": {"type": "integer", "minimum": 0},
+        }
+    ),
+    "Status": _obj(
+        {
+            "locks": {"type": "array"},
+            "queues": {"type": ["array", "object"]},
+            "workers": {"type": "array"},
+            "dlq": {"type": "object"},
+            "redis_nodes": {"type": "array"},
+            "quorum": {},
+            "queue_server": _obj({"ok": {"type": "boolean"}}),
+            "live_events_dropped": {"type": "integer", "minimum": 0},
+        }
+    ),
+    "DeadLetterGroup": _obj(
+        {
+            "group": {"type": "string"},
+            "cause": {"type": "string"},
+            "count": {"type": "integer", "minimum": 1},
+            "first_seen": TIME_OR_NULL,
+            "last_seen": TIME_OR_NULL,
+            "repositories": {"type": "integer", "minimum": 0},
+            "versions": {},
+        }
+    ),
+    "DeadLetters": _obj(
+        {
+            "groups": {"type": "array", "items": _ref("DeadLetterGroup")},
+            "dead": {"type": "integer", "minimum": 0},
+        }
+    ),
+    "DeadLetterRuns": _obj(
+        {"group": {"type": "string"}, "runs": {"type": "array", "items": _ref("Run")}}
+    ),
+    "DeadLetterAction": {
+        "description": 'Exactly one of "runs", "group", "all".',
+        "type": "object",
+        "properties": {
+            "runs": {"type": "array", "items": ID, "minItems": 1, "maxItems": 100},
+            "group": {"type": "string", "pattern": "^[A-Za-z0-9]+$"},
+            "all": {"const": True},
+        },
+        "minProperties": 1,
+        "maxProperties": 1,
+    },
+    "Moved": _obj({"moved": {"type": "integer", "minimum": 0}}),
+    "BulkAction": _obj(
+        {
+            "id": ID,
+            "kind": {"enum": ["retry", "discard"]},
+            "selector": {"type": "object"},
+            "state": {"type": "string"},
+            "total": {"type": "integer", "minimum": 0},
+            "done": {"type": "integer", "minimum": 0},
+            "error": STR_OR_NULL,
+        }
+    ),
+    "QueueChange": _obj(
+        {"queue": {"type": "string"}, "paused": {"type": "boolean"}, "changed": {"type": "boolean"}}
+    ),
+    "LockRelease": _obj(
+        {"released": {"type": "integer", "minimum": 0}, "token": {"type": ["integer", "null"]}},
+        {"holder": {}},
+    ),
+    "Rollout": _obj(
+        {
+            "id": ID,
+            "queue": {"type": "string"},
+            "state": {"type": "string"},
+            "version": {"type": "object"},
+            "previous": {"type": ["object", "null"]},
+            "steps": {"type": "array", "items": {"type": "integer"}},
+            "step_index": {"type": "integer"},
+            "auto": {"type": "boolean"},
+            "created_at": TIME,
+            "finished_at": TIME_OR_NULL,
+        },
+        {"timeline": {"type": "array", "items": {"type": "object"}}},
+    ),
+    "Rollouts": _obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}),
+    "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
+    "RolloutSpec": {
+        "type": "object",
+        "required": ["config"],
+        "additionalProperties": False,
+        "properties": {
+            "queue": {"const": "analysis"},
+            "config": {"type": "object"},
+            "steps": {"type": "array", "items": {"type": "integer"}},
+            "auto": {"type": "boolean"},
+            "warm_set": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "repositories": {"type": "integer", "minimum": 1},
+                    "commits_per_repository": {"type": "integer", "minimum": 1},
+                    "threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                },
+            },
+            "options": {"type": "object"},
+        },
+    },
+    "Reason": {
+        "type": "object",
+        "properties": {
+            "reason": {
+                "type": "string",
+                "maxLength": 500,
+                "description": "no control characters but tab and newline",
+            },
+            "force": {"type": "boolean"},
+        },
+    },
+    "RetiredVersion": _obj(
+        {
+            "queue": {"type": "string"},
+            "fingerprint": {"type": "string"},
+            "state": {"const": "retired"},
+        }
+    ),
+}
+
+# ---------------------------------------------------------------------------- paths
+
+_REPO = _path("repo_id", ID)
+_OPERATORS = "Operations data: needs dashboard.view_jobrun."
+
+PATHS: dict[str, Any] = {
+    "/api/openapi.json": {
+        "get": _op(
+            "This document (no authentication needed).",
+            {"200": _ok({"type": "object"}, "the OpenAPI 3.1 document")},
+            security=[],
+        )
+    },
+    "/api/repos": {
+        "post": _op(
+            "Submit a repository (rate-limited: submissions per minute).",
+            _responses(
+                {
+                    "200": _ok(_ref("Repository"), "submitted before: the same repository"),
+                    "202": _ok(_ref("Repository"), "new: its sync is queued"),
+                }
+            ),
+            requestBody=_body(
+                _obj(
+                    {"url": {"type": "string", "maxLength": 2048}},
+                    {"branch": {"type": ["string", "null"], "maxLength": 255}},
+                )
+            ),
+        )
+    },
+    "/api/repos/{repo_id}": {
+        "get": _op(
+            "A repository's status (and, with ?summary=1, its aggregates).",
+            _responses({"200": _ok(_ref("Repository"), "the repository")}),
+            parameters=[_REPO, _query("summary", {"enum": ["1", "true"]}, "add aggregates")],
+        )
+    },
+    "/api/repos/{repo_id}/commits": {
+        "get": _op(
+            "Its analysed commits, newest first, cursor-paginated.",
+            _responses({"200": _ok(_ref("CommitPage"), "one page")}),
+            parameters=[
+                _REPO,
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
+                _query("cursor", {"type": "string"}, "the previous page's next"),
+                _query("files", {"enum": ["1", "true"]}, "add each commit's files"),
+            ],
+        )
+    },
+    "/api/repos/{repo_id}/commits/{sha}": {
+        "get": _op(
+            "One commit: the commit page's data.",
+            _responses({"200": _ok(_ref("CommitDetails"), "the commit")}),
+            parameters=[_REPO, _path("sha", {"type": "string"}, "a full or abbreviated sha")],
+        )
+    },
+    "/api/repos/{repo_id}/reanalyse": {
+        "post": _op(
+            "Queue a new sync generation (dashboard.change_repository; audited).",
+            _responses({"202": _ok(_ref("Reanalysis"), "queued")}, "409"),
+            parameters=[_REPO],
+        )
+    },
+    "/api/status": {
+        "get": _op(
+            "Locks, queues, workers, dead letters, Redis nodes. " + _OPERATORS,
+            _responses({"200": _ok(_ref("Status"), "the snapshot")}),
+        )
+    },
+    "/api/locks/release": {
+        "post": _op(
+            "Force-release a lock (staff + dashboard.force_release_lock; audited).",
+            _responses({"200": _ok(_ref("LockRelease"), "released (or nothing held)")}),
+            requestBody=_body(_obj({"key": {"type": "string", "maxLength": 255}})),
+        )
+    },
+    "/api/queues/pause": {
+        "post": _op(
+            "Stop feeding a queue to workers (staff + dashboard.pause_queue; audited).",
+            _responses({"200": _ok(_ref("QueueChange"), "paused")}),
+            requestBody=_body(_obj({"queue": {"type": "string"}})),
+        )
+    },
+    "/api/queues/resume": {
+        "post": _op(
+            "Feed a paused queue again (staff + dashboard.pause_queue; audited).",
+            _responses({"200": _ok(_ref("QueueChange"), "resumed")}),
+            requestBody=_body(_obj({"queue": {"type": "string"}})),
+        )
+    },
+    "/api/runs": {
+        "get": _op(
+            "Search job runs, newest first, keyset-paginated. " + _OPERATORS,
+            _responses({"200": _ok(_ref("RunPage"), "one page")}),
+            parameters=[
+                _query("state", {"type": "string"}, "a run state"),
+                _query("kind", {"type": "string"}, "a run kind"),
+                _query("repo", ID, "a repository id"),
+                _query("q", {"type": "string"}, "text in job id, cause, error or URL"),
+                _query("limit", {"type": "integer"}, "page size (clamped to 1–200)"),
+                _query("before", ID, "the previous page's next"),
+            ],
+        )
+    },
+    "/api/runs/{run_id}": {
+        "get": _op(
+            "One run with every attempt and its trace. " + _OPERATORS,
+            _responses({"200": _ok(_ref("RunTrace"), "the run")}),
+            parameters=[_path("run_id", ID)],
+        )
+    },
+    "/api/rollouts": {
+        "get": _op(
+            "Rollouts, newest first (view_jobrun, start_rollout or rollback_rollout).",
+            _responses({"200": _ok(_ref("Rollouts"), "the rollouts")}),
+            parameters=[
+                _query("queue", {"type": "string"}, "a logical queue"),
+                _query("limit", {"type": "integer"}, "how many (clamped to 1–200)"),
+            ],
+        ),
+        "post": _op(
+            "Start a rollout (staff + dashboard.start_rollout; rate-limited; audited).",
+            _responses({"202": _ok(_ref("RolloutStarted"), "pending its driver")}, "409"),
+            requestBody=_body(_ref("RolloutSpec")),
+        ),
+    },
+    "/api/rollouts/{rollout_id}": {
+        "get": _op(
+            "One rollout with its timeline.",
+            _responses({"200": _ok(_ref("Rollout"), "the rollout")}),
+            parameters=[_path("rollout_id", ID)],
+        )
+    },
+    "/api/rollouts/{rollout_id}/{action}": {
+        "post": _op(
+            "Promote, roll back, abort or take over a rollout (audited).",
+            _responses(
+                {
+                    "200": _ok(_ref("Rollout"), "done here"),
+                    "202": _ok(_ref("Rollout"), "asked of its driver"),
+                },
+                "409",
+            ),
+            parameters=[
+                _path("rollout_id", ID),
+                _path("action", {"enum": ["promote", "rollback", "abort", "takeover"]}),
+            ],
+            requestBody=_body(_ref("Reason")),
+        )
+    },
+    "/api/versions/{fingerprint}/retire": {
+        "post": _op(
+            "Retire a drained or warm-failed version (staff + rollback_rollout; audited).",
+            _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
+            parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
+            requestBody=_body(_ref("Reason")),
+        )
+    },
+    "/api/dlq": {
+        "get": _op(
+            "Dead letters grouped by root cause. " + _OPERATORS,
+            _responses({"200": _ok(_ref("DeadLetters"), "the groups")}),
+        )
+    },
+    "/api/dlq/retry": {
+        "post": _op(
+            "Re-queue dead runs (dashboard.retry_jobrun; audited).",
+            _responses(
+                {
+                    "200": _ok(_ref("Moved"), "named runs, at once"),
+                    "202": _ok(_ref("BulkAction"), "a group or all: a tracked bulk action"),
+                }
+            ),
+            requestBody=_body(_ref("DeadLetterAction")),
+        )
+    },
+    "/api/dlq/discard": {
+        "post": _op(
+            "Discard dead runs (dashboard.discard_jobrun; audited).",
+            _responses(
+                {
+                    "200": _ok(_ref("Moved"), "named runs, at once"),
+                    "202": _ok(_ref("BulkAction"), "a group or all: a tracked bulk action"),
+                }
+            ),
+            requestBody=_body(_ref("DeadLetterAction")),
+        )
+    },
+    "/api/dlq/{group}": {
+        "get": _op(
+            "One group's runs with their attempts. " + _OPERATORS,
+            _responses({"200": _ok(_ref("DeadLetterRuns"), "the runs")}),
+            parameters=[
+                _path("group", {"type": "string"}),
+                _query("limit", {"type": "integer"}, "how many (clamped to 1–500)"),
+            ],
+        )
+    },
+    "/api/actions/{action_id}": {
+        "get": _op(
+            "A bulk action's progress. " + _OPERATORS,
+            _responses({"200": _ok(_ref("BulkAction"), "the action")}),
+            parameters=[_path("action_id", ID)],
+        )
+    },
+}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "gitward JSON API",
+        "version": "1",
+        "description": 'docs/api.md. Errors are JSON {"error": message} with a 4xx '
+        "(a 5xx only when a server it needs is down); limits: docs/api.md#limits.",
+    },
+    "servers": [{"url": "/"}],
+    "security": [{"bearer": []}, {"session": []}],
+    "components": {
+        "securitySchemes": {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "a token from `manage.py api_token USER`",
+            },
+            "session": {
+                "type": "apiKey",
+                "in": "cookie",
+                "name": "sessionid",
+                "description": "the browser's session; writes need the CSRF token too",
+            },
+        },
+        "schemas": SCHEMAS,
+    },
+    "paths": PATHS,
+}
+
+
+def openapi_document(request: HttpRequest) -> HttpResponse:
+    """``GET /api/openapi.json``: ``DOCUMENT``, to anyone (it holds no data)."""
+    if request.method not in {"GET", "HEAD"}:
+        response = error(f"method {request.method} not allowed", 405)
+        response["Allow"] = "GET, HEAD"
+        return response
+    return JsonResponse(DOCUMENT)

@@ -1,0 +1,201 @@
+"""dashboard.api.openapi: ``GET /api/openapi.json`` serves the document; it names every
+route under /api/ in the URLconf, with the methods each really allows, and nothing
+else; and real responses of every operation — a repository analysed by real workers
+from a real git repository, runs, dead letters, queues, locks, rollouts, and their
+errors — validate against it (status documented, body valid)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import URLPattern, get_resolver
+from jsonschema import Draft202012Validator
+
+from dashboard.api.openapi import DOCUMENT, PATHS, SCHEMAS
+from dashboard.infra import queues
+from dashboard.models import ApiToken, JobRun, Repository
+from tests.conftest import run_workers
+from tests.support.gitrepo import GitRepo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def url_routes() -> dict[str, str]:
+    """Every route under /api/ as an OpenAPI path → its URL name."""
+    out = {}
+    for pattern in get_resolver().url_patterns:
+        if isinstance(pattern, URLPattern) and str(pattern.pattern).startswith("api/"):
+            path = "/" + re.sub(r"<\w+:(\w+)>", r"{\1}", str(pattern.pattern))
+            out[path] = str(pattern.name)
+    return out
+
+
+class Checked:
+    """A client that validates every response against the document."""
+
+    def __init__(self, token: str) -> None:
+        self.client = Client(raise_request_exception=False)
+        self.auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def call(self, method: str, template: str, body: Any = None, **values: Any) -> Any:
+        query = values.pop("query", None)
+        path = template.format(**values)
+        if method == "get":
+            res = self.client.get(path, query or {}, **self.auth)
+        else:
+            res = self.client.post(
+                path, json.dumps(body or {}), content_type="application/json", **self.auth
+            )
+        validate(template, method, res.status_code, res.json())
+        self.seen.add((template, method, str(res.status_code)))
+        return res
+
+
+def validate(template: str, method: str, status: int, body: Any) -> None:
+    responses = PATHS[template][method]["responses"]
+    assert str(status) in responses, f"{method.upper()} {template}: {status} not documented"
+    schema = responses[str(status)]["content"]["application/json"]["schema"]
+    validator = Draft202012Validator({**schema, "components": {"schemas": SCHEMAS}})
+    errors = sorted(validator.iter_errors(body), key=str)
+    assert not errors, f"{method.upper()} {template} {status}: {errors[0].message}"
+
+
+@pytest.fixture
+def admin() -> Checked:
+    root = User.objects.create_superuser("root", password="pw-root-123456")
+    return Checked(ApiToken.issue(root)[1])
+
+
+def test_it_is_served_to_anyone_as_openapi_3_1() -> None:
+    res = Client().get("/api/openapi.json")
+    assert res.status_code == 200 and res.json() == json.loads(json.dumps(DOCUMENT))
+    assert DOCUMENT["openapi"] == "3.1.0"
+    schemes = DOCUMENT["components"]["securitySchemes"]
+    assert schemes["bearer"] == {**schemes["bearer"], "type": "http", "scheme": "bearer"}
+    assert Client().post("/api/openapi.json").status_code == 405
+
+
+def test_it_documents_every_api_route_and_only_those() -> None:
+    routes = url_routes()
+    assert set(routes) == set(PATHS), (
+        f"undocumented: {sorted(set(routes) - set(PATHS))}; "
+        f"documented but not routed: {sorted(set(PATHS) - set(routes))}"
+    )
+
+
+def test_each_route_allows_exactly_the_documented_methods(admin: Checked) -> None:
+    """Each route is called with every method: a 405 exactly for the undocumented ones
+    (the ids need not exist: the method is checked first)."""
+    samples = {"repo_id": 1, "sha": "a" * 40, "run_id": 1, "rollout_id": 1, "action": "promote"}
+    samples |= {"fingerprint": "abcd", "group": "g", "action_id": 1}
+    for template, item in PATHS.items():
+        path = template.format(**samples)
+        for method in METHODS:
+            res = getattr(admin.client, method)(path, **admin.auth)
+            documented = method in item
+            assert (res.status_code == 405) is not documented, (method, path, res.status_code)
+
+
+def test_every_error_answer_is_documented_and_has_the_error_shape(admin: Checked) -> None:
+    anonymous = Client(raise_request_exception=False)
+    res = anonymous.get("/api/status")
+    validate("/api/status", "get", res.status_code, res.json())
+    assert res.status_code == 401
+    for template, item in PATHS.items():
+        for method, op in item.items():
+            for status, answer in op["responses"].items():
+                if status.startswith(("4", "5")):
+                    assert answer["content"]["application/json"]["schema"] == {
+                        "$ref": "#/components/schemas/Error"
+                    }, (template, method, status)
+
+
+def test_real_responses_of_every_operation_validate(admin: Checked, git_repo: GitRepo) -> None:
+    a = admin
+    created = a.call("post", "/api/repos", {"url": str(git_repo.path)})
+    assert created.status_code == 202
+    repo_id = created.json()["id"]
+    assert a.call("post", "/api/repos", {"url": str(git_repo.path)}).status_code == 200
+    assert a.call("post", "/api/repos", {"url": "ftp://x"}).status_code == 400
+    run_workers()
+    a.call("get", "/api/repos/{repo_id}", repo_id=repo_id)
+    detail = a.call("get", "/api/repos/{repo_id}", repo_id=repo_id, query={"summary": "1"})
+    assert detail.json()["status"] == "ready"
+    page = a.call("get", "/api/repos/{repo_id}/commits", repo_id=repo_id,
+                  query={"limit": "1", "files": "1"})  # fmt: skip
+    assert page.json()["next"] is not None
+    a.call("get", "/api/repos/{repo_id}/commits", repo_id=repo_id,
+           query={"cursor": page.json()["next"]})  # fmt: skip
+    sha = page.json()["results"][0]["sha"]
+    a.call("get", "/api/repos/{repo_id}/commits/{sha}", repo_id=repo_id, sha=sha)
+    a.call("get", "/api/repos/{repo_id}/commits/{sha}", repo_id=repo_id, sha="f" * 40)
+    a.call("get", "/api/repos/{repo_id}", repo_id=repo_id + 1000)
+    a.call("post", "/api/repos/{repo_id}/reanalyse", repo_id=repo_id)
+
+    a.call("get", "/api/status")
+    runs = a.call("get", "/api/runs", query={"limit": "1"}).json()
+    a.call("get", "/api/runs/{run_id}", run_id=runs["results"][0]["id"])
+    a.call("get", "/api/runs", query={"state": "nonsense"})
+    dead = JobRun.objects.filter(repository_id=repo_id).first()
+    assert dead is not None
+    JobRun.objects.filter(pk=dead.pk).update(
+        state=JobRun.State.DEAD, cause="boom", cause_key="abc123", error="boom"
+    )
+    groups = a.call("get", "/api/dlq").json()["groups"]
+    a.call("get", "/api/dlq/{group}", group=groups[0]["group"])
+    a.call("get", "/api/dlq/{group}", group="nothing")
+    a.call("post", "/api/dlq/retry", {"runs": [dead.pk]})
+    bulk = a.call("post", "/api/dlq/discard", {"all": True})
+    assert bulk.status_code == 202
+    a.call("get", "/api/actions/{action_id}", action_id=bulk.json()["id"])
+    a.call("post", "/api/dlq/discard", {"runs": [2**63]})
+
+    queue = queues.queue_names()[0]
+    a.call("post", "/api/queues/pause", {"queue": queue})
+    a.call("post", "/api/queues/resume", {"queue": queue})
+    a.call("post", "/api/queues/resume", {"queue": "nowhere"})
+    a.call("post", "/api/locks/release", {"key": "locks:repo:nothing"})
+    a.call("post", "/api/locks/release", {"key": "not-a-lock"})
+
+    started = a.call("post", "/api/rollouts", {"config": {"detect_renames": True}})
+    assert started.status_code == 202, started.json()
+    rollout_id = started.json()["id"]
+    a.call("post", "/api/rollouts", {"config": {"detect_renames": True}})  # busy: 409
+    a.call("get", "/api/rollouts", query={"limit": "5"})
+    a.call("get", "/api/rollouts/{rollout_id}", rollout_id=rollout_id)
+    a.call("post", "/api/rollouts/{rollout_id}/{action}", {"reason": "x\x1b"},
+           rollout_id=rollout_id, action="abort")  # fmt: skip
+    a.call("post", "/api/rollouts/{rollout_id}/{action}", {"force": True},
+           rollout_id=rollout_id, action="abort")  # fmt: skip
+    a.call("post", "/api/rollouts/{rollout_id}/{action}", rollout_id=rollout_id,
+           action="takeover")  # fmt: skip
+    fingerprint = started.json()["rollout"]["version"]["fingerprint"]
+    a.call("post", "/api/versions/{fingerprint}/retire", {"reason": "done"},
+           fingerprint=fingerprint[:12])  # fmt: skip
+    a.call("post", "/api/versions/{fingerprint}/retire", fingerprint="abcdef0123")
+
+    operations = {(t, m) for t, item in PATHS.items() for m in item} - {
+        ("/api/openapi.json", "get")
+    }
+    called = {(t, m) for t, m, _ in a.seen}
+    assert operations - called == set(), "operations this test never called"
+    statuses = {s for _, _, s in a.seen}
+    assert {"200", "202", "400", "404", "409"} <= statuses, statuses
+    assert Repository.objects.filter(pk=repo_id).exists()
+
+
+def test_the_check_fails_a_body_off_the_schema_or_an_undocumented_status() -> None:
+    with pytest.raises(AssertionError, match="is a required property"):
+        validate("/api/repos", "post", 202, {"id": 1})
+    with pytest.raises(AssertionError, match="not documented"):
+        validate("/api/repos", "post", 201, {})
+    with pytest.raises(AssertionError, match="'error' is a required property"):
+        validate("/api/repos", "post", 400, {"detail": "x"})
