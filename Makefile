@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install run test test-fast lint bench browser clean deploy-check
+.PHONY: install run test test-fast lint bench browser clean deploy-check soak
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,14 @@ test: install browser
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# Long runs against a real system (docs/testing.md#the-state-space-model): the state-space
+# model with about GITWARD_SOAK_STEPS steps of random examples (its figure goes in
+# BENCHMARKS.md). No per-test timeout: the run is as long as its steps.
+GITWARD_SOAK_STEPS ?= 3000
+
+soak: install
+	GITWARD_SOAK_STEPS=$(GITWARD_SOAK_STEPS) $(PY) -m pytest -q -s -p no:cacheprovider --timeout 0 tests/system/test_state_model.py
 
 lint: install
 	$(VENV)/bin/ruff check .
