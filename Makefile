@@ -73,11 +73,15 @@ test: install browser
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# Long runs against a real system (docs/testing.md#fuzzing): Schemathesis against a live
-# server with GITWARD_FUZZ_EXAMPLES examples per operation and mode. No per-test timeout.
+# Long runs against a real system, no per-test timeout: the state-space model with about
+# GITWARD_SOAK_STEPS steps of random examples (docs/testing.md#the-state-space-model; its
+# figure goes in BENCHMARKS.md), then Schemathesis against a live server with
+# GITWARD_FUZZ_EXAMPLES examples per operation and mode (docs/testing.md#fuzzing).
+GITWARD_SOAK_STEPS ?= 3000
 GITWARD_FUZZ_EXAMPLES ?= 500
 
 soak: install
+	GITWARD_SOAK_STEPS=$(GITWARD_SOAK_STEPS) $(PY) -m pytest -q -s -p no:cacheprovider --timeout 0 tests/system/test_state_model.py
 	GITWARD_FUZZ_EXAMPLES=$(GITWARD_FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:cacheprovider --timeout 0 tests/system/test_api_fuzz.py
 
 lint: install
