@@ -28,6 +28,14 @@ if TYPE_CHECKING:
         file_ownership,
         knowledge_at_risk,
     )
+    from dashboard.analytics.reports import (
+        INTEGERS,
+        KINDS,
+        BadParameter,
+        Params,
+        parse_params,
+        report,
+    )
     from dashboard.analytics.rows import (
         MAX_DEPTH,
         Scope,
@@ -41,9 +49,13 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "INTEGERS",
+    "KINDS",
     "MAX_DEPTH",
     "PRESETS",
+    "BadParameter",
     "BadWindow",
+    "Params",
     "Scope",
     "Thresholds",
     "Window",
@@ -58,12 +70,20 @@ __all__ = [
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
+    "parse_params",
     "parse_window",
+    "report",
 ]
 
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "INTEGERS": "dashboard.analytics.reports",
+    "KINDS": "dashboard.analytics.reports",
+    "BadParameter": "dashboard.analytics.reports",
+    "Params": "dashboard.analytics.reports",
+    "parse_params": "dashboard.analytics.reports",
+    "report": "dashboard.analytics.reports",
     "directory_age": "dashboard.analytics.age",
     "file_age": "dashboard.analytics.age",
     "Thresholds": "dashboard.analytics.coupling",

@@ -1,0 +1,148 @@
+"""One analysis as the API, the pages and the CLI serve it (docs/analytics.md#api-cli-and-pages):
+its parameters read from a request's query or a command's options, checked (``BadParameter``
+names the first one that is wrong), and the report, with the window, the fingerprint it was
+computed for and the ``git log`` command that reproduces its rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.utils import timezone
+
+from dashboard.analytics.age import directory_age, file_age
+from dashboard.analytics.coupling import (
+    Thresholds,
+    coupled_with,
+    directory_coupling,
+    file_coupling,
+)
+from dashboard.analytics.hotspots import directory_hotspots, file_hotspots
+from dashboard.analytics.ownership import directory_ownership, file_ownership, knowledge_at_risk
+from dashboard.analytics.rows import MAX_DEPTH, Scope
+from dashboard.analytics.window import BadWindow, Window, parse_window
+from dashboard.models import Repository
+
+#: The analyses, in the order pages and help list them.
+KINDS = ("hotspots", "coupling", "ownership", "age")
+
+#: Each integer parameter: default, lowest and highest accepted value.
+INTEGERS: dict[str, tuple[int, int, int]] = {
+    "depth": (1, 1, MAX_DEPTH),
+    "limit": (100, 1, 1000),
+    "inactive_days": (90, 1, 36500),
+    "min_revs": (5, 0, 1_000_000),
+    "min_shared_revs": (5, 0, 1_000_000),
+    "min_coupling": (30, 0, 100),
+    "max_changeset_size": (30, 2, 1_000_000),
+}
+
+
+class BadParameter(ValueError):
+    """A parameter the analyses cannot take; the message names it."""
+
+
+@dataclass(frozen=True)
+class Params:
+    window: Window = field(default_factory=Window)
+    depth: int = 1
+    limit: int = 100
+    inactive_days: int = 90
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    path: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.window.as_dict(),
+            "depth": self.depth,
+            "limit": self.limit,
+            "inactive_days": self.inactive_days,
+            **asdict(self.thresholds),
+            "path": self.path,
+        }
+
+
+def _integer(values: Mapping[str, Any], name: str) -> int:
+    default, lo, hi = INTEGERS[name]
+    raw = values.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise BadParameter(f"{name} must be an integer") from None
+    if not lo <= value <= hi:
+        raise BadParameter(f"{name} must be between {lo} and {hi}")
+    return value
+
+
+def parse_params(values: Mapping[str, Any]) -> Params:
+    """Params from a query dict or a command's options (absent or empty: the default)."""
+    try:
+        window = parse_window(
+            _text(values, "since"), _text(values, "until"), _text(values, "last") or None
+        )
+    except BadWindow as exc:
+        raise BadParameter(str(exc)) from None
+    ints = {name: _integer(values, name) for name in INTEGERS}
+    path = _text(values, "path") or ""
+    if len(path) > 4096 or "\x00" in path:
+        raise BadParameter("path must be a repository path")
+    return Params(
+        window=window,
+        depth=ints["depth"],
+        limit=ints["limit"],
+        inactive_days=ints["inactive_days"],
+        thresholds=Thresholds(
+            min_revs=ints["min_revs"],
+            min_shared_revs=ints["min_shared_revs"],
+            min_coupling=ints["min_coupling"],
+            max_changeset_size=ints["max_changeset_size"],
+        ),
+        path=path,
+    )
+
+
+def _text(values: Mapping[str, Any], name: str) -> str | None:
+    raw = values.get(name)
+    return None if raw is None else str(raw).strip()[: 100 if name != "path" else 4097]
+
+
+def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
+    """The ``kind`` analysis of ``repo`` under the served fingerprint; ``BadParameter``
+    for an unknown kind."""
+    if kind not in KINDS:
+        raise BadParameter(f"unknown analysis {kind!r}: one of {', '.join(KINDS)}")
+    scope = Scope.of(repo, params.window)
+    body: dict[str, Any] = {
+        "repository": repo.pk,
+        "name": repo.name,
+        "analysis": kind,
+        "fingerprint": scope.fingerprint,
+        "window": params.window.as_dict(),
+        "parameters": params.as_dict(),
+        "reproduce": " ".join(
+            ["git log --no-merges --no-renames --numstat", *params.window.git_args()]
+        ),
+        "computed_at": timezone.now().isoformat(),
+    }
+    t, depth, limit = params.thresholds, params.depth, params.limit
+    if kind == "coupling":
+        if params.path:
+            body["path"] = params.path
+            body["coupled"] = coupled_with(scope, params.path, t, limit=limit)
+        else:
+            body["files"] = file_coupling(scope, t, limit=limit)
+            body["directories"] = directory_coupling(scope, t, depth=depth, limit=limit)
+    elif kind == "ownership":
+        body["files"] = file_ownership(scope, limit=limit)
+        body["directories"] = directory_ownership(scope, depth=depth)[:limit]
+        body["knowledge_at_risk"] = knowledge_at_risk(scope, inactive_days=params.inactive_days)
+    elif kind == "age":
+        body["files"] = file_age(scope)[:limit]
+        body["directories"] = directory_age(scope, depth=depth)[:limit]
+    else:
+        body["files"] = file_hotspots(scope, limit=limit)
+        body["directories"] = directory_hotspots(scope, depth=depth, limit=limit)
+    return body

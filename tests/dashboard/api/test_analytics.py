@@ -1,0 +1,104 @@
+"""``GET /api/repos/<id>/hotspots|coupling|ownership|age``: the planted patterns through the
+API, equal to the core functions' tables, and a JSON 400 for every bad parameter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from dashboard.analytics.coupling import file_coupling
+from dashboard.analytics.rows import Scope
+from dashboard.analytics.window import parse_window
+from dashboard.models import ApiToken
+from tests.support.analytics_history import analysed, build, git_log
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def token() -> str:
+    return ApiToken.issue(User.objects.create_user("alice", password="pw-alice-123"))[1]
+
+
+def get(client: Client, path: str, token: str):
+    return client.get(path, HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+def test_every_analysis_through_the_api(client: Client, token: str, tmp_path: Path) -> None:
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    days = sorted({c.committed_at[:10] for c in git_log(origin)})
+    base = f"/api/repos/{repo.pk}"
+
+    res = get(client, f"{base}/coupling", token)
+    assert res.status_code == 200
+    body = res.json()
+    assert [(r["entity"], r["coupled"], r["degree"]) for r in body["files"]] == [
+        ("core/a.py", "core/b.py", 80)
+    ]
+    assert body["files"] == file_coupling(Scope.of(repo, parse_window()))
+    assert body["window"] == {"since": None, "until": None}
+    assert body["reproduce"] == "git log --no-merges --no-renames --numstat"
+
+    res = get(client, f"{base}/coupling?path=core/b.py&min_revs=1&min_shared_revs=1", token)
+    assert [(r["coupled"], r["degree"]) for r in res.json()["coupled"]] == [("core/a.py", 80)]
+
+    res = get(client, f"{base}/ownership?until={days[-1]}&inactive_days=90", token)
+    body = res.json()
+    docs = next(d for d in body["directories"] if d["directory"] == "handbook")
+    assert (docs["main_dev"], docs["ownership"], docs["bus_factor"]) == ("ada@example.com", 0.9, 1)
+    risk = body["knowledge_at_risk"]
+    assert [(a["author"], a["files"]) for a in risk["authors"]] == [
+        ("cy@example.com", ["legacy/old.py", "legacy/util.py"])
+    ]
+
+    res = get(client, f"{base}/age?until={days[-1]}", token)
+    ages = {r["directory"]: r["age_months"] for r in res.json()["directories"]}
+    assert ages["legacy"] == 7 and ages["handbook"] == 0
+
+    since, until = days[1], days[-1]
+    res = get(client, f"{base}/hotspots?since={since}&until={until}&limit=2", token)
+    body = res.json()
+    assert [r["path"] for r in body["files"]] == ["core/a.py", "core/b.py"]
+    assert body["window"] == {"since": since, "until": until}
+    windowed = git_log(origin, f"--since={since}T00:00:00Z", f"--until={until}T23:59:59Z")
+    assert body["files"][0]["revs"] == sum("core/a.py" in c.files for c in windowed)
+    assert f"--since={since}T00:00:00Z" in body["reproduce"]
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("since=2024-02-30", "since must be an ISO date"),
+        ("until=tomorrow", "until must be an ISO date"),
+        ("since=2024-03-01&until=2024-02-01", "since must not be after until"),
+        ("last=7", "last must be one of 30, 90, 365"),
+        ("since=2024-01-01&last=30", "not both"),
+        ("depth=0", "depth must be between 1 and 6"),
+        ("depth=x", "depth must be an integer"),
+        ("limit=100000", "limit must be between 1 and 1000"),
+        ("min_coupling=101", "min_coupling must be between 0 and 100"),
+        ("max_changeset_size=1", "max_changeset_size must be between 2"),
+        ("inactive_days=-3", "inactive_days must be between 1"),
+    ],
+)
+def test_bad_parameters_are_a_json_400(
+    client: Client, token: str, query: str, message: str
+) -> None:
+    from dashboard.models import Repository
+
+    repo = Repository.objects.create(url="https://example.com/x.git", status="ready")
+    for kind in ("hotspots", "coupling", "ownership", "age"):
+        res = get(client, f"/api/repos/{repo.pk}/{kind}?{query}", token)
+        assert res.status_code == 400, (kind, query)
+        assert message in res.json()["error"]
+
+
+def test_unknown_repository_and_no_credentials(client: Client, token: str) -> None:
+    res = get(client, "/api/repos/999999/hotspots", token)
+    assert res.status_code == 404 and res.json() == {"error": "repository not found"}
+    assert client.get("/api/repos/1/coupling").status_code == 401
+    assert get(client, "/api/repos/1/nonsense", token).status_code == 404
