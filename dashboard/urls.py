@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from dashboard import api
-from dashboard.web import commits, ops, probes, repositories, rollouts, runs
+from dashboard.web import analytics, commits, ops, probes, repositories, rollouts, runs
 
 urlpatterns = [
     path("", ops.overview, name="overview"),
@@ -14,6 +14,11 @@ urlpatterns = [
     path("repos/", repositories.repositories, name="repositories"),
     path("repos/<int:repo_id>/", repositories.repository, name="repository"),
     path("repos/<int:repo_id>/commits/<str:sha>/", commits.commit, name="commit"),
+    path(
+        "repos/<int:repo_id>/analytics/<str:analysis>/",
+        analytics.repository_analytics,
+        name="repository-analytics",
+    ),
     path("runs/<int:run_id>/", runs.run, name="run"),
     path("runs/job/<str:job_id>/", runs.run_by_job, name="run-by-job"),
     path("locks/", ops.locks, name="locks"),
