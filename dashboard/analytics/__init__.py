@@ -28,10 +28,12 @@ if TYPE_CHECKING:
         file_ownership,
         knowledge_at_risk,
     )
+    from dashboard.analytics.people import author_activity, authors, file_history
     from dashboard.analytics.reports import (
         INTEGERS,
         KINDS,
         BadParameter,
+        NotFound,
         Params,
         parse_params,
         report,
@@ -55,10 +57,13 @@ __all__ = [
     "PRESETS",
     "BadParameter",
     "BadWindow",
+    "NotFound",
     "Params",
     "Scope",
     "Thresholds",
     "Window",
+    "author_activity",
+    "authors",
     "coupled_with",
     "directory_age",
     "directory_coupling",
@@ -67,6 +72,7 @@ __all__ = [
     "directory_ownership",
     "file_age",
     "file_coupling",
+    "file_history",
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
@@ -78,10 +84,14 @@ __all__ = [
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "author_activity": "dashboard.analytics.people",
+    "authors": "dashboard.analytics.people",
+    "file_history": "dashboard.analytics.people",
     "INTEGERS": "dashboard.analytics.reports",
     "KINDS": "dashboard.analytics.reports",
     "BadParameter": "dashboard.analytics.reports",
     "Params": "dashboard.analytics.reports",
+    "NotFound": "dashboard.analytics.reports",
     "parse_params": "dashboard.analytics.reports",
     "report": "dashboard.analytics.reports",
     "directory_age": "dashboard.analytics.age",

@@ -20,12 +20,13 @@ from dashboard.analytics.coupling import (
 )
 from dashboard.analytics.hotspots import directory_hotspots, file_hotspots
 from dashboard.analytics.ownership import directory_ownership, file_ownership, knowledge_at_risk
+from dashboard.analytics.people import author_activity, authors, file_history
 from dashboard.analytics.rows import MAX_DEPTH, Scope
 from dashboard.analytics.window import BadWindow, Window, parse_window
 from dashboard.models import Repository
 
 #: The analyses, in the order pages and help list them.
-KINDS = ("hotspots", "coupling", "ownership", "age")
+KINDS = ("hotspots", "coupling", "ownership", "age", "authors", "files")
 
 #: Each integer parameter: default, lowest and highest accepted value.
 INTEGERS: dict[str, tuple[int, int, int]] = {
@@ -43,6 +44,10 @@ class BadParameter(ValueError):
     """A parameter the analyses cannot take; the message names it."""
 
 
+class NotFound(LookupError):
+    """The author or file asked for made no change inside the window."""
+
+
 @dataclass(frozen=True)
 class Params:
     window: Window = field(default_factory=Window)
@@ -51,6 +56,7 @@ class Params:
     inactive_days: int = 90
     thresholds: Thresholds = field(default_factory=Thresholds)
     path: str = ""
+    author: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +66,7 @@ class Params:
             "inactive_days": self.inactive_days,
             **asdict(self.thresholds),
             "path": self.path,
+            "author": self.author,
         }
 
 
@@ -89,6 +96,9 @@ def parse_params(values: Mapping[str, Any]) -> Params:
     path = _text(values, "path") or ""
     if len(path) > 4096 or "\x00" in path:
         raise BadParameter("path must be a repository path")
+    author = _text(values, "author") or ""
+    if len(author) > 512 or "\x00" in author:
+        raise BadParameter("author must be an e-mail address as stored")
     return Params(
         window=window,
         depth=ints["depth"],
@@ -101,6 +111,7 @@ def parse_params(values: Mapping[str, Any]) -> Params:
             max_changeset_size=ints["max_changeset_size"],
         ),
         path=path,
+        author=author,
     )
 
 
@@ -111,7 +122,8 @@ def _text(values: Mapping[str, Any], name: str) -> str | None:
 
 def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
     """The ``kind`` analysis of ``repo`` under the served fingerprint; ``BadParameter``
-    for an unknown kind."""
+    for an unknown kind or a missing ``path``, ``NotFound`` for an author or file with no
+    change in the window."""
     if kind not in KINDS:
         raise BadParameter(f"unknown analysis {kind!r}: one of {', '.join(KINDS)}")
     scope = Scope.of(repo, params.window)
@@ -142,6 +154,21 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
     elif kind == "age":
         body["files"] = file_age(scope)[:limit]
         body["directories"] = directory_age(scope, depth=depth)[:limit]
+    elif kind == "authors":
+        if params.author:
+            found = author_activity(scope, params.author, limit=limit)
+            if found is None:
+                raise NotFound(f"no commit by {params.author} in this window")
+            body["activity"] = found
+        else:
+            body["authors"] = authors(scope, limit=limit)
+    elif kind == "files":
+        if not params.path:
+            raise BadParameter("path is required: the file whose history to show")
+        history = file_history(scope, params.path, t, limit=limit)
+        if history is None:
+            raise NotFound(f"no commit changed {params.path} in this window")
+        body["history"] = history
     else:
         body["files"] = file_hotspots(scope, limit=limit)
         body["directories"] = directory_hotspots(scope, depth=depth, limit=limit)

@@ -1,6 +1,7 @@
 """A repository's analyses over the API (docs/api.md#analytics): ``GET
-/api/repos/<id>/hotspots``, ``/coupling``, ``/ownership`` and ``/age``, each with
-``since``/``until``/``last`` and its own parameters; thin over ``dashboard.analytics``."""
+/api/repos/<id>/hotspots``, ``/coupling``, ``/ownership``, ``/age``, ``/authors``,
+``/authors/<identity>`` and ``/files?path=P``, each with ``since``/``until``/``last`` and
+its own parameters; thin over ``dashboard.analytics``."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ from dashboard.models import Repository
 
 def _analysis(kind: str) -> Callable[..., HttpResponse]:
     @api_view(("GET",))
-    def view(request: HttpRequest, repo_id: int) -> HttpResponse:
+    def view(request: HttpRequest, repo_id: int, identity: str | None = None) -> HttpResponse:
         repo = Repository.objects.filter(pk=repo_id).first()
         if repo is None:
             return error("repository not found", 404)
+        values = {k: request.GET.get(k) for k in request.GET}
+        if identity is not None:
+            values["author"] = identity
         try:
-            params = analytics.parse_params(request.GET)
+            params = analytics.parse_params(values)
             body = analytics.report(kind, repo, params)
         except analytics.BadParameter as exc:
             return error(str(exc), 400)
+        except analytics.NotFound as exc:
+            return error(str(exc), 404)
         return JsonResponse(body)
 
     view.__name__ = view.__qualname__ = f"repo_{kind}"
@@ -34,3 +40,7 @@ repo_hotspots = _analysis("hotspots")
 repo_coupling = _analysis("coupling")
 repo_ownership = _analysis("ownership")
 repo_age = _analysis("age")
+repo_authors = _analysis("authors")
+repo_author = _analysis("authors")
+repo_author.__name__ = repo_author.__qualname__ = "repo_author"
+repo_files = _analysis("files")

@@ -1,6 +1,7 @@
 """A repository's analyses as pages (docs/analytics.md#api-cli-and-pages):
-``/repos/<id>/analytics/<analysis>/`` for hotspots, coupling, ownership and age, the window
-and parameters as a GET form; thin over ``dashboard.analytics``."""
+``/repos/<id>/analytics/<analysis>/`` for hotspots, coupling, ownership, age, authors (one
+author with ``?author=``) and a file's history (``?path=``), the window and parameters as a
+GET form; thin over ``dashboard.analytics``."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ FIELDS: dict[str, list[tuple[str, str]]] = {
         ("limit", "rows"),
     ],
     "age": [("depth", "directory depth"), ("limit", "rows")],
+    "authors": [("author", "author e-mail"), ("limit", "rows")],
+    "files": [("path", "file"), ("limit", "rows")],
 }
 TITLES = {"hotspots": "Hotspots", "coupling": "Change coupling", "ownership": "Ownership",
-          "age": "Code age"}  # fmt: skip
+          "age": "Code age", "authors": "Authors", "files": "File history"}  # fmt: skip
 
 
 @login_required
@@ -43,7 +46,7 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
     repo = Repository.objects.filter(pk=repo_id).first()
     if repo is None:
         raise Http404("repository not found")
-    values = {k: request.GET.get(k, "").strip()[:200] for k in request.GET}
+    values = {k: request.GET.get(k, "").strip()[:4097] for k in request.GET}
     context: dict[str, Any] = {
         "repo": repo,
         "analysis": analysis,
@@ -64,8 +67,13 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
         "error": None,
         "error_field": None,
     }
+    if analysis == "files" and not values.get("path"):
+        return render(request, "analytics.html", context)  # the form asks for a path
     try:
         context["body"] = analytics.report(analysis, repo, analytics.parse_params(values))
+    except analytics.NotFound as exc:
+        context["error"] = str(exc)
+        return render(request, "analytics.html", context, status=404)
     except analytics.BadParameter as exc:
         context["error"] = str(exc)
         first = str(exc).split(" ", 1)[0]

@@ -1,5 +1,6 @@
-"""``manage.py analytics hotspots|coupling|ownership|age REPO [--since D] [--until D]
-[--last 30|90|365] [--depth N] [--limit N] [--path P] [--min-revs N] [--min-shared-revs N]
+"""``manage.py analytics hotspots|coupling|ownership|age|authors|files REPO [--since D]
+[--until D] [--last 30|90|365] [--depth N] [--limit N] [--path P] [--author EMAIL]
+[--min-revs N] [--min-shared-revs N]
 [--min-coupling N] [--max-changeset-size N] [--inactive-days N] [--json]`` — REPO is an id
 or a URL (docs/cli.md#analytics)."""
 
@@ -26,6 +27,21 @@ COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("bus_factor", "bus factor"),
     ],
     "age": [("age_months", "months"), ("last_change_at", "last change"), ("revs", "revs")],
+    "authors": [
+        ("commits", "commits"),
+        ("insertions", "+"),
+        ("deletions", "-"),
+        ("last_commit_at", "last commit"),
+    ],
+    "files": [("revs", "revs"), ("added", "+"), ("deleted", "-")],
+    "weeks": [("commits", "commits"), ("insertions", "+"), ("deletions", "-")],
+    "commits": [
+        ("name", "author"),
+        ("committed_at", "date"),
+        ("added", "+"),
+        ("deleted", "-"),
+        ("subject", "subject"),
+    ],
 }
 
 
@@ -51,6 +67,30 @@ def render(body: dict[str, Any]) -> str:
         f"to {w['until'] or 'now'} (fingerprint {body['fingerprint'][:12]})",
         f"reproduce: {body['reproduce']}",
     ]
+    if kind == "authors":
+        if "activity" in body:
+            a = body["activity"]
+            lines.append(
+                f"{a['name']} <{a['author']}>: {a['commits']} commits, +{a['insertions']} "
+                f"-{a['deletions']}, {a['first_commit_at'][:10]} to {a['last_commit_at'][:10]}"
+            )
+            lines.append("per week:")
+            lines += _table(a["weekly"], ("week", "week of"), "weeks")
+            lines.append("files:")
+            lines += _table(a["files"], ("path", "file"), "files")
+        else:
+            lines += _table(body["authors"], ("author", "author"), "authors")
+        return "\n".join(lines)
+    if kind == "files":
+        h = body["history"]
+        lines.append(f"{h['path']}: {h['revs']} revisions, +{h['added']} -{h['deleted']}")
+        lines.append("authors:")
+        lines += _table(h["authors"], ("author", "author"), "files")
+        lines.append("changes with it:")
+        lines += _table(h["coupled"], ("coupled", "file"), "coupling")
+        lines.append("commits:")
+        lines += _table(h["commits"], ("sha", "commit"), "commits")
+        return "\n".join(lines)
     pair = ("coupled", "coupled with") if kind == "coupling" else None
     if "coupled" in body:
         lines.append(f"files changing with {body['path']}:")
@@ -82,7 +122,10 @@ def render(body: dict[str, Any]) -> str:
 
 
 class Command(BaseCommand):
-    help = "Print one analysis of a repository (hotspots, coupling, ownership, age) in a window."
+    help = (
+        "Print one analysis of a repository (hotspots, coupling, ownership, age, authors, "
+        "a file's history) in a window."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("analysis", choices=analytics.KINDS)
@@ -90,7 +133,10 @@ class Command(BaseCommand):
         parser.add_argument("--since", help="first day (YYYY-MM-DD, UTC)")
         parser.add_argument("--until", help="last day (YYYY-MM-DD, UTC)")
         parser.add_argument("--last", help="the last 30, 90 or 365 days (ending at --until)")
-        parser.add_argument("--path", help="coupling: the files that change with this one")
+        parser.add_argument(
+            "--path", help="coupling: the files that change with this one; files: its history"
+        )
+        parser.add_argument("--author", help="authors: one author's activity (canonical e-mail)")
         for name in analytics.INTEGERS:
             parser.add_argument(f"--{name.replace('_', '-')}", dest=name)
         parser.add_argument("--json", action="store_true", help="the report as one JSON object")
@@ -103,7 +149,7 @@ class Command(BaseCommand):
         try:
             params = analytics.parse_params(options)
             body = analytics.report(options["analysis"], repo, params)
-        except analytics.BadParameter as exc:
+        except (analytics.BadParameter, analytics.NotFound) as exc:
             raise CommandError(str(exc)) from None
         if options["json"]:
             self.stdout.write(json.dumps(body, ensure_ascii=False))

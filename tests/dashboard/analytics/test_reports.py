@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from dashboard.analytics.coupling import Thresholds
-from dashboard.analytics.reports import KINDS, BadParameter, Params, parse_params, report
+from dashboard.analytics.reports import (
+    KINDS,
+    BadParameter,
+    NotFound,
+    Params,
+    parse_params,
+    report,
+)
 from dashboard.analytics.window import parse_window
 from dashboard.models import Repository
 from dashboard.repositories.lifecycle import current_fingerprint
@@ -55,6 +62,10 @@ def test_the_envelope_of_every_report(tmp_path: Path) -> None:
     repo = analysed(build(tmp_path / "origin"))
     params = parse_params({"since": "2024-01-01", "until": "2024-12-31"})
     for kind in KINDS:
+        if kind == "files":  # a file's history needs its path
+            params = parse_params(
+                {"since": "2024-01-01", "until": "2024-12-31", "path": "core/a.py"}
+            )
         body = report(kind, repo, params)
         assert body["analysis"] == kind and body["repository"] == repo.pk
         assert body["window"] == {"since": "2024-01-01", "until": "2024-12-31"}
@@ -64,5 +75,11 @@ def test_the_envelope_of_every_report(tmp_path: Path) -> None:
         )
         assert body["fingerprint"] == current_fingerprint()
     assert set(report("coupling", repo, parse_params({"path": "core/a.py"}))) >= {"path", "coupled"}
+    with pytest.raises(BadParameter, match="path is required"):
+        report("files", repo, Params())
+    with pytest.raises(NotFound, match=r"no commit changed x\.py in this window"):
+        report("files", repo, parse_params({"path": "x.py"}))
+    with pytest.raises(NotFound, match=r"no commit by x@y\.z in this window"):
+        report("authors", repo, parse_params({"author": "x@y.z"}))
     with pytest.raises(BadParameter, match="unknown analysis 'churn'"):
         report("churn", Repository(pk=1, url="x"), Params())

@@ -102,3 +102,28 @@ def test_unknown_repository_and_no_credentials(client: Client, token: str) -> No
     assert res.status_code == 404 and res.json() == {"error": "repository not found"}
     assert client.get("/api/repos/1/coupling").status_code == 401
     assert get(client, "/api/repos/1/nonsense", token).status_code == 404
+
+
+def test_authors_an_author_and_a_file(client: Client, token: str, tmp_path: Path) -> None:
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    base = f"/api/repos/{repo.pk}"
+    log = git_log(origin)
+    body = get(client, f"{base}/authors", token).json()
+    assert [(a["author"], a["commits"]) for a in body["authors"]] == [
+        ("ada@example.com", sum(c.author == "ada@example.com" for c in log)),
+        ("cy@example.com", 4),
+        ("bob@example.com", 3),
+    ]
+    res = get(client, f"{base}/authors/cy@example.com", token)
+    cy = res.json()["activity"]
+    assert res.status_code == 200 and cy["commits"] == 4 and cy["name"] == "Cy"
+    assert [f["path"] for f in cy["files"]] == ["legacy/old.py", "legacy/util.py"]
+    res = get(client, f"{base}/authors/cy@example.com?last=30&until=2030-01-01", token)
+    assert res.status_code == 404 and "no commit by cy@example.com" in res.json()["error"]
+    res = get(client, f"{base}/files?path=core/b.py", token)
+    history = res.json()["history"]
+    assert history["revs"] == len(git_log(origin, "--", "core/b.py"))
+    assert history["coupled"][0]["coupled"] == "core/a.py"
+    assert get(client, f"{base}/files", token).status_code == 400
+    assert get(client, f"{base}/files?path=nowhere.txt", token).status_code == 404

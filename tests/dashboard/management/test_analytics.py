@@ -71,3 +71,21 @@ def test_an_unknown_analysis_exits_non_zero_in_one_line() -> None:
     )
     assert done.returncode != 0
     assert "invalid choice: 'churn'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_authors_and_a_files_history(tmp_path: Path, capsys) -> None:
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    call_command("analytics", "authors", str(repo.pk))
+    out = capsys.readouterr().out
+    assert "cy@example.com" in out and "bob@example.com" in out
+    call_command("analytics", "authors", str(repo.pk), "--author", "bob@example.com")
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].startswith("Bob <bob@example.com>: 3 commits")
+    call_command("analytics", "files", str(repo.pk), "--path", "core/a.py")
+    out = capsys.readouterr().out
+    assert "core/a.py: 11 revisions" in out and "core/b.py  80" in out
+    with pytest.raises(CommandError, match="path is required"):
+        call_command("analytics", "files", str(repo.pk))
+    with pytest.raises(CommandError, match=r"no commit by nobody@example\.com"):
+        call_command("analytics", "authors", str(repo.pk), "--author", "nobody@example.com")

@@ -87,3 +87,24 @@ def test_unknown_analysis_or_repository_is_404_and_login_is_required(
     assert browser.get("/repos/424242/analytics/age/").status_code == 404
     browser.logout()
     assert client.get("/repos/1/analytics/age/").status_code == 302
+
+
+def test_author_and_file_pages(browser: Client, tmp_path: Path) -> None:
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    base = f"/repos/{repo.pk}/analytics"
+    html = browser.get(f"{base}/authors/").content.decode()
+    assert 'href="?author=cy%40example.com' in html
+    html = browser.get(f"{base}/authors/?author=cy@example.com").content.decode()
+    files = html[html.index('id="author-files"') :]
+    assert "legacy/old.py" in files and "<td>3</td>" in files
+    res = browser.get(f"{base}/files/?path=core/a.py")
+    html = res.content.decode()
+    assert res.status_code == 200
+    commits = html[html.index('id="file-commits"') :]
+    assert commits.count(f'href="/repos/{repo.pk}/commits/') == 11
+    coupled = html[html.index('id="file-coupled"') : html.index('id="file-commits"')]
+    assert "core/b.py" in coupled and "80 %" in coupled
+    assert browser.get(f"{base}/files/").status_code == 200  # the form asks for a path
+    res = browser.get(f"{base}/files/?path=nowhere.txt")
+    assert res.status_code == 404 and "no commit changed nowhere.txt" in res.content.decode()
