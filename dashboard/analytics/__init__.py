@@ -35,8 +35,10 @@ if TYPE_CHECKING:
         BadParameter,
         NotFound,
         Params,
+        csv_lines,
         parse_params,
         report,
+        tables,
     )
     from dashboard.analytics.rows import (
         MAX_DEPTH,
@@ -65,6 +67,7 @@ __all__ = [
     "author_activity",
     "authors",
     "coupled_with",
+    "csv_lines",
     "directory_age",
     "directory_coupling",
     "directory_hotspots",
@@ -79,6 +82,7 @@ __all__ = [
     "parse_params",
     "parse_window",
     "report",
+    "tables",
 ]
 
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
@@ -94,6 +98,8 @@ _SURFACE: dict[str, str] = {
     "NotFound": "dashboard.analytics.reports",
     "parse_params": "dashboard.analytics.reports",
     "report": "dashboard.analytics.reports",
+    "tables": "dashboard.analytics.reports",
+    "csv_lines": "dashboard.analytics.reports",
     "directory_age": "dashboard.analytics.age",
     "file_age": "dashboard.analytics.age",
     "Thresholds": "dashboard.analytics.coupling",

@@ -5,7 +5,9 @@ computed for and the ``git log`` command that reproduces its rows."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import csv
+import io
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -173,3 +175,42 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
         body["files"] = file_hotspots(scope, limit=limit)
         body["directories"] = directory_hotspots(scope, depth=depth, limit=limit)
     return body
+
+
+def tables(body: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The report's tables by name, for CSV export (docs/analytics.md#export): each list of
+    rows at its top level or in ``activity``/``history``, with ``knowledge_at_risk``
+    flattened to one row per inactive author and file. Nested values are left out of a
+    row (a directory's ``by_author`` is its own analysis: ``authors``)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for holder in (body, body.get("activity") or {}, body.get("history") or {}):
+        for name, value in holder.items():
+            if isinstance(value, list) and all(isinstance(r, dict) for r in value):
+                found[name] = value
+    risk = body.get("knowledge_at_risk")
+    if risk:
+        found["at_risk"] = [
+            {"author": a["author"], "name": a["name"], "last_commit_at": a["last_commit_at"],
+             "path": path}
+            for a in risk["authors"]
+            for path in a["files"] or [""]
+        ]  # fmt: skip
+    return {
+        name: [{k: v for k, v in r.items() if not isinstance(v, (list, dict))} for r in rows]
+        for name, rows in found.items()
+    }
+
+
+def csv_lines(rows: list[dict[str, Any]]) -> Iterator[str]:
+    """``rows`` as CSV, one line at a time (a header from the first row; none when empty)."""
+    if not rows:
+        return
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue()

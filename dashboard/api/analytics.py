@@ -6,8 +6,9 @@ its own parameters; thin over ``dashboard.analytics``."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from dashboard import analytics
 from dashboard.api.endpoint import api_view, error
@@ -30,10 +31,28 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
             return error(str(exc), 400)
         except analytics.NotFound as exc:
             return error(str(exc), 404)
-        return JsonResponse(body)
+        fmt = request.GET.get("format") or "json"
+        if fmt == "json":
+            return JsonResponse(body)
+        if fmt != "csv":
+            return error("format must be json or csv", 400)
+        return _csv(body, request.GET.get("table") or "")
 
     view.__name__ = view.__qualname__ = f"repo_{kind}"
     return view
+
+
+def _csv(body: dict[str, Any], table: str) -> HttpResponse:
+    """One table of the report as CSV (docs/api.md#analytics), streamed row by row."""
+    found = analytics.tables(body)
+    if table not in found:
+        return error(f"table must be one of {', '.join(found)}", 400)
+    response = StreamingHttpResponse(
+        analytics.csv_lines(found[table]), content_type="text/csv; charset=utf-8"
+    )
+    name = f"{body['name']}-{body['analysis']}-{table}.csv".replace('"', "")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
 
 
 repo_hotspots = _analysis("hotspots")

@@ -71,6 +71,7 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
         return render(request, "analytics.html", context)  # the form asks for a path
     try:
         context["body"] = analytics.report(analysis, repo, analytics.parse_params(values))
+        context["csv_tables"] = list(analytics.tables(context["body"]))
     except analytics.NotFound as exc:
         context["error"] = str(exc)
         return render(request, "analytics.html", context, status=404)

@@ -1,8 +1,7 @@
 """``manage.py analytics hotspots|coupling|ownership|age|authors|files REPO [--since D]
 [--until D] [--last 30|90|365] [--depth N] [--limit N] [--path P] [--author EMAIL]
-[--min-revs N] [--min-shared-revs N]
-[--min-coupling N] [--max-changeset-size N] [--inactive-days N] [--json]`` — REPO is an id
-or a URL (docs/cli.md#analytics)."""
+[--min-revs N] [--min-shared-revs N] [--min-coupling N] [--max-changeset-size N]
+[--inactive-days N] [--json | --csv TABLE]`` — REPO is an id or a URL (docs/analytics.md)."""
 
 from __future__ import annotations
 
@@ -140,6 +139,7 @@ class Command(BaseCommand):
         for name in analytics.INTEGERS:
             parser.add_argument(f"--{name.replace('_', '-')}", dest=name)
         parser.add_argument("--json", action="store_true", help="the report as one JSON object")
+        parser.add_argument("--csv", metavar="TABLE", help="one table of the report as CSV")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -151,7 +151,13 @@ class Command(BaseCommand):
             body = analytics.report(options["analysis"], repo, params)
         except (analytics.BadParameter, analytics.NotFound) as exc:
             raise CommandError(str(exc)) from None
-        if options["json"]:
+        if options["csv"]:
+            found = analytics.tables(body)
+            if options["csv"] not in found:
+                raise CommandError(f"--csv must be one of {', '.join(found)}")
+            for line in analytics.csv_lines(found[options["csv"]]):
+                self.stdout.write(line, ending="")
+        elif options["json"]:
             self.stdout.write(json.dumps(body, ensure_ascii=False))
         else:
             self.stdout.write(render(body))

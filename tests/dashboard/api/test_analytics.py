@@ -127,3 +127,34 @@ def test_authors_an_author_and_a_file(client: Client, token: str, tmp_path: Path
     assert history["coupled"][0]["coupled"] == "core/a.py"
     assert get(client, f"{base}/files", token).status_code == 400
     assert get(client, f"{base}/files?path=nowhere.txt", token).status_code == 404
+
+
+def test_csv_export_of_each_table(client: Client, token: str, tmp_path: Path) -> None:
+    import csv
+    import io
+
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    base = f"/api/repos/{repo.pk}"
+    last_day = max(c.committed_at[:10] for c in git_log(origin))
+    body = get(client, f"{base}/hotspots", token).json()
+    res = get(client, f"{base}/hotspots?format=csv&table=files", token)
+    assert res.status_code == 200 and res["Content-Type"] == "text/csv; charset=utf-8"
+    assert res["Content-Disposition"] == 'attachment; filename="origin-hotspots-files.csv"'
+    rows = list(csv.DictReader(io.StringIO(b"".join(res.streaming_content).decode())))
+    assert [{k: str(v) for k, v in r.items()} for r in body["files"]] == rows
+    res = get(client, f"{base}/ownership?format=csv&table=at_risk&until={last_day}", token)
+    rows = list(csv.DictReader(io.StringIO(b"".join(res.streaming_content).decode())))
+    assert [(r["author"], r["path"]) for r in rows] == [
+        ("cy@example.com", "legacy/old.py"),
+        ("cy@example.com", "legacy/util.py"),
+    ]
+    res = get(client, f"{base}/ownership?format=csv&table=directories", token)
+    header = b"".join(res.streaming_content).decode().splitlines()[0]
+    assert header.startswith("directory,revs,authors,main_dev") and "by_author" not in header
+    res = get(client, f"{base}/coupling?format=csv&table=nope", token)
+    assert res.status_code == 400 and res.json() == {
+        "error": "table must be one of files, directories"
+    }
+    res = get(client, f"{base}/age?format=xml", token)
+    assert res.status_code == 400 and res.json() == {"error": "format must be json or csv"}

@@ -89,3 +89,16 @@ def test_authors_and_a_files_history(tmp_path: Path, capsys) -> None:
         call_command("analytics", "files", str(repo.pk))
     with pytest.raises(CommandError, match=r"no commit by nobody@example\.com"):
         call_command("analytics", "authors", str(repo.pk), "--author", "nobody@example.com")
+
+
+def test_csv_of_one_table(tmp_path: Path, capsys) -> None:
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    call_command("analytics", "coupling", str(repo.pk), "--csv", "files")
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "entity,coupled,degree,average_revs,shared_revs,revs,coupled_revs",
+        "core/a.py,core/b.py,80,10,8,10,10",
+    ]
+    with pytest.raises(CommandError, match="--csv must be one of files, directories"):
+        call_command("analytics", "age", str(repo.pk), "--csv", "pairs")

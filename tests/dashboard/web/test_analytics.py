@@ -31,6 +31,12 @@ def test_the_pages_show_the_planted_patterns(browser: Client, tmp_path: Path) ->
     row = html[html.index('id="coupling-files"') :]
     assert "core/a.py" in row and "core/b.py" in row and "<td>80 %</td>" in row
     assert "git log --no-merges --no-renames --numstat" in html
+    link = f'href="/api/repos/{repo.pk}/coupling?&amp;format=csv&amp;table=directories"'
+    assert link in html  # each table as CSV, through the API (the session authenticates)
+    assert (
+        browser.get(f"/api/repos/{repo.pk}/coupling?&format=csv&table=directories").status_code
+        == 200
+    )
 
     res = browser.get(
         f"/repos/{repo.pk}/analytics/coupling/?path=core/a.py&min_revs=1&min_shared_revs=1"
