@@ -104,7 +104,7 @@ def main() -> None:
     out: dict[str, Any] = {"commits": args.commits, "load_average": os.getloadavg()[0]}
     origin = tmp / "origin"
     t0 = time.perf_counter()
-    synth.build_repository(origin, args.commits, seed=7, repack=False)
+    synth.build_repository(origin, args.commits, seed=7)
     out["build_s"] = round(time.perf_counter() - t0, 1)
     with live.redis_nodes(tmp) as nodes:
         setup_django(tmp, nodes, args.database_url)

@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from dashboard import api
-from dashboard.web import commits, ops, probes, repositories, rollouts, runs
+from dashboard.web import analytics, commits, ops, probes, repositories, rollouts, runs
 
 urlpatterns = [
     path("", ops.overview, name="overview"),
@@ -14,6 +14,11 @@ urlpatterns = [
     path("repos/", repositories.repositories, name="repositories"),
     path("repos/<id:repo_id>/", repositories.repository, name="repository"),
     path("repos/<id:repo_id>/commits/<str:sha>/", commits.commit, name="commit"),
+    path(
+        "repos/<id:repo_id>/analytics/<str:analysis>/",
+        analytics.repository_analytics,
+        name="repository-analytics",
+    ),
     path("runs/<id:run_id>/", runs.run, name="run"),
     path("runs/job/<str:job_id>/", runs.run_by_job, name="run-by-job"),
     path("locks/", ops.locks, name="locks"),
@@ -49,6 +54,13 @@ urlpatterns = [
         name="api-repo-commit",
     ),
     path("api/repos/<id:repo_id>/reanalyse", api.repo_reanalyse, name="api-repo-reanalyse"),
+    path("api/repos/<id:repo_id>/hotspots", api.repo_hotspots, name="api-repo-hotspots"),
+    path("api/repos/<id:repo_id>/coupling", api.repo_coupling, name="api-repo-coupling"),
+    path("api/repos/<id:repo_id>/ownership", api.repo_ownership, name="api-repo-ownership"),
+    path("api/repos/<id:repo_id>/age", api.repo_age, name="api-repo-age"),
+    path("api/repos/<id:repo_id>/authors", api.repo_authors, name="api-repo-authors"),
+    path("api/repos/<id:repo_id>/authors/<str:identity>", api.repo_author, name="api-repo-author"),
+    path("api/repos/<id:repo_id>/files", api.repo_files, name="api-repo-files"),
     path("api/status", api.status, name="api-status"),
     path("metrics", api.metrics, name="metrics"),
     path("api/locks/release", api.lock_release, name="api-lock-release"),

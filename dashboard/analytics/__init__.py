@@ -28,6 +28,18 @@ if TYPE_CHECKING:
         file_ownership,
         knowledge_at_risk,
     )
+    from dashboard.analytics.people import author_activity, authors, file_history
+    from dashboard.analytics.reports import (
+        INTEGERS,
+        KINDS,
+        BadParameter,
+        NotFound,
+        Params,
+        csv_lines,
+        parse_params,
+        report,
+        tables,
+    )
     from dashboard.analytics.rows import (
         MAX_DEPTH,
         Scope,
@@ -41,13 +53,21 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "INTEGERS",
+    "KINDS",
     "MAX_DEPTH",
     "PRESETS",
+    "BadParameter",
     "BadWindow",
+    "NotFound",
+    "Params",
     "Scope",
     "Thresholds",
     "Window",
+    "author_activity",
+    "authors",
     "coupled_with",
+    "csv_lines",
     "directory_age",
     "directory_coupling",
     "directory_hotspots",
@@ -55,15 +75,31 @@ __all__ = [
     "directory_ownership",
     "file_age",
     "file_coupling",
+    "file_history",
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
+    "parse_params",
     "parse_window",
+    "report",
+    "tables",
 ]
 
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "author_activity": "dashboard.analytics.people",
+    "authors": "dashboard.analytics.people",
+    "file_history": "dashboard.analytics.people",
+    "INTEGERS": "dashboard.analytics.reports",
+    "KINDS": "dashboard.analytics.reports",
+    "BadParameter": "dashboard.analytics.reports",
+    "Params": "dashboard.analytics.reports",
+    "NotFound": "dashboard.analytics.reports",
+    "parse_params": "dashboard.analytics.reports",
+    "report": "dashboard.analytics.reports",
+    "tables": "dashboard.analytics.reports",
+    "csv_lines": "dashboard.analytics.reports",
     "directory_age": "dashboard.analytics.age",
     "file_age": "dashboard.analytics.age",
     "Thresholds": "dashboard.analytics.coupling",

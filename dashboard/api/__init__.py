@@ -7,6 +7,15 @@ JSON errors).  ``dashboard/urls.py`` routes to the names re-exported here.
 
 from __future__ import annotations
 
+from dashboard.api.analytics import (
+    repo_age,
+    repo_author,
+    repo_authors,
+    repo_coupling,
+    repo_files,
+    repo_hotspots,
+    repo_ownership,
+)
 from dashboard.api.commits import commit_detail, repo_reanalyse
 from dashboard.api.dlq import bulk_action, dlq, dlq_discard, dlq_group, dlq_retry
 from dashboard.api.endpoint import not_found
@@ -35,8 +44,15 @@ __all__ = [
     "openapi_document",
     "queue_pause",
     "queue_resume",
+    "repo_age",
+    "repo_author",
+    "repo_authors",
     "repo_commits",
+    "repo_coupling",
     "repo_detail",
+    "repo_files",
+    "repo_hotspots",
+    "repo_ownership",
     "repo_reanalyse",
     "repos",
     "rollout_action",

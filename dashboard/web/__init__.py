@@ -4,6 +4,7 @@ whole-page cache they share. Views are thin: they parse a request, call a contex
 render. See docs/architecture.md#layers."""
 
 __all__ = [
+    "analytics",
     "charts",
     "commits",
     "forms",

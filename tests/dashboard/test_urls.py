@@ -8,13 +8,14 @@ from django.test import Client
 from django.urls import resolve, reverse
 
 from dashboard import api, urls
-from dashboard.web import commits, ops, probes, repositories, rollouts, runs
+from dashboard.web import analytics, commits, ops, probes, repositories, rollouts, runs
 
 pytestmark = pytest.mark.django_db
 
 ARGS = {"repo_id": 7, "run_id": 8, "rollout_id": 9, "action_id": 10, "job_id": "sync-1-g1",
         "verb": "promote", "action": "promote", "group": "abc123", "sha": "0abc1234",
-        "version_id": 11, "fingerprint": "f" * 64}  # fmt: skip
+        "version_id": 11, "fingerprint": "f" * 64, "analysis": "hotspots",
+        "identity": "ada@example.com"}  # fmt: skip
 
 
 def named() -> list[tuple[str, object, list[str]]]:
@@ -47,7 +48,7 @@ def test_a_named_route_round_trips(name: str, view: object, params: list[str]) -
 def test_the_api_routes_are_the_api_modules_views() -> None:
     for name, view, _ in named():
         is_api = name.startswith("api-") or name == "metrics"
-        pages = (probes, commits, ops, repositories, rollouts, runs)
+        pages = (probes, commits, ops, repositories, rollouts, runs, analytics)
         modules = (api.__name__,) if is_api else tuple(m.__name__ for m in pages)
         assert getattr(view, "__module__", "").startswith(modules) or name in {
             "login", "logout"

@@ -3,7 +3,7 @@ what ``git log --numstat`` says about it, parsed here independently of gitward.
 
 Planted: ``core/a.py`` and ``core/b.py`` change together in 8 of their 10 revisions each
 (degree 80); a 35-file commit touching both (over code-maat's change-set limit of 30); Ada
-makes 9 of the 10 changes of ``docs/`` (90 %); Cy changes ``legacy/`` only, then is silent
+makes 9 of the 10 changes of ``handbook/`` (90 %); Cy changes ``legacy/`` only, then is silent
 for 200+ days; Bob commits under an old address that ``.mailmap`` maps to his current one;
 a side branch merged with ``--no-ff`` (its merge commit is left out)."""
 
@@ -48,7 +48,7 @@ def build(path: Path) -> GitRepo:
     for i in range(10):
         repo.clock += 2 * DAY
         who = BOB_OLD if i == 4 else ADA
-        repo.commit(f"guide {i}", {"docs/guide.md": f"line {i}\n" * (i + 1)}, author=who)
+        repo.commit(f"guide {i}", {"handbook/guide.md": f"line {i}\n" * (i + 1)}, author=who)
     repo.git("checkout", "-q", "-b", "side")
     repo.commit("side work", {"side/x.py": "x = 1\n"}, author=BOB)
     repo.git("checkout", "-q", "main")

@@ -60,4 +60,4 @@ def test_age_per_file_and_directory_equals_git(tmp_path: Path) -> None:
         newest = max(datetime.fromisoformat(c.committed_at) for c in touching)
         assert datetime.fromisoformat(row["last_change_at"]) == newest
         assert row["revs"] == len(touching)
-    assert dirs["legacy"]["age_months"] == 7 and dirs["docs"]["age_months"] == 0
+    assert dirs["legacy"]["age_months"] == 7 and dirs["handbook"]["age_months"] == 0

@@ -63,7 +63,7 @@ def test_hotspots_and_trend_equal_git_log(tmp_path: Path) -> None:
         assert dirs == reference(logged, mid, lambda p: directory_of(p, 1))
     whole = Scope.of(repo, parse_window(days[0], days[-1]))
     top = file_hotspots(whole, limit=3)
-    assert [r["path"] for r in top] == ["core/a.py", "core/b.py", "docs/guide.md"]
+    assert [r["path"] for r in top] == ["core/a.py", "core/b.py", "handbook/guide.md"]
     # core/ changed only after Cy's 210 days, in the window's second half; legacy/ before
     assert (top[0]["revs"], top[0]["recent"], top[0]["trend"]) == (11, 11, "rising")
     legacy = next(r for r in file_hotspots(whole, limit=100) if r["path"] == "legacy/old.py")

@@ -1,5 +1,5 @@
 """dashboard.analytics.ownership against shares counted here from ``git log --numstat``,
-and the planted patterns: Ada makes 9 of docs/'s 10 changes; Cy, silent for 200+ days, is
+and the planted patterns: Ada makes 9 of handbook/'s 10 changes; Cy, silent for 200+ days, is
 the only author of legacy/."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_file_and_directory_ownership_equal_git_log(tmp_path: Path) -> None:
         dirs = {r["directory"]: pick(r) for r in directory_ownership(scope)}
         assert dirs == {d: expected(n) for d, n in per_dir.items()}
     whole = Scope.of(repo, parse_window())
-    docs = next(r for r in directory_ownership(whole) if r["directory"] == "docs")
+    docs = next(r for r in directory_ownership(whole) if r["directory"] == "handbook")
     assert (docs["main_dev"], docs["ownership"], docs["bus_factor"]) == ("ada@example.com", 0.9, 1)
     assert docs["fragmentation"] == 0.18
     assert docs["by_author"] == [

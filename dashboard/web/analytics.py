@@ -1,0 +1,85 @@
+"""A repository's analyses as pages (docs/analytics.md#api-cli-and-pages):
+``/repos/<id>/analytics/<analysis>/`` for hotspots, coupling, ownership, age, authors (one
+author with ``?author=``) and a file's history (``?path=``), the window and parameters as a
+GET form; thin over ``dashboard.analytics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from dashboard import analytics
+from dashboard.models import Repository
+
+#: The form's fields per analysis, beside the window (since, until, last): (name, label).
+FIELDS: dict[str, list[tuple[str, str]]] = {
+    "hotspots": [("depth", "directory depth"), ("limit", "rows")],
+    "coupling": [
+        ("path", "changes with file"),
+        ("min_revs", "min revisions"),
+        ("min_shared_revs", "min shared"),
+        ("min_coupling", "min degree %"),
+        ("max_changeset_size", "max change set"),
+        ("depth", "directory depth"),
+        ("limit", "rows"),
+    ],
+    "ownership": [
+        ("inactive_days", "inactive after days"),
+        ("depth", "directory depth"),
+        ("limit", "rows"),
+    ],
+    "age": [("depth", "directory depth"), ("limit", "rows")],
+    "authors": [("author", "author e-mail"), ("limit", "rows")],
+    "files": [("path", "file"), ("limit", "rows")],
+}
+TITLES = {"hotspots": "Hotspots", "coupling": "Change coupling", "ownership": "Ownership",
+          "age": "Code age", "authors": "Authors", "files": "File history"}  # fmt: skip
+
+
+@login_required
+def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> HttpResponse:
+    if analysis not in analytics.KINDS:
+        raise Http404("no such analysis")
+    repo = Repository.objects.filter(pk=repo_id).first()
+    if repo is None:
+        raise Http404("repository not found")
+    values = {k: request.GET.get(k, "").strip()[:4097] for k in request.GET}
+    context: dict[str, Any] = {
+        "repo": repo,
+        "analysis": analysis,
+        "title": TITLES[analysis],
+        "kinds": [(k, TITLES[k]) for k in analytics.KINDS],
+        "presets": analytics.PRESETS,
+        "values": values,
+        "fields": [
+            {
+                "name": n,
+                "label": label,
+                "value": values.get(n, ""),
+                "default": analytics.INTEGERS[n][0] if n in analytics.INTEGERS else "",
+            }
+            for n, label in FIELDS[analysis]
+        ],
+        "body": None,
+        "error": None,
+        "error_field": None,
+    }
+    if analysis == "files" and not values.get("path"):
+        return render(request, "analytics.html", context)  # the form asks for a path
+    try:
+        context["body"] = analytics.report(analysis, repo, analytics.parse_params(values))
+        context["csv_tables"] = list(analytics.tables(context["body"]))
+    except analytics.NotFound as exc:
+        context["error"] = str(exc)
+        return render(request, "analytics.html", context, status=404)
+    except analytics.BadParameter as exc:
+        context["error"] = str(exc)
+        first = str(exc).split(" ", 1)[0]
+        context["error_field"] = (
+            first if first in {*analytics.INTEGERS, "since", "until", "last", "path"} else None
+        )
+        return render(request, "analytics.html", context, status=400)
+    return render(request, "analytics.html", context)
