@@ -1,4 +1,4 @@
-"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire``.
+"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire|freeze``.
 
 Thin adapters over ``dashboard.rollouts.start`` / ``dashboard.rollouts.deploy_lock``; every refusal
 is one line on stderr and a non-zero exit.
@@ -33,6 +33,7 @@ from dashboard.versions import describe_lock, ensure_baseline, retire_version
 from workers import locks as workers_locks
 
 TERMINAL = {"completed", "rolled_back", "failed", "aborted"}
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 def parse_value(key: str, raw: str) -> Any:
@@ -125,6 +126,12 @@ class Command(BaseCommand):
         retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
         retire.add_argument("--queue", default=dashboard_versions.QUEUE)
         retire.add_argument("--reason", default="")
+        freeze = sub.add_parser(
+            "freeze", help="stop-the-line on|off (audited), or the freeze status"
+        )
+        freeze.add_argument("switch", choices=["on", "off", "status"])
+        freeze.add_argument("--reason", default="", help="why (required to switch it on)")
+        freeze.add_argument("--json", action="store_true")
         for p in sub.choices.values():
             p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
 
@@ -222,6 +229,35 @@ class Command(BaseCommand):
             fingerprint=o["fingerprint"], queue=o["queue"], actor=o["actor"], reason=o["reason"]
         )
         self.stdout.write(f"{v.queue}@{v.fp12} retired")
+
+    def do_freeze(self, o: dict[str, Any]) -> None:
+        """docs/rollouts.md#freeze-windows: flip stop-the-line, or show what is frozen."""
+        if o["switch"] == "on" and not o["reason"].strip():
+            raise CommandError("rollout freeze on needs --reason (it is shown with every refusal)")
+        if o["switch"] != "status":
+            rollouts.set_stop_the_line(on=o["switch"] == "on", actor=o["actor"], reason=o["reason"])
+        data = rollouts.freeze_status()
+        if o["json"]:
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        active = data["active"]
+        self.stdout.write(f"frozen: {active['message']}" if active else "not frozen")
+        line = data["stop_the_line"]
+        self.stdout.write(
+            f"stop-the-line: {'on' if line['on'] else 'off'}"
+            + (
+                f" (by {line['actor']} at {line['changed_at']}: {line['reason']})"
+                if line["actor"]
+                else ""
+            )
+        )
+        for w in data["windows"]:
+            days = ",".join(DAYS[d] for d in w.get("days", []))
+            when = (
+                f"{w['from']} – {w['until']}" if "from" in w
+                else f"{w['start']}–{w['end']} UTC starting on {days}"
+            )  # fmt: skip
+            self.stdout.write(f"window {w['name']}: {when}")
 
     def do_status(self, o: dict[str, Any]) -> None:
 
