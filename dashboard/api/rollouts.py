@@ -22,8 +22,10 @@ from dashboard.rollouts import (
     driver_alive,
     enqueue_driver_job,
     freeze_status,
+    notification_status,
     request_action,
     rollback_rollout,
+    rollout_freeze,
     set_stop_the_line,
     start_rollout,
 )
@@ -158,13 +160,17 @@ def _warm_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 @api_view(("GET",))
 def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    """One rollout with its versions' states and its timeline."""
+    """One rollout with its versions' states and its timeline, the freeze that holds it
+    back (``frozen``, or null) and its webhook deliveries per endpoint (``notifications``)."""
     if (refused := _rollout_reader(request)) is not None:
         return refused
     ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
     if ro is None:
         return error(f"no rollout #{rollout_id}", 404)
-    return JsonResponse(describe_rollout(ro, timeline=True))
+    # The freeze holding it back and its webhook deliveries (docs/rollouts.md#freeze-windows,
+    # docs/rollouts.md#notifications).
+    gates = {"frozen": rollout_freeze(ro), "notifications": notification_status(ro.pk)}
+    return JsonResponse({**describe_rollout(ro, timeline=True), **gates})
 
 
 @api_view(("POST",))

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         RolloutFrozen,
         active_freeze,
         freeze_status,
+        rollout_freeze,
         set_stop_the_line,
     )
     from dashboard.rollouts.marks import transition_marks
@@ -80,6 +81,7 @@ __all__ = [
     "retire",
     "rollback_rollout",
     "rollout_checklist",
+    "rollout_freeze",
     "rollout_view",
     "rollouts_page",
     "set_stop_the_line",
@@ -116,6 +118,7 @@ _SURFACE: dict[str, str] = {
     "RolloutFrozen": "dashboard.rollouts.freeze",
     "active_freeze": "dashboard.rollouts.freeze",
     "freeze_status": "dashboard.rollouts.freeze",
+    "rollout_freeze": "dashboard.rollouts.freeze",
     "set_stop_the_line": "dashboard.rollouts.freeze",
     "transition_marks": "dashboard.rollouts.marks",
     "connect_notifications": "dashboard.rollouts.notifications",

@@ -170,6 +170,24 @@ def driver_waits(ro: Rollout, *, token: int | None, actor: Any, step: str) -> bo
     return True
 
 
+def rollout_freeze(ro: Rollout) -> dict[str, Any] | None:
+    """For an active rollout during a freeze: the freeze (``Freeze.as_dict``) and what it
+    holds back (``step``, from the driver's latest ``freeze.waiting``, else None); else
+    None. ``GET /api/rollouts/<id>`` and ``rollout status`` show it as ``frozen``."""
+    if not ro.is_active:
+        return None
+    active = active_freeze()
+    if active is None:
+        return None
+    last = (
+        RolloutEvent.objects.filter(rollout=ro, action="freeze.waiting")
+        .order_by("-at", "-id")
+        .first()
+    )
+    step = last.detail.get("step") if last is not None else None
+    return {**active.as_dict(), "step": step}
+
+
 def stop_the_line() -> dict[str, Any]:
     """The switch's state: ``{on, reason, actor, changed_at}``."""
     switch = FreezeSwitch.objects.filter(pk=1).first()

@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from dashboard import locks, rollouts
 from dashboard import versions as dashboard_versions
 from dashboard.accounts import reason_problem
-from dashboard.models import AnalyzerVersion, Rollout
+from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.rollouts import (
     RolloutDriver,
     abort_rollout,
@@ -205,17 +205,23 @@ class Command(BaseCommand):
             ro = self._wait(ro.pk, lambda r: r.state != "pending", o["timeout"], "the deploy lock")
         self.stdout.write(f"rollout {ro.pk} {ro.state}")
         if o["wait"]:
-            ro = self._wait(ro.pk, lambda r: r.state in TERMINAL, None, "the end")
+            ro = self._wait(
+                ro.pk, lambda r: r.state in TERMINAL, None, "the end", say=self._freeze_waits()
+            )
             self.stdout.write(f"rollout {ro.pk} {ro.state}: {ro.outcome}")
             if ro.state != "completed":
                 raise CommandError(f"rollout {ro.pk} {ro.state}: {ro.outcome}")
 
-    def _wait(self, pk: int, done: Any, timeout: float | None, what: str) -> Rollout:
+    def _wait(
+        self, pk: int, done: Any, timeout: float | None, what: str, say: Any = None
+    ) -> Rollout:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ro = Rollout.objects.select_related("version").get(pk=pk)
             if done(ro) or ro.state in TERMINAL:
                 return ro
+            if say is not None:
+                say(ro)
             if deadline is not None and time.monotonic() > deadline:
                 raise CommandError(
                     f"rollout {pk}: no driver took {what} within {timeout:.0f}s "
@@ -223,6 +229,20 @@ class Command(BaseCommand):
                     f"{pk}`)"
                 )
             time.sleep(0.2)
+
+    def _freeze_waits(self) -> Any:
+        """For ``start --wait``: print each ``freeze.waiting`` of the rollout once (the
+        driver waits out a freeze window: docs/rollouts.md#freeze-windows)."""
+        seen: set[int] = set()
+
+        def say(ro: Rollout) -> None:
+            for ev in RolloutEvent.objects.filter(rollout=ro, action="freeze.waiting").exclude(
+                pk__in=seen
+            ):
+                seen.add(ev.pk)
+                self.stdout.write(f"rollout {ro.pk} {ev.reason}")
+
+        return say
 
     def do_retire(self, o: dict[str, Any]) -> None:
         v = retire_version(
@@ -279,6 +299,7 @@ class Command(BaseCommand):
             ],
             "rollout": describe_rollout(active) if active else None,
             "deploy_lock": describe_lock(lock) if lock else None,
+            "frozen": rollouts.rollout_freeze(active) if active else None,
         }
         if o["json"]:
             self.stdout.write(json.dumps(data))
@@ -293,6 +314,9 @@ class Command(BaseCommand):
                 f"rollout {active.pk} {active.state}: {active.version.fp12} by "
                 f"{active.started_by}; lock {data['deploy_lock'] or 'not held'}"
             )
+        if data["frozen"]:
+            held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
+            self.stdout.write(f"frozen: {data['frozen']['message']}{held}")
 
     def do_promote(self, o: dict[str, Any]) -> None:
         ro = rollouts.request_action(rollout=o["id"], action="promote", actor=o["actor"])

@@ -175,7 +175,7 @@ def test_lowering_the_ramp_is_allowed_during_a_freeze_raising_it_is_not() -> Non
     assert AnalyzerVersion.objects.get(pk=ro.version_id).ramp_percent == 20
 
 
-def test_an_auto_driver_waits_out_the_window_and_says_until_when() -> None:
+def test_an_auto_driver_waits_out_the_window_and_says_until_when(client: Client) -> None:
     ro, driver = start(steps=[20, 100], auto=True, options={"step_pause": 0, "min_samples": 0})
     ro = verify(ro, driver)
     window = _window("deploy-freeze")
@@ -203,6 +203,31 @@ def test_an_auto_driver_waits_out_the_window_and_says_until_when() -> None:
         "stop-the-line", None, "promote to current",
     )  # fmt: skip
     assert "until stop-the-line is switched off" in last.reason
+    # The API, and `rollout status`, say what holds it back.
+    token = a_token("viewer", "view_jobrun")
+    got = client.get(f"/api/rollouts/{ro.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert (got["frozen"]["window"], got["frozen"]["until"], got["frozen"]["step"]) == (
+        "stop-the-line", None, "promote to current",
+    )  # fmt: skip
+    # `rollout start --wait` prints each wait once, as its poll sees it.
+    from django.core.management.base import OutputWrapper
+
+    from dashboard.management.commands.rollout import Command
+
+    cmd, printed = Command(), io.StringIO()
+    cmd.stdout = OutputWrapper(printed)
+    say = cmd._freeze_waits()
+    say(ro)
+    say(ro)
+    waits = RolloutEvent.objects.filter(rollout=ro, action="freeze.waiting").order_by("id")
+    assert printed.getvalue().splitlines() == [f"rollout {ro.pk} {w.reason}" for w in waits]
+    assert len(waits) == 2
+    out = io.StringIO()
+    call_command("rollout", "status", stdout=out)
+    assert out.getvalue().splitlines()[-1] == (
+        "frozen: stop-the-line is on: incident (rollback and abort stay allowed)"
+        " (promote to current waits)"
+    )
     assert AnalyzerVersion.objects.get(pk=ro.version_id).state == S.RAMPING
     freeze.set_stop_the_line(on=False, actor="erin", reason="resolved")
     assert not driver.tick()

@@ -119,6 +119,9 @@ def test_every_transition_arrives_once_in_order_signed_across_an_outage(receiver
         assert (got["delivered"], got["failed"]) == (0, 2)  # one head per endpoint
         head = RolloutNotification.objects.filter(endpoint="ops", delivered_at=None).first()
         assert head is not None and head.attempts == 1 and "Connection" in head.last_error
+        ops = next(s for s in notifications.notification_status(ro.pk) if s["endpoint"] == "ops")
+        assert (ops["delivered"], ops["pending"], ops["last_error"]) == (5, 2, head.last_error)
+        assert ops["next_attempt_at"] == (later + timedelta(seconds=2)).isoformat()
         # Not due before its backoff: nothing is attempted.
         assert notifications.deliver_notifications(now=later)["failed"] == 0
         # Up, but answering 500 after reading: the receiver sees the head, the sender
@@ -134,6 +137,10 @@ def test_every_transition_arrives_once_in_order_signed_across_an_outage(receiver
         got = notifications.deliver_notifications(now=later)
         assert (got["failed"], got["pending"]) == (0, 0)
     assert Rollout.objects.get(pk=ro.pk).state == Rollout.State.COMPLETED
+    assert notifications.notification_status(ro.pk) == [
+        {"endpoint": name, "delivered": 10, "pending": 0, "last_error": "", "next_attempt_at": None}
+        for name in ("chat", "ops")
+    ]
 
     expected = list(
         RolloutEvent.objects.filter(rollout=ro, action__in=notifications.NOTIFIED).order_by("id")
