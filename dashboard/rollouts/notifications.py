@@ -230,11 +230,16 @@ def deliver_notifications(
     *, now: datetime | None = None, limit: int = ROUND_LIMIT
 ) -> dict[str, int]:
     """One round: for each (endpoint, rollout) with undelivered rows, send the oldest one
-    if it is due, then the next while they succeed. Returns ``{delivered, failed,
+    if it is due, then the next while they succeed; an endpoint that fails is left for
+    the next round (its other rollouts' rows too). Returns ``{delivered, failed,
     pending}``. ``now`` is the clock the due times are compared with (a test moves it
     forward to skip a backoff); a failed row's next attempt is ``now`` + backoff."""
     endpoints = {e["name"]: e for e in settings.ROLLOUT_WEBHOOKS}
     delivered = failed = 0
+    #: Endpoints that failed once this round: not tried again until the next one, so a
+    #: dead endpoint costs a round one timeout, not one per rollout waiting on it (the
+    #: reconciler's other steps run in the same round).
+    broken: set[str] = set()
     if endpoints:
         groups = (
             RolloutNotification.objects.filter(
@@ -245,7 +250,7 @@ def deliver_notifications(
             .order_by("head")
         )
         for group in groups:
-            while delivered + failed < limit:
+            while delivered + failed < limit and group["endpoint"] not in broken:
                 clock = now or timezone.now()
                 row = (
                     RolloutNotification.objects.select_related(
@@ -269,6 +274,7 @@ def deliver_notifications(
                     delivered += 1
                     continue
                 failed += 1
+                broken.add(row.endpoint)
                 log.warning(
                     "webhook %s: %s (attempt %s) failed: %s",
                     row.endpoint, event_id(row.event), row.attempts + 1, error,

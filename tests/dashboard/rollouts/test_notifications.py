@@ -223,3 +223,32 @@ def test_the_signature_is_over_the_timestamp_and_the_body() -> None:
     assert not notifications.verify(SECRET, "1700000000", b'{"a":2}', sig)
     assert not notifications.verify("another-secret-of-16+", "1700000000", b'{"a":1}', sig)
     assert not notifications.verify(SECRET, "soon", b'{"a":1}', sig)
+
+
+def test_a_dead_endpoint_costs_a_round_one_attempt_and_others_go_on(receiver: Receiver) -> None:
+    """Two rollouts wait on a dead endpoint: one attempt per round, not one per rollout;
+    a live endpoint still gets everything in the same round."""
+    from dashboard.rollouts import start as rollouts_start
+
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    dead_port = closed.server_address[1]
+    closed.server_close()  # a port nobody listens on: connections are refused
+    hooks = [
+        {"name": "dead", "url": f"http://127.0.0.1:{dead_port}/", "secret": SECRET},
+        {"name": "live", "url": receiver.url("/live"), "secret": SECRET, "format": "json"},
+    ]
+    with override_settings(ROLLOUT_WEBHOOKS=hooks):
+        ro, driver = start()
+        driver.release()
+        DRIVERS.remove(driver)
+        # A second rollout's rows: the first one ended, another one starts.
+        Rollout.objects.filter(pk=ro.pk).update(state=Rollout.State.ABORTED)
+        rollouts_start.start_rollout(
+            config={"ignore_whitespace": True}, actor="ci", enqueue_driver=False
+        )
+        assert len(set(RolloutNotification.objects.values_list("rollout", flat=True))) == 2
+        live_rows = RolloutNotification.objects.filter(endpoint="live").count()
+        got = notifications.deliver_notifications()
+        assert (got["delivered"], got["failed"]) == (live_rows, 1)
+        assert RolloutNotification.objects.filter(endpoint="dead", attempts__gt=0).count() == 1
+    assert [r["path"] for r in receiver.received] == ["/live"] * live_rows
