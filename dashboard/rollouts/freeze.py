@@ -114,7 +114,11 @@ def active_freeze(now: datetime | None = None) -> Freeze | None:
 
 
 def refuse_if_frozen(action: str, *, now: datetime | None = None) -> None:
-    """Raise ``RolloutFrozen`` if ``action`` (one of ``FROZEN_ACTIONS``) is frozen now."""
+    """Raise ``RolloutFrozen`` if ``action`` (one of ``FROZEN_ACTIONS``) is frozen now.
+
+    Race: a freeze that begins just after this check lets this one start or request
+    through, as if it had come a moment earlier; every later step advance is checked
+    again by the driver (``driver_waits``, and this function before a request runs)."""
     if action not in FROZEN_ACTIONS:
         return
     freeze = active_freeze(now)
