@@ -27,3 +27,9 @@ class DashboardConfig(AppConfig):
                 close_user_sockets(user.pk)  # type: ignore[attr-defined]
 
         user_logged_out.connect(on_logout, weak=False, dispatch_uid="gitward-close-sockets")
+
+        # The webhook outbox is written with each rollout event, in its transaction
+        # (dashboard/rollouts/notifications.py; docs/rollouts.md#notifications).
+        from dashboard.rollouts import connect_notifications
+
+        connect_notifications()

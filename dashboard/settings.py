@@ -363,6 +363,105 @@ METRICS_CACHE_SECONDS = env_float("GITWARD_METRICS_CACHE_SECONDS", 30.0, minimum
 METRICS_RECORDING = env_bool("GITWARD_METRICS_RECORDING", True)
 METRICS_NETWORKS = _networks("GITWARD_METRICS_NETWORKS", env_list("GITWARD_METRICS_NETWORKS", ""))
 
+# ---------------------------------------------------------------------------- rollout gates
+# Freeze windows and notification webhooks (docs/rollouts.md#freeze-windows,
+# docs/rollouts.md#notifications), parsed here into plain dicts that
+# dashboard/rollouts/freeze.py and dashboard/rollouts/notifications.py read.
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def _json_objects(name: str, raw: str) -> list[dict[str, object]]:
+    try:
+        value = json.loads(raw or "[]")
+    except ValueError:
+        raise _invalid(name, "a JSON list of objects", raw[:80]) from None
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise _invalid(name, "a JSON list of objects", raw[:80])
+    names = [v.get("name") for v in value]
+    if not all(isinstance(n, str) and n.strip() for n in names) or len(set(names)) != len(names):
+        raise _invalid(name, 'objects with distinct non-empty "name"s', raw[:80])
+    return value
+
+
+def _hhmm(name: str, value: object) -> str:
+    text = str(value)
+    hh, _, mm = text.partition(":")
+    if not (hh.isdigit() and mm.isdigit() and len(mm) == 2 and 0 <= int(mm) < 60):
+        raise _invalid(name, "times as HH:MM (00:00 to 24:00, UTC)", text)
+    if not (0 <= int(hh) < 24 or (int(hh) == 24 and int(mm) == 0)):
+        raise _invalid(name, "times as HH:MM (00:00 to 24:00, UTC)", text)
+    return f"{int(hh):02d}:{mm}"
+
+
+def _freeze_windows(name: str, raw: str) -> list[dict[str, object]]:
+    """Absolute windows ``{"name", "from", "until"}`` (ISO 8601 with a time zone) and weekly
+    ones ``{"name", "days"?, "start", "end"}`` (UTC, ``end`` before ``start`` crosses
+    midnight, ``days`` the weekdays the window starts on, every day if absent)."""
+    from datetime import datetime as _dt
+
+    out: list[dict[str, object]] = []
+    for item in _json_objects(name, raw):
+        keys = set(item) - {"name"}
+        if keys == {"from", "until"}:
+            try:
+                start = _dt.fromisoformat(str(item["from"]))
+                end = _dt.fromisoformat(str(item["until"]))
+            except ValueError:
+                raise _invalid(name, '"from"/"until" as ISO 8601 times', str(item)[:80]) from None
+            if start.tzinfo is None or end.tzinfo is None or end <= start:
+                raise _invalid(name, '"from" before "until", both with a time zone', str(item))
+            out.append({"name": item["name"], "from": start.isoformat(), "until": end.isoformat()})
+        elif keys in ({"start", "end"}, {"days", "start", "end"}):
+            days = item.get("days", list(_DAYS))
+            if not isinstance(days, list) or not days or any(d not in _DAYS for d in days):
+                raise _invalid(name, f'"days" as a list of {", ".join(_DAYS)}', str(days))
+            start_s, end_s = _hhmm(name, item["start"]), _hhmm(name, item["end"])
+            if start_s == end_s:
+                raise _invalid(
+                    name, 'a weekly window whose "start" differs from its "end"', start_s
+                )
+            out.append(
+                {
+                    "name": item["name"],
+                    "days": [_DAYS.index(d) for d in days],
+                    "start": start_s,
+                    "end": end_s,
+                }
+            )
+        else:
+            raise _invalid(
+                name, 'windows {"name", "from", "until"} or {"name", "days"?, "start", "end"}',
+                str(item)[:80],
+            )  # fmt: skip
+    return out
+
+
+def _webhooks(name: str, raw: str) -> list[dict[str, str]]:
+    """Endpoints ``{"name", "url", "secret", "format"?}`` (format ``json``, the default, or
+    ``slack``)."""
+    out: list[dict[str, str]] = []
+    for item in _json_objects(name, raw):
+        url, secret, fmt = item.get("url"), item.get("secret"), item.get("format", "json")
+        unknown = set(item) - {"name", "url", "secret", "format"}
+        if unknown:
+            raise _invalid(name, 'endpoints {"name", "url", "secret", "format"?}', str(unknown))
+        if not isinstance(url, str) or urlsplit(url).scheme not in {"http", "https"}:
+            raise _invalid(name, '"url" an http(s) URL', str(url)[:80])
+        if not urlsplit(url).hostname:
+            raise _invalid(name, '"url" an http(s) URL', url[:80])
+        if not isinstance(secret, str) or len(secret) < 16:
+            raise _invalid(name, '"secret" a string of at least 16 characters', "(hidden)")
+        if fmt not in {"json", "slack"}:
+            raise _invalid(name, '"format" json or slack', str(fmt))
+        out.append({"name": str(item["name"]), "url": url, "secret": secret, "format": fmt})
+    return out
+
+
+FREEZE_WINDOWS = _freeze_windows("GITWARD_FREEZE_WINDOWS", env_str("GITWARD_FREEZE_WINDOWS", ""))
+ROLLOUT_WEBHOOKS = _webhooks("GITWARD_ROLLOUT_WEBHOOKS", env_str("GITWARD_ROLLOUT_WEBHOOKS", ""))
+#: Seconds one webhook delivery may take (connect and answer).
+WEBHOOK_TIMEOUT = env_float("GITWARD_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
+
 # ---------------------------------------------------------------------------- fault injection
 # workers/runtime/failpoints.py reads these at call time (it imports no Django, and a test arms a
 # point for one worker); parsing them here makes a typo stop the process at start-up.

@@ -27,6 +27,7 @@ urlpatterns = [
     path("rollouts/", rollouts.rollouts_index, name="rollouts"),
     path("rollouts/start/", rollouts.rollout_start, name="rollout-start"),
     path("rollouts/offers/", rollouts.rollout_offers, name="rollout-offers"),
+    path("rollouts/freeze/", rollouts.rollouts_freeze, name="rollouts-freeze"),
     path(
         "rollouts/versions/<id:version_id>/retire/",
         rollouts.version_retire,
@@ -68,6 +69,7 @@ urlpatterns = [
     path("api/queues/resume", api.queue_resume, name="api-queue-resume"),
     path("api/runs", api.runs, name="api-runs"),
     path("api/rollouts", api.rollouts_collection, name="api-rollouts"),
+    path("api/rollouts/freeze", api.rollouts_freeze, name="api-rollouts-freeze"),
     path("api/rollouts/<id:rollout_id>", api.rollout_detail, name="api-rollout"),
     path(
         "api/rollouts/<id:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"

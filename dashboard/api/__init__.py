@@ -27,6 +27,7 @@ from dashboard.api.rollouts import (
     rollout_action,
     rollout_detail,
     rollouts_collection,
+    rollouts_freeze,
     version_retire,
 )
 from dashboard.api.runs import run_detail, runs
@@ -58,6 +59,7 @@ __all__ = [
     "rollout_action",
     "rollout_detail",
     "rollouts_collection",
+    "rollouts_freeze",
     "run_detail",
     "runs",
     "status",

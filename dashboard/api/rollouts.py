@@ -22,8 +22,12 @@ from dashboard.rollouts import (
     describe_rollout,
     driver_alive,
     enqueue_driver_job,
+    freeze_status,
+    notification_status,
     request_action,
     rollback_rollout,
+    rollout_freeze,
+    set_stop_the_line,
     start_rollout,
 )
 from dashboard.versions import QUEUE as ROLLOUT_QUEUE
@@ -157,13 +161,17 @@ def _warm_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 @api_view(("GET",))
 def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    """One rollout with its versions' states and its timeline."""
+    """One rollout with its versions' states and its timeline, the freeze that holds it
+    back (``frozen``, or null) and its webhook deliveries per endpoint (``notifications``)."""
     if (refused := _rollout_reader(request)) is not None:
         return refused
     ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
     if ro is None:
         return error(f"no rollout #{rollout_id}", 404)
-    return JsonResponse(describe_rollout(ro, timeline=True))
+    # The freeze holding it back and its webhook deliveries (docs/rollouts.md#freeze-windows,
+    # docs/rollouts.md#notifications).
+    gates = {"frozen": rollout_freeze(ro), "notifications": notification_status(ro.pk)}
+    return JsonResponse({**describe_rollout(ro, timeline=True), **gates})
 
 
 @api_view(("POST",))
@@ -276,3 +284,39 @@ def version_retire(request: HttpRequest, fingerprint: str) -> HttpResponse:
     return JsonResponse(
         {"queue": version.queue, "fingerprint": version.fingerprint, "state": version.state}
     )
+
+
+@api_view(("GET", "POST"))
+def rollouts_freeze(request: HttpRequest) -> HttpResponse:
+    """``GET /api/rollouts/freeze`` → ``{frozen, active, stop_the_line, windows}``;
+    ``POST {"on": true|false, "reason": "..."}`` flips stop-the-line (audited; needs
+    ``rollback_rollout``; a reason is required to switch it on) and answers the same
+    shape. docs/rollouts.md#freeze-windows."""
+    if request.method == "GET":
+        if (refused := _rollout_reader(request)) is not None:
+            return refused
+        return JsonResponse(freeze_status())
+    target = "stop-the-line"
+    if not permitted(request, "dashboard.rollback_rollout"):
+        return _refuse_rollout(
+            request, "stop_the_line", target, "you do not have permission to stop the line", 403
+        )
+    try:
+        data = json_body(request)
+    except ValueError as exc:
+        return _refuse_rollout(request, "stop_the_line", target, str(exc), 400)
+    unknown = sorted(set(data) - {"on", "reason"})
+    on, reason = data.get("on"), data.get("reason", "")
+    problem = (
+        f"unknown field(s): {', '.join(unknown)}"
+        if unknown
+        else '"on" must be true or false'
+        if not isinstance(on, bool)
+        else reason_problem(reason)
+    )
+    if problem is None and on and not reason.strip():
+        problem = '"reason" is required to stop the line (it is shown with every refusal)'
+    if problem is not None or not isinstance(on, bool):
+        return _refuse_rollout(request, "stop_the_line", target, str(problem), 400)
+    set_stop_the_line(on=on, actor=request.user, reason=reason)
+    return JsonResponse(freeze_status())

@@ -25,7 +25,13 @@ from dashboard.models.repositories import (
     RepositoryView,
     Summary,
 )
-from dashboard.models.rollouts import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.models.rollouts import (
+    AnalyzerVersion,
+    FreezeSwitch,
+    Rollout,
+    RolloutEvent,
+    RolloutNotification,
+)
 
 __all__ = [
     "AnalyzerVersion",
@@ -37,6 +43,7 @@ __all__ = [
     "CommitCount",
     "FenceToken",
     "FileChange",
+    "FreezeSwitch",
     "JobAttempt",
     "JobRun",
     "QueueSample",
@@ -44,6 +51,7 @@ __all__ = [
     "RepositoryView",
     "Rollout",
     "RolloutEvent",
+    "RolloutNotification",
     "Summary",
     "WorkerBeat",
 ]

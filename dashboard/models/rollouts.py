@@ -172,3 +172,45 @@ class RolloutEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+class FreezeSwitch(models.Model):
+    """The global stop-the-line switch (docs/rollouts.md#freeze-windows): one row (pk 1).
+
+    While ``on``, starting, ramping and promoting rollouts are refused; rollback and abort
+    stay allowed. Flipped by ``dashboard.rollouts.freeze.set_stop_the_line`` (audited).
+    """
+
+    on = models.BooleanField(default=False)
+    reason = models.TextField(blank=True, default="")
+    actor = models.CharField(max_length=150, blank=True, default="")
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+
+class RolloutNotification(models.Model):
+    """The notification outbox (docs/rollouts.md#notifications): one row per timeline event
+    worth announcing and per configured webhook endpoint, written in the same transaction as
+    the event, so a committed transition is never left unannounced and a rolled-back one is
+    never announced. ``dashboard.rollouts.notifications`` delivers them in ``id`` order per
+    rollout and endpoint."""
+
+    event = models.ForeignKey(RolloutEvent, on_delete=models.CASCADE, related_name="notifications")
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="notifications")
+    #: The endpoint's ``name`` in ``GITWARD_ROLLOUT_WEBHOOKS``.
+    endpoint = models.CharField(max_length=100)
+    attempts = models.PositiveIntegerField(default=0)
+    #: Not before this; a sender claims a row by moving it forward (a lease).
+    next_attempt_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(
+                fields=["endpoint", "rollout", "id"],
+                condition=models.Q(delivered_at__isnull=True),
+                name="notification_undelivered",
+            )
+        ]

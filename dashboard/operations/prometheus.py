@@ -41,10 +41,17 @@ from rq import Queue
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
-from dashboard import infra, locks, observability
+from dashboard import infra, locks, observability, rollouts
 from dashboard import runs as dashboard_runs
 from dashboard.infra import dropped_events
-from dashboard.models import AnalyzerVersion, JobRun, Repository, Rollout, WorkerBeat
+from dashboard.models import (
+    AnalyzerVersion,
+    JobRun,
+    Repository,
+    Rollout,
+    RolloutNotification,
+    WorkerBeat,
+)
 from dashboard.operations.redis_health import quorum, redis_nodes
 from workers.analysis import DEFAULT, queue_name
 
@@ -92,6 +99,7 @@ class GitwardCollector(Collector):
         yield from _workers()
         yield from _masters()
         yield from _rollouts()
+        yield from _release_gates()
 
 
 # ---------------------------------------------------------------------------- from Redis
@@ -330,3 +338,32 @@ def _rollouts() -> Iterator[Metric]:
     for r in Rollout.objects.filter(state__in=Rollout.ACTIVE_STATES).select_related("version"):
         active.add_metric([r.queue, observability.version_label(r.version.fingerprint), r.state], 1)
     yield active
+
+
+def _release_gates() -> Iterator[Metric]:
+    """The freeze in force and the webhook outbox (docs/rollouts.md#freeze-windows,
+    docs/rollouts.md#notifications): alert on a long freeze, or on deliveries that pile up
+    behind an endpoint that does not answer."""
+    frozen = GaugeMetricFamily(
+        "gitward_rollout_frozen",
+        "1 while a freeze window or stop-the-line refuses starting, ramping up and promoting "
+        "rollouts (window: its name, or stop-the-line).",
+        labels=["window"],
+    )
+    active = rollouts.active_freeze()
+    frozen.add_metric([active.name if active is not None else ""], int(active is not None))
+    yield frozen
+    pending = GaugeMetricFamily(
+        "gitward_rollout_notifications_pending",
+        "Rollout webhook deliveries not yet acknowledged with a 2xx, per endpoint.",
+        labels=["endpoint"],
+    )
+    counts = dict(
+        RolloutNotification.objects.filter(delivered_at__isnull=True)
+        .values_list("endpoint")
+        .annotate(n=Count("id"))
+        .values_list("endpoint", "n")
+    )
+    for endpoint in settings.ROLLOUT_WEBHOOKS:
+        pending.add_metric([endpoint["name"]], counts.get(endpoint["name"], 0))
+    yield pending

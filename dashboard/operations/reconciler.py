@@ -15,7 +15,7 @@ from dashboard import infra
 from dashboard.locks import live_worker_names, orphaned_runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import complete_repository, publish_repo_changed, reconcile_catch_up
-from dashboard.rollouts import reconcile_drains, reconcile_pending_drivers
+from dashboard.rollouts import deliver_notifications, reconcile_drains, reconcile_pending_drivers
 from dashboard.runs import (
     cancel_runs,
     closed_fingerprints,
@@ -63,6 +63,11 @@ def reconcile() -> dict[str, int]:
        promote or rollback; the after-commit hook that also enqueues it is only the
        fast path (docs/rollouts.md#wiring).
 
+    7. Rollout notifications due in the webhook outbox are sent
+       (``rollouts.deliver_notifications``: in order per rollout, retried with backoff;
+       docs/rollouts.md#notifications). Database and HTTP only: it runs with the queue
+       server down too.
+
     With the queue server unreachable, steps 1 and 3 (database only) still run and
     steps 2, 4, 5 and 6 wait for the next round (``queue_unreachable: 1`` in the result): a run
     submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
@@ -99,6 +104,7 @@ def reconcile() -> dict[str, int]:
         if complete_repository(repo_id=repo.pk, fingerprint=repo.fingerprint):
             completed += 1
             publish_repo_changed(repo.pk)  # watchers see "ready" without a reload
+    notified = deliver_notifications()
     result = {
         "crashed": crashed,
         "requeued": requeued,
@@ -110,6 +116,8 @@ def reconcile() -> dict[str, int]:
         "drivers": drivers,
         "caught_up": caught_up,
         "queue_unreachable": queue_down,
+        "notified": notified["delivered"],
+        "notify_failed": notified["failed"],
     }
     if any(result.values()):
         log.info("reconciler: %s", result)

@@ -1,7 +1,9 @@
 """Rollouts: one attempt to bring an analyzer version live on a queue, driven under
 the queue's deploy lock through warming, verification, a canary ramp, promotion or
 rollback, with drains, a release checklist, the Rollouts board and its buttons, and the
-rollback offers for bad versions. See docs/rollouts.md."""
+rollback offers for bad versions, freeze windows and stop-the-line, the signed webhook
+notifications of its transitions, and its marks on the Overview's charts. See
+docs/rollouts.md."""
 
 from __future__ import annotations
 
@@ -25,6 +27,19 @@ if TYPE_CHECKING:
     )
     from dashboard.rollouts.drains import reconcile_drains
     from dashboard.rollouts.driver import RolloutDriver
+    from dashboard.rollouts.freeze import (
+        RolloutFrozen,
+        active_freeze,
+        freeze_status,
+        rollout_freeze,
+        set_stop_the_line,
+    )
+    from dashboard.rollouts.marks import transition_marks
+    from dashboard.rollouts.notifications import (
+        connect_notifications,
+        deliver_notifications,
+        notification_status,
+    )
     from dashboard.rollouts.rollback_offers import canary_offers, dead_letter_offers
     from dashboard.rollouts.start import (
         DRIVER_QUEUE,
@@ -44,18 +59,24 @@ __all__ = [
     "PERMISSION",
     "VERBS",
     "RolloutDriver",
+    "RolloutFrozen",
     "abort_rollout",
+    "active_freeze",
     "active_rollout",
     "canary_offers",
     "check_applies",
     "checklist_blocks",
+    "connect_notifications",
     "dead_letter_offers",
+    "deliver_notifications",
     "describe_rollout",
     "driver_alive",
     "ended_state",
     "enqueue_driver_job",
+    "freeze_status",
     "label",
     "live_snapshot",
+    "notification_status",
     "perform",
     "permitted",
     "reconcile_drains",
@@ -64,10 +85,13 @@ __all__ = [
     "retire",
     "rollback_rollout",
     "rollout_checklist",
+    "rollout_freeze",
     "rollout_view",
     "rollouts_page",
+    "set_stop_the_line",
     "start_rollout",
     "takeover_rollout",
+    "transition_marks",
     "validate_steps",
     "warm_rollout",
 ]
@@ -95,6 +119,15 @@ _SURFACE: dict[str, str] = {
     "takeover_rollout": "dashboard.rollouts.deploy_lock",
     "reconcile_drains": "dashboard.rollouts.drains",
     "RolloutDriver": "dashboard.rollouts.driver",
+    "RolloutFrozen": "dashboard.rollouts.freeze",
+    "active_freeze": "dashboard.rollouts.freeze",
+    "freeze_status": "dashboard.rollouts.freeze",
+    "rollout_freeze": "dashboard.rollouts.freeze",
+    "set_stop_the_line": "dashboard.rollouts.freeze",
+    "transition_marks": "dashboard.rollouts.marks",
+    "connect_notifications": "dashboard.rollouts.notifications",
+    "deliver_notifications": "dashboard.rollouts.notifications",
+    "notification_status": "dashboard.rollouts.notifications",
     "canary_offers": "dashboard.rollouts.rollback_offers",
     "dead_letter_offers": "dashboard.rollouts.rollback_offers",
     "DRIVER_QUEUE": "dashboard.rollouts.start",

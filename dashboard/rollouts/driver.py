@@ -28,7 +28,7 @@ from dashboard import locks, versions
 from dashboard.accounts import record_audit
 from dashboard.locks import check_token
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
-from dashboard.rollouts import drains, start, steps, warming
+from dashboard.rollouts import drains, freeze, start, steps, warming
 from dashboard.rollouts.steps import abort_in_place
 from dashboard.versions import RolloutBusy, RolloutError, canary_health, describe_lock
 from workers import locks as workers_locks
@@ -364,6 +364,7 @@ class RolloutDriver:
         actor = request.get("actor", "system")
         action = request.get("action")
         try:
+            freeze.refuse_frozen_request(ro.pk, str(action), request.get("params"))
             if action == "promote":
                 self._next_step(ro, token, actor)
             elif action == "set_ramp":
@@ -453,7 +454,7 @@ class RolloutDriver:
                     base=ro.previous.fingerprint, new=version.fingerprint, warm_set=ro.warm_set
                 )
                 steps.record_diff(rollout=ro, diff=diff, token=token, actor=actor)
-            if ro.auto:
+            if ro.auto and not self._frozen(ro, token, f"ramp to {ro.steps[0]}%"):
                 steps.set_ramp(rollout=ro, percent=ro.steps[0], token=token, actor=actor)
             return
         if version.state == S.RAMPING and ro.auto:
@@ -468,8 +469,13 @@ class RolloutDriver:
                     actor=actor,
                     reason=f"canary health check failed: {health['summary']}",
                 )
-            elif health["verdict"] == "pass":
+            elif health["verdict"] == "pass" and not self._frozen(ro, token, _next_label(ro)):
                 self._next_step(ro, token, actor)
+
+    def _frozen(self, ro: Rollout, token: int, step: str) -> bool:
+        """An ``auto`` step advance waits out a freeze (docs/rollouts.md#freeze-windows),
+        saying on the timeline which window and until when."""
+        return freeze.driver_waits(ro, token=token, actor=self.name, step=step)
 
     def run(self, *, stop: threading.Event | None = None) -> str:
         """Tick every ``poll`` seconds until the rollout ends, the lease is lost or
@@ -482,6 +488,12 @@ class RolloutDriver:
             self.release(actor=self.name, reason="stopped" if stop.is_set() else "rollout finished")
             close_old_connections()
         return str(Rollout.objects.values_list("state", flat=True).get(pk=self.rollout_id))
+
+
+def _next_label(ro: Rollout) -> str:
+    """What the next step advance of a ramping rollout is, in words."""
+    nxt = ro.step_index + 1
+    return f"ramp to {ro.steps[nxt]}%" if nxt < len(ro.steps) else "promote to current"
 
 
 def _record_progress(ro: Rollout, verdict: dict[str, Any], token: int, actor: Any) -> None:

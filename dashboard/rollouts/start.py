@@ -23,6 +23,7 @@ from rq.job import Job
 
 from dashboard import infra, locks
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.rollouts.freeze import refuse_frozen_request, refuse_if_frozen
 from dashboard.versions import (
     QUEUE,
     InvalidTransition,
@@ -154,6 +155,7 @@ def start_rollout(
     """
     chosen = validate_steps(steps)
     knobs = validate_options(options)
+    refuse_if_frozen("start")  # docs/rollouts.md#freeze-windows: a 409 naming the window
     fp, _ = fingerprint_config(config)
     current = current_version(queue) or ensure_baseline(queue=queue, actor=actor)
     if current is not None and current.fingerprint == fp:
@@ -391,6 +393,7 @@ def request_action(
         raise RolloutError(f"unknown action {action!r}")
     pk = rollout if isinstance(rollout, int) else rollout.pk
     check_applies(pk, action)
+    refuse_frozen_request(pk, action, params)  # docs/rollouts.md#freeze-windows
     request = {
         "action": action,
         "actor": actor_name(actor),

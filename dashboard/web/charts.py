@@ -7,7 +7,7 @@ week, month or year so one week and twenty years both read.
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 WIDTH = 600  # about the drawn width in a two-column card at 1280 px: text stays ~11 px
@@ -245,14 +245,52 @@ def labelled_bars(
     }
 
 
-def day_charts(day: dict[str, Any]) -> dict[str, Any]:
-    """The three 24-hour charts of the Overview from ``queue_stats.day_series``."""
+def time_marks(marks: list[dict[str, Any]], start: datetime, hours: int,
+               width: int = DAY_WIDTH) -> list[dict[str, Any]]:  # fmt: skip
+    """Vertical marks (``{x, top, base, label, title, label_y}``) for events ``{at, label,
+    title}`` on a chart of ``hours`` hourly bars from ``start``: an event at 14:30 sits
+    half-way across the 14:00 bar. Events outside the chart are left out. Labels take
+    turns at two heights so two marks close together stay readable."""
+    plot_w, plot_h = width - LEFT, HEIGHT - TOP - BOTTOM
+    span = hours * 3600.0
+    out: list[dict[str, Any]] = []
+    for m in marks:
+        offset = (m["at"] - start).total_seconds()
+        if not 0 <= offset < span:
+            continue
+        out.append(
+            {
+                "x": round(LEFT + plot_w * offset / span, 1),
+                "top": TOP,
+                "base": TOP + plot_h,
+                "label": m["label"],
+                "title": m.get("title", m["label"]),
+                "label_y": TOP + 9 + 11 * (len(out) % 2),
+            }
+        )
+    return out
+
+
+def day_charts(day: dict[str, Any], marks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The three 24-hour charts of the Overview from ``queue_stats.day_series``; ``marks``
+    (``rollouts.transition_marks``) are drawn on the throughput and failure charts."""
     labels = [f"{h[11:16]} UTC" for h in day["hours"]]
     ticks = [lab[:5] if i % 6 == 0 else "" for i, lab in enumerate(labels)]
+    drawn = (
+        time_marks(marks or [], datetime.fromisoformat(day["hours"][0]), len(day["hours"]))
+        if day["hours"]
+        else []
+    )
     return {
-        "throughput": labelled_bars(day["throughput"], labels, unit="job", ticks=ticks),
-        "failure_pct": labelled_bars(
-            day["failure_pct"], labels, unit="% failed,% failed", ticks=ticks, warn=5, bad=20
-        ),
+        "throughput": {
+            **labelled_bars(day["throughput"], labels, unit="job", ticks=ticks),
+            "marks": drawn,
+        },
+        "failure_pct": {
+            **labelled_bars(
+                day["failure_pct"], labels, unit="% failed,% failed", ticks=ticks, warn=5, bad=20
+            ),
+            "marks": drawn,
+        },
         "backlog": labelled_bars(day["backlog"], labels, unit="queued,queued", ticks=ticks),
     }

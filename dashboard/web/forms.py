@@ -118,3 +118,22 @@ class RolloutActionForm(forms.Form):
     )
     percent = forms.IntegerField(label="Ramp %", min_value=1, max_value=100, required=False)
     next = forms.CharField(required=False, max_length=500, widget=forms.HiddenInput)
+
+
+class StopTheLineForm(forms.Form):
+    """The Rollouts page's stop-the-line switch (docs/rollouts.md#freeze-windows): on or
+    off, with the reason every refusal then names (required to switch it on)."""
+
+    on = forms.TypedChoiceField(choices=[("1", "on"), ("0", "off")], coerce=lambda v: v == "1")
+    reason = forms.CharField(
+        label="Reason (shown with every refusal)",
+        max_length=500,
+        required=False,
+        validators=[_typed_reason],
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("on") and not str(data.get("reason") or "").strip():
+            self.add_error("reason", "Say why the line is stopped: every refusal shows it.")
+        return data

@@ -5,6 +5,7 @@ socket itself (the overview sends users without it to their repositories instead
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -19,7 +20,7 @@ from dashboard.live.snapshots import ops_snapshot, shared_part
 from dashboard.models import Repository
 from dashboard.operations import day_series
 from dashboard.repositories import repository_rows
-from dashboard.rollouts import canary_offers, permitted
+from dashboard.rollouts import canary_offers, permitted, transition_marks
 from dashboard.runs import group_page
 from dashboard.web.charts import day_charts, sparklines
 from dashboard.web.list_params import positive_int, query_prefix
@@ -74,10 +75,19 @@ def overview(request: HttpRequest) -> HttpResponse:
         request,
         "overview.html",
         repositories=recent,
-        day=shared_part("overview.day", lambda: day_charts(day_series())),
+        day=shared_part("overview.day", _day_charts),
         rollback_offers=offers,
         can_rollback=permitted(request.user, "rollback"),
     )
+
+
+def _day_charts() -> dict[str, Any]:
+    """The Overview's 24-hour charts, with a mark per rollout transition in their window
+    (docs/rollouts.md#chart-marks)."""
+    day = day_series()
+    start = datetime.fromisoformat(day["hours"][0])
+    marks = transition_marks(start, start + timedelta(hours=len(day["hours"])))
+    return day_charts(day, marks)
 
 
 @login_required

@@ -25,6 +25,7 @@ from dashboard.rollouts import (
     canary_offers,
     checklist_blocks,
     dead_letter_offers,
+    freeze_status,
     label,
     perform,
     permitted,
@@ -32,10 +33,11 @@ from dashboard.rollouts import (
     rollout_checklist,
     rollout_view,
     rollouts_page,
+    set_stop_the_line,
     start_rollout,
 )
 from dashboard.versions import RolloutError
-from dashboard.web.forms import RolloutActionForm, StartRolloutForm
+from dashboard.web.forms import RolloutActionForm, StartRolloutForm, StopTheLineForm
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ def _can(user: Any) -> dict[str, bool]:
 
 def _rollouts_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
     context: dict[str, Any] = {"live_socket": "/ws/rollouts/", "can": _can(request.user), **extra}
+    context["freeze"] = freeze_status()
+    context.setdefault("freeze_form", StopTheLineForm())
     try:
         context.update(rollouts_page())
     except RedisUnavailable as exc:  # the deploy lock's holder cannot be read
@@ -231,6 +235,29 @@ def version_retire(request: HttpRequest, version_id: int) -> HttpResponse:
     else:
         messages.success(request, f"Version {outcome}.")
     return redirect(back)
+
+
+@login_required
+@require_http_methods(["POST"])
+def rollouts_freeze(request: HttpRequest) -> HttpResponse:
+    """The stop-the-line switch (docs/rollouts.md#freeze-windows): staff with
+    ``dashboard.rollback_rollout``; audited (``rollout.stop_the_line``). A missing reason
+    re-renders the page with the field error (400)."""
+    if not permitted(request.user, "rollback"):
+        return _refuse(request, "stop_the_line", "stop-the-line")
+    form = StopTheLineForm(request.POST)
+    if not form.is_valid():
+        context = _rollouts_context(request, form=StartRolloutForm(), freeze_form=form)
+        return render(request, "rollouts.html", context, status=400)
+    on = bool(form.cleaned_data["on"])
+    set_stop_the_line(on=on, actor=request.user, reason=form.cleaned_data["reason"])
+    messages.success(
+        request,
+        "Stop-the-line is on: starting, ramping and promoting are refused."
+        if on
+        else "Stop-the-line is off.",
+    )
+    return redirect(reverse("rollouts"))
 
 
 @login_required

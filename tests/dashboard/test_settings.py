@@ -8,6 +8,7 @@ report by id.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -307,3 +308,76 @@ def test_chunk_targets_range_from_the_chunk_size_to_its_maximum(
     code = "from django.conf import settings as s; print(s.CHUNK_SIZE, s.CHUNK_MAX, s.CHUNK_SPREAD)"
     result = manage(tmp_path, "shell", "--no-imports", "-c", code, **env)
     assert result.stdout.strip().splitlines()[-1] == expected, result.stderr
+
+
+SECRET16 = "0123456789abcdef"
+FW, RW = "GITWARD_FREEZE_WINDOWS", "GITWARD_ROLLOUT_WEBHOOKS"
+
+
+def _w(*items: dict[str, object]) -> str:
+    return json.dumps(list(items))
+
+
+ROLLOUT_GATE_BAD_VALUES = [
+    ({FW: "{not json"}, f"{FW} must be a JSON list of objects"),
+    ({FW: _w({"name": "a", "from": "2026-01-02T00:00Z", "until": "2026-01-01T00:00Z"})},
+     f'{FW} must be "from" before "until"'),
+    ({FW: _w({"name": "a", "from": "2026-01-01", "until": "2026-01-02"})},
+     f'{FW} must be "from" before "until", both with a time zone'),
+    ({FW: _w({"name": "a", "days": ["caturday"], "start": "1:00", "end": "2:00"})},
+     f'{FW} must be "days" as a list of mon, tue'),
+    ({FW: _w({"name": "a", "start": "25:00", "end": "02:00"})}, f"{FW} must be times as HH:MM"),
+    ({FW: _w({"name": "a", "start": "01:00"})},
+     f'{FW} must be windows {{"name", "from", "until"}}'),
+    ({FW: _w({"name": "a", "start": "01:00", "end": "02:00"},
+             {"name": "a", "start": "03:00", "end": "04:00"})},
+     f'{FW} must be objects with distinct non-empty "name"s'),
+    ({RW: _w({"name": "ops", "url": "ftp://x/", "secret": SECRET16})},
+     f'{RW} must be "url" an http(s) URL'),
+    ({RW: _w({"name": "ops", "url": "https://x/", "secret": "hunter2"})},
+     f'{RW} must be "secret" a string of at least 16 characters'),
+    ({RW: _w({"name": "ops", "url": "https://x/", "secret": SECRET16, "format": "teams"})},
+     f'{RW} must be "format" json or slack'),
+    ({"GITWARD_WEBHOOK_TIMEOUT": "0"}, "GITWARD_WEBHOOK_TIMEOUT must be >= 0.1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "message"), ROLLOUT_GATE_BAD_VALUES, ids=range(11))
+def test_a_bad_freeze_window_or_webhook_stops_start_up_with_one_line(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    result = manage(tmp_path, "check", **env)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"gitward: configuration error: {message}"), result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "hunter2" not in result.stderr  # a webhook secret is never echoed
+
+
+def test_freeze_windows_and_webhooks_are_parsed_at_start_up(tmp_path: Path) -> None:
+    code = (
+        "from django.conf import settings as s; import json; "
+        "print(json.dumps([s.FREEZE_WINDOWS, s.ROLLOUT_WEBHOOKS, s.WEBHOOK_TIMEOUT]))"
+    )
+    hook = {"name": "chat", "url": "https://h.example/x", "secret": SECRET16, "format": "slack"}
+    result = manage(
+        tmp_path,
+        "shell",
+        "-c",
+        code,
+        GITWARD_FREEZE_WINDOWS=_w(
+            {"name": "ye", "from": "2026-12-20T00:00Z", "until": "2027-01-04T00:00Z"},
+            {"name": "wk", "days": ["sat", "sun"], "start": "18:00", "end": "6:00"},
+        ),
+        GITWARD_ROLLOUT_WEBHOOKS=_w(hook),
+        GITWARD_WEBHOOK_TIMEOUT="2.5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [
+        [
+            {"name": "ye", "from": "2026-12-20T00:00:00+00:00",
+             "until": "2027-01-04T00:00:00+00:00"},
+            {"name": "wk", "days": [5, 6], "start": "18:00", "end": "06:00"},
+        ],
+        [hook],
+        2.5,
+    ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire``.
+"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire|freeze``.
 
 Thin adapters over ``dashboard.rollouts.start`` / ``dashboard.rollouts.deploy_lock``; every refusal
 is one line on stderr and a non-zero exit.
@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from dashboard import locks, rollouts
 from dashboard import versions as dashboard_versions
 from dashboard.accounts import reason_problem
-from dashboard.models import AnalyzerVersion, Rollout
+from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.rollouts import (
     RolloutDriver,
     abort_rollout,
@@ -33,6 +33,7 @@ from dashboard.versions import describe_lock, ensure_baseline, retire_version
 from workers import locks as workers_locks
 
 TERMINAL = {"completed", "rolled_back", "failed", "aborted"}
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 def parse_value(key: str, raw: str) -> Any:
@@ -127,6 +128,12 @@ class Command(BaseCommand):
         retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
         retire.add_argument("--queue", default=dashboard_versions.QUEUE)
         retire.add_argument("--reason", default="")
+        freeze = sub.add_parser(
+            "freeze", help="stop-the-line on|off (audited), or the freeze status"
+        )
+        freeze.add_argument("switch", choices=["on", "off", "status"])
+        freeze.add_argument("--reason", default="", help="why (required to switch it on)")
+        freeze.add_argument("--json", action="store_true")
         for p in sub.choices.values():
             p.add_argument("--actor", default=f"{getpass.getuser()} (cli)")
 
@@ -200,17 +207,23 @@ class Command(BaseCommand):
             ro = self._wait(ro.pk, lambda r: r.state != "pending", o["timeout"], "the deploy lock")
         self.stdout.write(f"rollout {ro.pk} {ro.state}")
         if o["wait"]:
-            ro = self._wait(ro.pk, lambda r: r.state in TERMINAL, None, "the end")
+            ro = self._wait(
+                ro.pk, lambda r: r.state in TERMINAL, None, "the end", say=self._freeze_waits()
+            )
             self.stdout.write(f"rollout {ro.pk} {ro.state}: {ro.outcome}")
             if ro.state != "completed":
                 raise CommandError(f"rollout {ro.pk} {ro.state}: {ro.outcome}")
 
-    def _wait(self, pk: int, done: Any, timeout: float | None, what: str) -> Rollout:
+    def _wait(
+        self, pk: int, done: Any, timeout: float | None, what: str, say: Any = None
+    ) -> Rollout:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ro = Rollout.objects.select_related("version").get(pk=pk)
             if done(ro) or ro.state in TERMINAL:
                 return ro
+            if say is not None:
+                say(ro)
             if deadline is not None and time.monotonic() > deadline:
                 raise CommandError(
                     f"rollout {pk}: no driver took {what} within {timeout:.0f}s "
@@ -219,11 +232,54 @@ class Command(BaseCommand):
                 )
             time.sleep(0.2)
 
+    def _freeze_waits(self) -> Any:
+        """For ``start --wait``: print each ``freeze.waiting`` of the rollout once (the
+        driver waits out a freeze window: docs/rollouts.md#freeze-windows)."""
+        seen: set[int] = set()
+
+        def say(ro: Rollout) -> None:
+            for ev in RolloutEvent.objects.filter(rollout=ro, action="freeze.waiting").exclude(
+                pk__in=seen
+            ):
+                seen.add(ev.pk)
+                self.stdout.write(f"rollout {ro.pk} {ev.reason}")
+
+        return say
+
     def do_retire(self, o: dict[str, Any]) -> None:
         v = retire_version(
             fingerprint=o["fingerprint"], queue=o["queue"], actor=o["actor"], reason=o["reason"]
         )
         self.stdout.write(f"{v.queue}@{v.fp12} retired")
+
+    def do_freeze(self, o: dict[str, Any]) -> None:
+        """docs/rollouts.md#freeze-windows: flip stop-the-line, or show what is frozen."""
+        if o["switch"] == "on" and not o["reason"].strip():
+            raise CommandError("rollout freeze on needs --reason (it is shown with every refusal)")
+        if o["switch"] != "status":
+            rollouts.set_stop_the_line(on=o["switch"] == "on", actor=o["actor"], reason=o["reason"])
+        data = rollouts.freeze_status()
+        if o["json"]:
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        active = data["active"]
+        self.stdout.write(f"frozen: {active['message']}" if active else "not frozen")
+        line = data["stop_the_line"]
+        self.stdout.write(
+            f"stop-the-line: {'on' if line['on'] else 'off'}"
+            + (
+                f" (by {line['actor']} at {line['changed_at']}: {line['reason']})"
+                if line["actor"]
+                else ""
+            )
+        )
+        for w in data["windows"]:
+            days = ",".join(DAYS[d] for d in w.get("days", []))
+            when = (
+                f"{w['from']} – {w['until']}" if "from" in w
+                else f"{w['start']}–{w['end']} UTC starting on {days}"
+            )  # fmt: skip
+            self.stdout.write(f"window {w['name']}: {when}")
 
     def do_status(self, o: dict[str, Any]) -> None:
 
@@ -245,6 +301,7 @@ class Command(BaseCommand):
             ],
             "rollout": describe_rollout(active) if active else None,
             "deploy_lock": describe_lock(lock) if lock else None,
+            "frozen": rollouts.rollout_freeze(active) if active else None,
         }
         if o["json"]:
             self.stdout.write(json.dumps(data))
@@ -259,6 +316,9 @@ class Command(BaseCommand):
                 f"rollout {active.pk} {active.state}: {active.version.fp12} by "
                 f"{active.started_by}; lock {data['deploy_lock'] or 'not held'}"
             )
+        if data["frozen"]:
+            held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
+            self.stdout.write(f"frozen: {data['frozen']['message']}{held}")
 
     def do_promote(self, o: dict[str, Any]) -> None:
         ro = rollouts.request_action(rollout=o["id"], action="promote", actor=o["actor"])

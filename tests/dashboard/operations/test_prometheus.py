@@ -361,3 +361,30 @@ def test_scrapes_need_an_operator_token_or_the_configured_network(settings) -> N
     _, raw = ApiToken.issue(make_user("prom", perms=("view_jobrun",)))
     res = Client(REMOTE_ADDR="192.168.1.1").get("/metrics", HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert res.status_code == 200
+
+
+def test_the_freeze_and_the_webhook_outbox_are_exported() -> None:
+    """docs/rollouts.md#freeze-windows, docs/rollouts.md#notifications."""
+    from django.test import override_settings
+
+    from dashboard.rollouts import freeze
+    from dashboard.versions.state_machine import ensure_baseline, record_event
+
+    got = scrape()
+    assert got.one("gitward_rollout_frozen") == 0
+    assert got.total("gitward_rollout_notifications_pending") == 0
+    hooks = [
+        {"name": n, "url": "http://127.0.0.1:9/", "secret": "x" * 16, "format": "json"}
+        for n in ("ops", "chat")
+    ]
+    with override_settings(ROLLOUT_WEBHOOKS=hooks):
+        base = ensure_baseline(actor="setup")
+        ro = Rollout.objects.create(queue="analysis", version=base, started_by="t", steps=[100])
+        record_event(ro, base, "rollout", "", "pending", "t", "", None)
+        record_event(ro, base, "verdict", "", "", "t", "passed", None)
+        record_event(ro, base, "note", "", "", "t", "not announced", None)
+        freeze.set_stop_the_line(on=True, actor="t", reason="incident")
+        got = scrape()
+    assert got.one("gitward_rollout_frozen", window="stop-the-line") == 1
+    assert got.one("gitward_rollout_notifications_pending", endpoint="ops") == 2
+    assert got.one("gitward_rollout_notifications_pending", endpoint="chat") == 2

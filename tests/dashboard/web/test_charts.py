@@ -99,3 +99,25 @@ def test_sparklines_totals_and_latest_backlog() -> None:
     assert out["backlog_now"] == 7  # the latest sample, skipping missing ones
     assert out["throughput"] == spark_points([1, 2, 3])
     assert sparklines({"throughput": [], "backlog": [None]})["backlog_now"] == 0
+
+
+def test_time_marks_sit_at_their_time_and_events_outside_the_chart_are_left_out() -> None:
+    from datetime import UTC, datetime
+
+    from dashboard.web.charts import DAY_WIDTH, time_marks
+
+    start = datetime(2026, 12, 6, 0, 0, tzinfo=UTC)
+    events = [
+        {"at": start - timedelta(seconds=1), "label": "before"},
+        {"at": start, "label": "a", "title": "A"},
+        {"at": start + timedelta(hours=6), "label": "b"},
+        {"at": start + timedelta(hours=24), "label": "after"},
+    ]
+    marks = time_marks(events, start, 24)
+    plot_w = DAY_WIDTH - LEFT
+    assert [(m["x"], m["label"], m["title"]) for m in marks] == [
+        (LEFT, "a", "A"),
+        (round(LEFT + plot_w / 4, 1), "b", "b"),
+    ]
+    assert [(m["top"], m["base"]) for m in marks] == [(TOP, HEIGHT - BOTTOM)] * 2
+    assert marks[0]["label_y"] != marks[1]["label_y"]  # neighbours' labels alternate

@@ -526,3 +526,38 @@ def test_a_rollout_whose_driver_is_gone_is_taken_over_or_aborted(tmp_path: Path)
     assert AnalyzerVersion.objects.get(pk=ro.version_id).state in {S.DRAINING, S.DRAINED}
     assert AnalyzerVersion.objects.get(pk=ro.previous_id).state == S.CURRENT
     assert AuditEntry.objects.get(action="rollout.page.abort").detail["reason"] == "give up"
+
+
+def test_stop_the_line_is_flipped_from_the_page_with_a_reason_and_audited() -> None:
+    """The Freeze card (docs/rollouts.md#freeze-windows): an operator with the rollback
+    permission stops the line with a reason; a viewer sees it and gets no switch; then
+    a start from the page's form is refused naming it."""
+    from dashboard.models import AuditEntry
+    from dashboard.rollouts import freeze
+
+    viewer = client_for(make_user("vic", perms=("view_jobrun",)))
+    page = viewer.get("/rollouts/").content.decode()
+    assert "Not frozen" in page and 'id="freeze-form"' not in page
+    assert viewer.post("/rollouts/freeze/", {"on": "1", "reason": "x"}).status_code == 403
+    op = client_for(make_user("olga", perms=("view_jobrun", "rollback_rollout", "start_rollout")))
+    res = op.post("/rollouts/freeze/", {"on": "1", "reason": ""})
+    assert res.status_code == 400
+    assert "Say why the line is stopped" in res.content.decode()
+    assert not freeze.stop_the_line()["on"]
+    res = op.post("/rollouts/freeze/", {"on": "1", "reason": "incident 31"}, follow=True)
+    page = res.content.decode()
+    assert "Frozen: stop-the-line is on: incident 31" in page
+    assert "Resume (switch stop-the-line off)" in page
+    assert freeze.stop_the_line()["actor"] == "olga"
+    ensure_baseline(actor="setup")
+    res = op.post(
+        "/rollouts/start/", {"queue": "analysis", "detect_renames": "on", "steps": "10,50,100"}
+    )
+    assert "stop-the-line is on: incident 31" in res.content.decode()
+    assert not Rollout.objects.exists()
+    op.post("/rollouts/freeze/", {"on": "0", "reason": ""})
+    assert not freeze.stop_the_line()["on"]
+    audit = AuditEntry.objects.filter(action="rollout.stop_the_line").order_by("id")
+    assert [(a.actor, a.outcome) for a in audit] == [("olga", "off → on"), ("olga", "on → off")]
+    refused = AuditEntry.objects.get(action="rollout.page.stop_the_line")
+    assert (refused.actor, refused.outcome) == ("vic", "refused: permission denied")
