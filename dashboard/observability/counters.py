@@ -146,6 +146,10 @@ MASTER_SECONDS = Counter(
     MASTER_LABELS,
 )
 DROPPED = Counter("gitward_metrics_dropped", "Increments dropped by a full metrics buffer.")
+ROLLOUT_HEARTBEAT_ERRORS = Counter(
+    "gitward_rollout_heartbeat_errors",
+    "Rollout driver heartbeats that failed (other than a lost lease) and were retried.",
+)
 
 COUNTER_DEFS: dict[str, Counter] = {
     c.name: c
@@ -165,6 +169,7 @@ COUNTER_DEFS: dict[str, Counter] = {
         MASTER_TIMEOUTS,
         MASTER_SECONDS,
         DROPPED,
+        ROLLOUT_HEARTBEAT_ERRORS,
     )
 }
 HISTOGRAM_DEFS: dict[str, Histogram] = {
@@ -395,6 +400,11 @@ def _collect_master_stats() -> None:
 
 def count_fencing_rejection(resource: str) -> None:
     count(FENCING_REJECTIONS, lock=locks.parse(resource).kind)
+
+
+def count_rollout_heartbeat_error() -> None:
+    """A rollout driver's heartbeat failed and will be retried (docs/rollouts.md)."""
+    count(ROLLOUT_HEARTBEAT_ERRORS)
 
 
 def _node_totals(node: Any) -> tuple[int, int, int, float]:

@@ -20,6 +20,7 @@ from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import start
 from dashboard.rollouts.deploy_lock import abort_rollout, holder_alive, rollback_rollout
 from dashboard.rollouts.drains import drain_counts
+from dashboard.rollouts.steps import UNTOUCHED
 from dashboard.versions import (
     RETIRABLE,
     InvalidTransition,
@@ -176,8 +177,8 @@ def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
                 "Abort",
                 f"abort rollout #{ro.pk} of {new}: "
                 + (
-                    "nothing was warmed yet, so it just ends"
-                    if v.state == S.REGISTERED
+                    f"nothing was routed to {new} yet, so it just ends ({new} stays {v.state})"
+                    if ro.state == R.PENDING or v.state in UNTOUCHED
                     else f"{new} stops receiving work and drains; {old} stays current"
                 )
                 + (f" ({who})." if alive else " (the deploy lock is taken here)."),

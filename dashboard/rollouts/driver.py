@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from dashboard import locks, versions
+from dashboard import locks, observability, versions
 from dashboard.accounts import record_audit
 from dashboard.locks import check_token
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
@@ -252,7 +252,8 @@ class RolloutDriver:
         routing change of ours can pass ``do_transition``'s token check anyway.
 
         Any other error (the database refuses the ``heartbeat_at`` stamp, a master
-        answers garbage) is logged and counted (``heartbeat_errors``) and the beat goes
+        answers garbage) is logged and counted (``heartbeat_errors``, and
+        ``gitward_rollout_heartbeat_errors_total``) and the beat goes
         on at its next interval: the lease is the Redis one, extended on its own, so a
         database blip neither ends the drive nor lets the lease lapse unnoticed. The
         thread never dies silently: whatever ends it sets ``lost`` unless it was asked
@@ -274,6 +275,7 @@ class RolloutDriver:
                     return
                 except Exception as exc:
                     self.heartbeat_errors += 1
+                    observability.count_rollout_heartbeat_error()
                     log.warning(
                         "rollout #%s: heartbeat failed (%s: %s); retrying in %.1fs",
                         self.rollout_id, type(exc).__name__, exc, self.ttl / 3.0,

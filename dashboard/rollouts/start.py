@@ -61,11 +61,10 @@ def active_rollout(queue: str = QUEUE) -> Rollout | None:
 
 
 def ended_state(rollout_id: int) -> str | None:
-    """The rollout's state if it has ended (or does not exist: ``"missing"``), else None."""
+    """The rollout's state if it has ended, else None (also for no such rollout: the
+    driver then fails on it, naming it)."""
     state = Rollout.objects.filter(pk=rollout_id).values_list("state", flat=True).first()
-    if state is None:
-        return "missing"
-    return None if state in Rollout.ACTIVE_STATES else str(state)
+    return None if state is None or state in Rollout.ACTIVE_STATES else str(state)
 
 
 def _describe_holder(ro: Rollout) -> str:

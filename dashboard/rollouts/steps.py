@@ -290,8 +290,8 @@ def rollback(
                     f"rollout #{ro.pk} completed, but {version} is no longer current "
                     f"({version.state}): nothing to roll back"
                 )
-            # Re-opened by a rollback after promote. Checked here, on the locked row,
-            # and guarded by the partial unique constraint: a rollout of the queue that
+            # Re-opened by a rollback after promote. Checked here, on the locked row, and
+            # guarded by the partial unique constraint (below): a rollout of the queue that
             # started meanwhile makes this a refusal, never an IntegrityError.
             other = (
                 Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
@@ -303,15 +303,6 @@ def rollback(
                     f"rollout #{other.pk} of {ro.queue!r} is {other.state}: end it before "
                     f"rolling back rollout #{ro.pk}"
                 )
-            ro.state, ro.finished_at = Rollout.State.ACTIVE, None
-            try:
-                with transaction.atomic():
-                    ro.save(update_fields=["state", "finished_at", "updated_at"])
-            except IntegrityError:
-                raise RolloutBusy(
-                    f"another rollout of {ro.queue!r} started: end it before rolling back "
-                    f"rollout #{ro.pk}"
-                ) from None
         elif ro.state not in Rollout.ACTIVE_STATES:
             raise InvalidTransition(f"rollout #{ro.pk} is {ro.state}: nothing to roll back")
         if version.state == S.CURRENT:
@@ -331,6 +322,22 @@ def rollback(
             )
         elif version.state != S.DRAINING:
             raise InvalidTransition(f"{version} cannot be rolled back from {version.state}")
+        if ro.state == Rollout.State.COMPLETED:
+            # Re-opened last, after the transitions locked the queue's versions: a start
+            # of the queue inserts its rollout while it holds those locks, so re-opening
+            # first (an active row under the partial unique index) and then waiting for
+            # the versions would make a cycle with it on PostgreSQL. A start that won
+            # meanwhile makes the save fail: refused, and the transaction (the
+            # transitions with it) rolls back.
+            ro.state, ro.finished_at = Rollout.State.ACTIVE, None
+            try:
+                with transaction.atomic():
+                    ro.save(update_fields=["state", "finished_at", "updated_at"])
+            except IntegrityError:
+                raise RolloutBusy(
+                    f"another rollout of {ro.queue!r} started: end it before rolling back "
+                    f"rollout #{ro.pk}"
+                ) from None
         set_rollout_state(
             rollout=ro, to=Rollout.State.ROLLING_BACK, actor=actor, token=token, reason=why
         )

@@ -408,3 +408,16 @@ def test_a_driver_job_queued_under_its_old_path_still_runs() -> None:
     failed = jobs.MovedPathsJob.fetch(job.id, connection=q.connection)
     assert failed.id in FailedJobRegistry(queue=q).get_job_ids()
     assert "DoesNotExist" in (failed.exc_info or ""), failed.exc_info
+
+
+def test_a_driver_job_of_a_rollout_aborted_before_it_ran_returns_at_once() -> None:
+    """A rollout aborted while pending (its driver job still queued): when the job
+    runs it finds the rollout ended and returns, instead of failing on it."""
+    from dashboard.rollouts.deploy_lock import abort_rollout
+    from dashboard.rollouts.start import start_rollout
+    from dashboard.versions.state_machine import ensure_baseline
+
+    ensure_baseline(actor="setup")
+    ro = start_rollout(config={"detect_renames": True}, actor="ci", enqueue_driver=False)
+    assert abort_rollout(rollout=ro, actor="ops").state == "aborted"
+    assert jobs.drive_rollout(ro.pk) == f"nothing to drive: rollout #{ro.pk} is aborted"

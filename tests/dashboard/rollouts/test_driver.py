@@ -16,6 +16,7 @@ from rq.job import Job
 from dashboard.infra import queues
 from dashboard.locks import leases
 from dashboard.models import AnalyzerVersion, JobAttempt, JobRun, Rollout, RolloutEvent
+from dashboard.observability import counters
 from dashboard.rollouts import start as rollouts_start
 from dashboard.rollouts import steps, warming
 from dashboard.rollouts.driver import RolloutDriver
@@ -379,6 +380,13 @@ def test_a_database_error_in_the_heartbeat_is_logged_retried_and_keeps_the_lease
         # Four refused beats (every TTL/3 = 0.5 s): 2 s, longer than the lease's TTL.
         wait_for(lambda: caplog.text.count("heartbeat failed") >= 4, 30, "four refused heartbeats")
         assert "heartbeat refused by the database" in caplog.text
+        counters.flush()
+        counted = sum(
+            value
+            for field, value in counters.read_all().items()
+            if counters.parse_field(field)[0] == counters.ROLLOUT_HEARTBEAT_ERRORS.name
+        )
+        assert counted >= 4 and driver.heartbeat_errors >= 4
         info = leases.redlock().inspect(keys.deploy("analysis"))
         assert info is not None and info["holder"]["token"] == driver.token
         assert not driver.lost.is_set() and driver.tick()

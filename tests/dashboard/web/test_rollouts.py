@@ -561,3 +561,26 @@ def test_stop_the_line_is_flipped_from_the_page_with_a_reason_and_audited() -> N
     assert [(a.actor, a.outcome) for a in audit] == [("olga", "off → on"), ("olga", "on → off")]
     refused = AuditEntry.objects.get(action="rollout.page.stop_the_line")
     assert (refused.actor, refused.outcome) == ("vic", "refused: permission denied")
+
+
+def test_buttons_of_a_finished_rollout_are_refused_with_a_message_and_no_lease_broken() -> None:
+    """Rollout A completed while rollout B runs (its driver holds the deploy lock):
+    posting abort, take over, promote or roll back for A shows a message naming why —
+    never a 500 — the refusal is audited, and B's lease is untouched."""
+    from dashboard.locks import leases
+    from tests.support.rollouts import completed_and_running
+    from workers.locks import keys
+
+    a, b, driver = completed_and_running()
+    admin = client_for(make_user("admin", perms=ADMIN))
+    before = leases.redlock().inspect(keys.deploy("analysis"))
+    for verb in ("abort", "takeover", "promote", "rollback"):
+        res = admin.post(f"/rollouts/{a.pk}/{verb}/", {"reason": "late"}, follow=True)
+        assert res.status_code == 200, verb
+        assert f"rollout #{a.pk} offers no".encode() in res.content, verb
+    assert AuditEntry.objects.filter(action__startswith="rollout.page.",
+                                     outcome__startswith="refused:").count() == 4  # fmt: skip
+    after = leases.redlock().inspect(keys.deploy("analysis"))
+    assert before is not None and after is not None and after["nonce"] == before["nonce"]
+    assert driver.tick() and Rollout.objects.get(pk=b.pk).state == "active"
+    assert Rollout.objects.get(pk=a.pk).state == "completed"
