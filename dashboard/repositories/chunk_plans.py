@@ -70,8 +70,9 @@ def plan_repository(
     previous plan was made from (``incremental_base``). Such a plan is complete for
     what ``since`` reaches: each of those commits is stored, or in a chunk that is open
     or failed. So when, inside this transaction, ``since`` is still the recorded head,
-    the served version is still the one it was planned for (and no other is ramping) and
-    no failed chunk holds a commit not stored and not in an open chunk, the full plan
+    the served version is still the one it was planned for (and no other is ramping),
+    no failed chunk holds a commit not stored and not in an open chunk, and no more
+    commits are stored than the recorded total (else some are unreachable), the full plan
     would find exactly ``shas`` pending, and the total is the old one plus
     ``len(shas)``. Otherwise nothing is written and None is returned: the caller lists
     the whole history and plans again without ``since``.
@@ -112,10 +113,13 @@ def plan_repository(
             # Race: a chunk of the previous plan failing after this check stays failed
             # until the next submission, exactly as after a full plan that found it
             # running (it was in flight then, so not re-planned either).
+            # More stored than the history holds: dropped commits a plan made before
+            # rewrites were pruned left behind; the full plan removes them.
             if not (
                 since == repo.head
                 and fps == [repo.fingerprint]
                 and not _uncovered_failures(repo_id, fps[0])
+                and stored_commits(repo_id, fps[0]) <= repo.commits_total
             ):
                 return None
             total += repo.commits_total

@@ -455,3 +455,26 @@ def test_an_incremental_plan_drops_nothing() -> None:
     assert planned is not None
     assert Commit.objects.count() == len(SHAS)
     assert not Chunk.objects.filter(state=Chunk.State.DROPPED).exists()
+
+
+def test_more_stored_than_the_history_holds_makes_the_next_plan_full() -> None:
+    """Commits a rewrite dropped before plans pruned them (stored 8 of a 7-commit total):
+    an incremental plan declines, and the full plan that follows removes them."""
+    repo = a_repo()
+    plan(repo)
+    for sha in [*SHAS, "e" * 40]:  # "e…" was dropped by an earlier rewrite, still stored
+        store(repo, sha)
+    Chunk.objects.update(state=Chunk.State.DONE)
+    new = "f" * 40
+
+    def incremental(since: str, head: str) -> object:
+        return chunk_plans.plan_repository(
+            repo_id=repo.pk, generation=repo.generation, fingerprint=FP, head=head,
+            shas=[head], since=since, lock_key=repo.lock_key(),
+            token=next_token(repo.lock_key()),
+        )  # fmt: skip
+
+    assert incremental(SHAS[-1], new) is None
+    plan(repo, [*SHAS, new])
+    assert set(Commit.objects.values_list("sha", flat=True)) == set(SHAS)
+    assert incremental(new, "d" * 40) is not None  # exact again: incremental from here on
