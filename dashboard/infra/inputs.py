@@ -20,7 +20,7 @@ DB_INT_MAX = 2**63 - 1
 
 #: Nesting allowed in a JSON body or websocket frame. No request of ours nests deeper
 #: than 4 (``POST /api/rollouts``: body → config → a value); Python's decoder recurses
-#: once per level and raises ``RecursionError`` near 1,000.
+#: once per level and raises ``RecursionError`` near 1,000 (caught: the same refusal).
 MAX_JSON_DEPTH = 32
 
 
@@ -29,22 +29,23 @@ class BadInput(ValueError):
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """``raw`` decoded as JSON, checked: ``BadInput`` when it is not JSON (nor UTF-8),
-    nests deeper than ``MAX_JSON_DEPTH``, or holds a key or string no column can store
-    (``_string_problem``)."""
-    if _depth_past_limit(raw):
-        raise BadInput(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    """``raw`` decoded as JSON, checked: ``BadInput`` when it is not JSON (nor UTF-8; nor
+    NaN, Infinity or a float past 1.8e308, which jsonb refuses), nests deeper than
+    ``MAX_JSON_DEPTH``, or holds a key or string no column can store
+    (``_value_problem``)."""
     try:
         data = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except BadInput:
         raise
-    except RecursionError as exc:  # unreachable after the depth scan; kept as a guard
+    except RecursionError as exc:
+        # The decoder recurses once per level: past the interpreter's limit (about 1,000
+        # levels) it raises this, cleanly, before any value of it is used.
         raise BadInput(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadInput("request body is not valid JSON") from exc
-    problem = _string_problem(data)
+    problem = _value_problem(data)
     if problem:
-        raise BadInput(f"the JSON holds {problem}")
+        raise BadInput(problem)
     return data
 
 
@@ -60,53 +61,35 @@ def _finite_float(text: str) -> float:
     return number
 
 
-def _depth_past_limit(raw: bytes | str) -> bool:
-    """Whether brackets outside strings nest past ``MAX_JSON_DEPTH``: one pass over the
-    text, before the decoder recurses. (A malformed text may be counted wrong; the
-    decoder refuses it anyway.)"""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return False  # the common case: no scan at all
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
-
-
-def _string_problem(data: Any) -> str:
-    """What no column can store in a key or string of ``data`` ("" if nothing): a NUL
-    (PostgreSQL's text and jsonb refuse it) or a lone surrogate (``"\\ud800"``: not
-    UTF-8, so no driver can encode it). Iterative: no recursion needed."""
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return "a NUL character (\\u0000)"
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return "a lone surrogate (\\ud800-\\udfff), which is not text"
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+def _value_problem(data: Any) -> str:
+    """What is wrong with a decoded value ("" if nothing): nesting past
+    ``MAX_JSON_DEPTH``, or a key or string no column can store — a NUL (PostgreSQL's
+    text and jsonb refuse it) or a lone surrogate (``"\\ud800"``: not UTF-8, so no
+    driver can encode it). Level by level: a value up to the decoder's own limit is
+    walked without recursion, and a wide one without a tuple per item."""
+    deeper = f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"
+    level, index = [data], 0  # the values at nesting ``index`` (a container there: index + 1)
+    while level:
+        children: list[Any] = []
+        for item in level:
+            if isinstance(item, str):
+                if "\x00" in item:
+                    return "the JSON holds a NUL character (\\u0000)"
+                if not item.isascii():
+                    try:
+                        item.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return "the JSON holds a lone surrogate (\\ud800-\\udfff): not text"
+            elif isinstance(item, list):
+                if index >= MAX_JSON_DEPTH:
+                    return deeper
+                children += item
+            elif isinstance(item, dict):
+                if index >= MAX_JSON_DEPTH:
+                    return deeper
+                children += item.keys()
+                children += item.values()
+        level, index = children, index + 1
     return ""
 
 

@@ -78,8 +78,8 @@ def api_post_routes() -> list[str]:
             continue
         route = str(pattern.pattern)
         if not route.startswith("api/") or pattern.name in {
-            "api-repo", "api-repo-commits", "api-repo-commit", "api-status", "api-runs",
-            "api-run", "api-rollout", "api-dlq", "api-dlq-group", "api-action",
+            "api-openapi", "api-repo", "api-repo-commits", "api-repo-commit", "api-status",
+            "api-runs", "api-run", "api-rollout", "api-dlq", "api-dlq-group", "api-action",
         }:  # fmt: skip
             continue  # GET only
         for name, value in samples.items():
