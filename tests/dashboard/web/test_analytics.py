@@ -30,7 +30,8 @@ def test_the_pages_show_the_planted_patterns(browser: Client, tmp_path: Path) ->
     html = browser.get(f"/repos/{repo.pk}/analytics/coupling/").content.decode()
     row = html[html.index('id="coupling-files"') :]
     assert "core/a.py" in row and "core/b.py" in row and "<td>80 %</td>" in row
-    assert "git log --no-merges --no-renames --numstat" in html
+    assert f"git log --no-merges --no-renames --numstat {repo.head}</code>" in html
+    assert f"head {repo.head[:10]}" in html
     link = f'href="/api/repos/{repo.pk}/coupling?&amp;format=csv&amp;table=directories"'
     assert link in html  # each table as CSV, through the API (the session authenticates)
     assert (
