@@ -200,7 +200,11 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
     elif kind == "ownership":
         body["files"] = file_ownership(scope, limit=limit)
         body["directories"] = directory_ownership(scope, depth=depth)[:limit]
-        body["knowledge_at_risk"] = knowledge_at_risk(scope, inactive_days=params.inactive_days)
+        risk = knowledge_at_risk(scope, inactive_days=params.inactive_days)
+        body["knowledge_at_risk"] = risk
+        gone = {a["author"] for a in risk["authors"]}
+        for row in (*body["files"], *body["directories"]):
+            row["main_dev_inactive"] = row["main_dev"] in gone  # "who left"
     elif kind == "age":
         body["files"] = file_age(scope)[:limit]
         body["directories"] = directory_age(scope, depth=depth)[:limit]

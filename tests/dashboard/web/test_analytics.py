@@ -53,6 +53,8 @@ def test_the_pages_show_the_planted_patterns(browser: Client, tmp_path: Path) ->
     assert "Cy" in risk and "legacy/old.py, legacy/util.py" in risk
     dirs = html[html.index('id="ownership-directories"') :]
     assert "handbook" in dirs and "<td>90 %</td>" in dirs
+    legacy = dirs[dirs.index(">legacy<") : dirs.index("</tr>", dirs.index(">legacy<"))]
+    assert '<span class="pill bad">inactive</span>' in legacy
 
     html = browser.get(f"/repos/{repo.pk}/analytics/age/?until={last_day}").content.decode()
     assert "legacy" in html and "<td>7</td>" in html
