@@ -107,6 +107,8 @@ def test_author_and_file_pages(browser: Client, tmp_path: Path) -> None:
     html = browser.get(f"{base}/authors/?author=cy@example.com").content.decode()
     files = html[html.index('id="author-files"') :]
     assert "legacy/old.py" in files and "<td>3</td>" in files
+    chart = html[html.index('id="author-chart"') : html.index('id="author-weekly"')]
+    assert "<svg" in chart and "4 commits" in chart  # Cy's four commits, one bar
     res = browser.get(f"{base}/files/?path=core/a.py")
     html = res.content.decode()
     assert res.status_code == 200
