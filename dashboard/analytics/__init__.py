@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         Scope,
         directory_of,
     )
+    from dashboard.analytics.verify import CannotVerify, verify_repository
     from dashboard.analytics.window import (
         PRESETS,
         BadWindow,
@@ -59,6 +60,7 @@ __all__ = [
     "PRESETS",
     "BadParameter",
     "BadWindow",
+    "CannotVerify",
     "NotFound",
     "Params",
     "Scope",
@@ -83,11 +85,14 @@ __all__ = [
     "parse_window",
     "report",
     "tables",
+    "verify_repository",
 ]
 
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "CannotVerify": "dashboard.analytics.verify",
+    "verify_repository": "dashboard.analytics.verify",
     "author_activity": "dashboard.analytics.people",
     "authors": "dashboard.analytics.people",
     "file_history": "dashboard.analytics.people",

@@ -6,7 +6,9 @@ computed for and the ``git log`` command that reproduces its rows."""
 from __future__ import annotations
 
 import csv
+import functools
 import io
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,7 +27,9 @@ from dashboard.analytics.ownership import directory_ownership, file_ownership, k
 from dashboard.analytics.people import author_activity, authors, file_history
 from dashboard.analytics.rows import MAX_DEPTH, Scope
 from dashboard.analytics.window import BadWindow, Window, parse_window
-from dashboard.models import Repository
+from dashboard.models import AnalyzerVersion, Repository
+from workers import analysis as core_analysis
+from workers import git
 
 #: The analyses, in the order pages and help list them.
 KINDS = ("hotspots", "coupling", "ownership", "age", "authors", "files")
@@ -122,6 +126,49 @@ def _text(values: Mapping[str, Any], name: str) -> str | None:
     return None if raw is None else str(raw).strip()[: 100 if name != "path" else 4097]
 
 
+@functools.cache
+def git_version() -> str:
+    """``git --version`` of this host (asked once per process; docs/analytics.md#provenance)."""
+    try:
+        done = subprocess.run(
+            git.command(["--version"]),
+            env=git.hardened_env(),
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip().removeprefix("git version ")
+
+
+def provenance(repo: Repository, fingerprint: str, window: Window) -> dict[str, Any]:
+    """Where a report's numbers come from: the analyzer version (fingerprint, code version,
+    configuration), the analysed head and branch, this host's git, and the command that
+    prints the rows they are computed from at that head."""
+    version = (
+        AnalyzerVersion.objects.filter(fingerprint=fingerprint)
+        .values("code_version", "config")
+        .first()
+    )
+    if version is None:  # the deployed default, before any rollout registered a version
+        version = {"code_version": "", "config": core_analysis.DEFAULT.to_dict()}
+    command = ["git log --no-merges --no-renames --numstat", *window.git_args()]
+    if repo.head:
+        command.append(repo.head)
+    return {
+        "fingerprint": fingerprint,
+        "code_version": version["code_version"],
+        "config": version["config"],
+        "head": repo.head,
+        "branch": repo.branch or "(default)",
+        "git_version": git_version(),
+        "command": " ".join(command),
+        "mailmap": "the .mailmap at the analysed head, as git log's %aN/%aE apply it",
+    }
+
+
 def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
     """The ``kind`` analysis of ``repo`` under the served fingerprint; ``BadParameter``
     for an unknown kind or a missing ``path``, ``NotFound`` for an author or file with no
@@ -140,6 +187,7 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
             ["git log --no-merges --no-renames --numstat", *params.window.git_args()]
         ),
         "computed_at": timezone.now().isoformat(),
+        "provenance": provenance(repo, scope.fingerprint, params.window),
     }
     t, depth, limit = params.thresholds, params.depth, params.limit
     if kind == "coupling":
@@ -152,7 +200,11 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
     elif kind == "ownership":
         body["files"] = file_ownership(scope, limit=limit)
         body["directories"] = directory_ownership(scope, depth=depth)[:limit]
-        body["knowledge_at_risk"] = knowledge_at_risk(scope, inactive_days=params.inactive_days)
+        risk = knowledge_at_risk(scope, inactive_days=params.inactive_days)
+        body["knowledge_at_risk"] = risk
+        gone = {a["author"] for a in risk["authors"]}
+        for row in (*body["files"], *body["directories"]):
+            row["main_dev_inactive"] = row["main_dev"] in gone  # "who left"
     elif kind == "age":
         body["files"] = file_age(scope)[:limit]
         body["directories"] = directory_age(scope, depth=depth)[:limit]

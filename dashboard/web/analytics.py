@@ -13,6 +13,7 @@ from django.shortcuts import render
 
 from dashboard import analytics
 from dashboard.models import Repository
+from dashboard.web.charts import history_bars
 
 #: The form's fields per analysis, beside the window (since, until, last): (name, label).
 FIELDS: dict[str, list[tuple[str, str]]] = {
@@ -72,6 +73,8 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
     try:
         context["body"] = analytics.report(analysis, repo, analytics.parse_params(values))
         context["csv_tables"] = list(analytics.tables(context["body"]))
+        if context["body"].get("activity"):  # one author: their commits over the window
+            context["chart"] = history_bars(context["body"]["activity"]["weekly"])
     except analytics.NotFound as exc:
         context["error"] = str(exc)
         return render(request, "analytics.html", context, status=404)

@@ -109,3 +109,27 @@ def test_thresholds_refuse_nonsense() -> None:
         Thresholds(max_changeset_size=1)
     with pytest.raises(ValueError, match="min_revs"):
         Thresholds(min_revs=-1)
+
+
+def test_code_maats_rounding_and_thresholds_on_a_hand_built_history(tmp_path: Path) -> None:
+    """x changes in 3 revisions, y in 4, 2 of them together: average 3.5 revisions,
+    degree 100 * 2 / 3.5 = 57.1. code-maat prints the degree truncated (57) and the
+    average rounded up (4), but compares the unrounded average with min-revs: 3.5 < 4."""
+    from tests.support.analytics_history import analysed
+    from tests.support.gitrepo import GitRepo
+
+    origin = GitRepo.create(tmp_path / "origin")
+    origin.commit("both", {"x.txt": "1\n", "y.txt": "1\n"})
+    origin.commit("both again", {"x.txt": "2\n", "y.txt": "2\n"})
+    origin.commit("x", {"x.txt": "3\n"})
+    origin.commit("y", {"y.txt": "3\n"})
+    origin.commit("y again", {"y.txt": "4\n"})
+    scope = Scope.of(analysed(origin), parse_window())
+    loose = Thresholds(min_revs=3, min_shared_revs=2, min_coupling=57)
+    assert file_coupling(scope, loose) == [
+        {"entity": "x.txt", "coupled": "y.txt", "degree": 57, "average_revs": 4,
+         "shared_revs": 2, "revs": 3, "coupled_revs": 4}
+    ]  # fmt: skip
+    assert file_coupling(scope, Thresholds(min_revs=4, min_shared_revs=2, min_coupling=0)) == []
+    assert file_coupling(scope, Thresholds(min_revs=3, min_shared_revs=3, min_coupling=0)) == []
+    assert file_coupling(scope, Thresholds(min_revs=3, min_shared_revs=2, min_coupling=58)) == []

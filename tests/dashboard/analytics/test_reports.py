@@ -20,7 +20,7 @@ from dashboard.analytics.reports import (
 from dashboard.analytics.window import parse_window
 from dashboard.models import Repository
 from dashboard.repositories.lifecycle import current_fingerprint
-from tests.support.analytics_history import analysed, build
+from tests.support.analytics_history import analysed, build, git_log
 
 
 def test_defaults_and_values() -> None:
@@ -83,3 +83,33 @@ def test_the_envelope_of_every_report(tmp_path: Path) -> None:
         report("authors", repo, parse_params({"author": "x@y.z"}))
     with pytest.raises(BadParameter, match="unknown analysis 'churn'"):
         report("churn", Repository(pk=1, url="x"), Params())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_provenance_names_the_analyzer_the_head_and_a_command_that_reproduces_the_rows(
+    tmp_path: Path,
+) -> None:
+    import shlex
+    import subprocess
+
+    from workers import analysis
+
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    repo.refresh_from_db()
+    window = {"since": "2024-01-01", "until": "2024-12-31"}
+    prov = report("hotspots", repo, parse_params(window))["provenance"]
+    assert prov["head"] == repo.head == origin.head()
+    assert prov["fingerprint"] == current_fingerprint()
+    assert prov["config"] == analysis.DEFAULT.to_dict()
+    version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout
+    assert prov["git_version"] == version.strip().removeprefix("git version ")
+    argv = shlex.split(prov["command"])
+    assert argv[-1] == repo.head and "--since=2024-01-01T00:00:00Z" in argv
+    # the command, run in a clone, prints exactly the commits the report counted
+    out = origin.git(*argv[1:], "--format=@%H").splitlines()
+    printed = [line[1:] for line in out if line.startswith("@")]
+    assert printed and set(printed) == {
+        c.sha
+        for c in git_log(origin, "--since=2024-01-01T00:00:00Z", "--until=2024-12-31T23:59:59Z")
+    }

@@ -50,6 +50,13 @@ def test_every_analysis_through_the_api(client: Client, token: str, tmp_path: Pa
     body = res.json()
     docs = next(d for d in body["directories"] if d["directory"] == "handbook")
     assert (docs["main_dev"], docs["ownership"], docs["bus_factor"]) == ("ada@example.com", 0.9, 1)
+    legacy = next(d for d in body["directories"] if d["directory"] == "legacy")
+    assert (legacy["main_dev"], legacy["bus_factor"], legacy["main_dev_inactive"]) == (
+        "cy@example.com",
+        1,
+        True,
+    )  # a bus factor of one, and its author left
+    assert docs["main_dev_inactive"] is False
     risk = body["knowledge_at_risk"]
     assert [(a["author"], a["files"]) for a in risk["authors"]] == [
         ("cy@example.com", ["legacy/old.py", "legacy/util.py"])
@@ -158,3 +165,16 @@ def test_csv_export_of_each_table(client: Client, token: str, tmp_path: Path) ->
     }
     res = get(client, f"{base}/age?format=xml", token)
     assert res.status_code == 400 and res.json() == {"error": "format must be json or csv"}
+
+
+def test_a_repository_with_no_commit_yet_has_empty_tables(client: Client, token: str) -> None:
+    from dashboard.models import Repository
+
+    repo = Repository.objects.create(url="https://example.com/empty.git", status="queued")
+    for kind in ("hotspots", "coupling", "ownership", "age", "authors"):
+        res = get(client, f"/api/repos/{repo.pk}/{kind}?last=90", token)
+        assert res.status_code == 200, kind
+        tables = {k: v for k, v in res.json().items() if isinstance(v, list)}
+        assert tables and all(v == [] for v in tables.values()), kind
+    res = get(client, f"/api/repos/{repo.pk}/hotspots?format=csv&table=files", token)
+    assert res.status_code == 200 and b"".join(res.streaming_content) == b""

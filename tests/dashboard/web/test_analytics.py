@@ -30,7 +30,8 @@ def test_the_pages_show_the_planted_patterns(browser: Client, tmp_path: Path) ->
     html = browser.get(f"/repos/{repo.pk}/analytics/coupling/").content.decode()
     row = html[html.index('id="coupling-files"') :]
     assert "core/a.py" in row and "core/b.py" in row and "<td>80 %</td>" in row
-    assert "git log --no-merges --no-renames --numstat" in html
+    assert f"git log --no-merges --no-renames --numstat {repo.head}</code>" in html
+    assert f"head {repo.head[:10]}" in html
     link = f'href="/api/repos/{repo.pk}/coupling?&amp;format=csv&amp;table=directories"'
     assert link in html  # each table as CSV, through the API (the session authenticates)
     assert (
@@ -52,6 +53,8 @@ def test_the_pages_show_the_planted_patterns(browser: Client, tmp_path: Path) ->
     assert "Cy" in risk and "legacy/old.py, legacy/util.py" in risk
     dirs = html[html.index('id="ownership-directories"') :]
     assert "handbook" in dirs and "<td>90 %</td>" in dirs
+    legacy = dirs[dirs.index(">legacy<") : dirs.index("</tr>", dirs.index(">legacy<"))]
+    assert '<span class="pill bad">inactive</span>' in legacy
 
     html = browser.get(f"/repos/{repo.pk}/analytics/age/?until={last_day}").content.decode()
     assert "legacy" in html and "<td>7</td>" in html
@@ -104,6 +107,8 @@ def test_author_and_file_pages(browser: Client, tmp_path: Path) -> None:
     html = browser.get(f"{base}/authors/?author=cy@example.com").content.decode()
     files = html[html.index('id="author-files"') :]
     assert "legacy/old.py" in files and "<td>3</td>" in files
+    chart = html[html.index('id="author-chart"') : html.index('id="author-weekly"')]
+    assert "<svg" in chart and "4 commits" in chart  # Cy's four commits, one bar
     res = browser.get(f"{base}/files/?path=core/a.py")
     html = res.content.decode()
     assert res.status_code == 200
