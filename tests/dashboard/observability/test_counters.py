@@ -145,7 +145,13 @@ def test_a_detached_flusher_ends_without_flushing_again(monkeypatch: pytest.Monk
     thread.join(timeout=10)
     assert not thread.is_alive()
     count(JOBS_ENQUEUED, queue="sync", version="v1")  # a later record starts a new one
-    assert counters._buffer.flusher not in (None, thread)
+    later = counters._buffer.flusher
+    assert later not in (None, thread)
+    # The new flusher must not outlive the test: 0.05 s on, it would write "v1" into the
+    # Redis the next test has just emptied (that test then saw a series it never counted).
+    counters.stop_flushing()
+    later.join(timeout=10)
+    assert not later.is_alive()
 
 
 def test_a_whole_increment_to_a_fractional_series_is_flushed() -> None:
