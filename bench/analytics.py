@@ -12,7 +12,12 @@ log`` of the same window, output read and discarded: git's own cost of the raw d
 before any aggregation). SQLite by default; ``--database-url`` for PostgreSQL. Prints
 JSON; nothing is asserted.
 
-    .venv/bin/python bench/analytics.py [--commits 12000] [--rounds 7]
+``--pydriller N`` adds PyDriller's process metrics (ChangeSet, CodeChurn,
+ContributorsCount; the bench extra) over the newest N commits, beside the views that give
+the same per-file figures over the same commits (PyDriller walks merges too; the views
+leave them out).
+
+    .venv/bin/python bench/analytics.py [--commits 12000] [--rounds 7] [--pydriller 3000]
         [--database-url postgres://postgres@127.0.0.1:5432/gw_analytics_bench]
 """
 
@@ -99,6 +104,13 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=12_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--database-url", default="")
+    parser.add_argument(
+        "--pydriller",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time PyDriller's process metrics over the newest N commits (bench extra)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
     out: dict[str, Any] = {"commits": args.commits, "load_average": os.getloadavg()[0]}
@@ -168,11 +180,57 @@ def main() -> None:
                 .count(),
                 **{name: timed(fn, args.rounds) for name, fn in views.items()},
             }
+        if args.pydriller:
+            out["pydriller"] = pydriller_side_by_side(origin, repo, args.pydriller)
         from django.conf import settings
 
         out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(json.dumps(out, indent=2))
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pydriller_side_by_side(origin: Path, repo: Any, newest: int) -> dict[str, Any]:
+    """PyDriller's per-file process metrics (ChangeSet, CodeChurn, ContributorsCount: each
+    walks the commits again) since the committer date of the ``newest``-th newest commit,
+    once each, beside the gitward views that give the same per-file figures over the same
+    commits (every file: ``limit`` 10,000), each timed once after a warm-up."""
+    from datetime import UTC, datetime
+
+    from pydriller.metrics.process.change_set import ChangeSet
+    from pydriller.metrics.process.code_churn import CodeChurn
+    from pydriller.metrics.process.contributors_count import ContributorsCount
+
+    from dashboard import analytics
+
+    newest_args = ["--no-merges", f"--skip={newest - 1}", "-1", "--format=%ct"]
+    stamp = subprocess.run(
+        ["git", "-C", str(origin), "log", *newest_args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    since = datetime.fromtimestamp(int(stamp), UTC)
+    to = datetime.now(UTC)
+    theirs = {}
+    for metric in (ChangeSet, CodeChurn, ContributorsCount):
+        t0 = time.perf_counter()
+        metric(str(origin), since=since, to=to)
+        theirs[metric.__name__] = round(time.perf_counter() - t0, 2)
+    scope = analytics.Scope.of(repo, analytics.Window(since, None))
+    ours = {
+        "hotspots (files: revisions, churn, authors)": timed(
+            lambda: analytics.file_hotspots(scope, limit=10_000), 1
+        )["median_ms"],
+        "ownership (files: authors and shares)": timed(
+            lambda: analytics.file_ownership(scope, limit=10_000), 1
+        )["median_ms"],
+        "coupling (files)": timed(lambda: analytics.file_coupling(scope), 1)["median_ms"],
+    }
+    total_theirs = sum(theirs.values())
+    total_ours = sum(ours.values()) / 1000
+    return {
+        "since": since.isoformat(),
+        "pydriller_s": theirs,
+        "gitward_ms": ours,
+        "ratio": round(total_theirs / total_ours, 1) if total_ours else None,
+    }
 
 
 def _bounds(window: Any) -> dict[str, Any]:
