@@ -23,7 +23,6 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
-from django.urls import URLPattern, get_resolver
 
 from dashboard.infra.inputs import DB_INT_MAX
 from dashboard.models import AnalyzerVersion, ApiToken, JobRun, Repository
@@ -69,23 +68,21 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def api_post_routes() -> list[str]:
-    """Every POST route under /api/, with sample path arguments (the ids exist or not:
-    the body is refused before the lookup)."""
-    samples = {"repo_id": "1", "rollout_id": "1", "action": "abort", "fingerprint": "abcd"}
+    """Every POST route under /api/, as the OpenAPI document names them (whose routes
+    and methods tests/dashboard/api/test_openapi.py checks against the URLconf), with
+    sample path arguments (the ids exist or not: the body is refused before the lookup)."""
+    from dashboard.api.openapi import PATHS
+
+    samples = {"repo_id": "1", "run_id": "1", "rollout_id": "1", "action": "abort",
+               "fingerprint": "abcd", "identity": "a"}  # fmt: skip
     out = []
-    for pattern in get_resolver().url_patterns:
-        if not isinstance(pattern, URLPattern):
+    for route, methods in PATHS.items():
+        if "post" not in methods:
             continue
-        route = str(pattern.pattern)
-        if not route.startswith("api/") or pattern.name in {
-            "api-openapi", "api-repo", "api-repo-commits", "api-repo-commit", "api-status",
-            "api-runs", "api-run", "api-rollout", "api-dlq", "api-dlq-group", "api-action",
-        }:  # fmt: skip
-            continue  # GET only
         for name, value in samples.items():
-            for conv in ("id", "str"):
-                route = route.replace(f"<{conv}:{name}>", value)
-        out.append("/" + route)
+            route = route.replace("{" + name + "}", value)
+        assert "{" not in route, route  # a new path parameter needs a sample above
+        out.append(route)
     return out
 
 

@@ -252,7 +252,8 @@ def test_sweeping_a_closed_queue_removes_only_the_jobs_no_run_waits_for() -> Non
 
 def test_cancelling_takes_a_queued_job_and_a_scheduled_retry_out_of_redis() -> None:
     repo = a_repo()
-    queued, waiting = a_chunk_run(repo), a_chunk_run(a_repo(branch="dev"))
+    fp = "f" * 16
+    queued, waiting = a_chunk_run(repo, fp), a_chunk_run(a_repo(branch="dev"), fp)
     assert attempts.enqueue_run(queued)
     assert attempts.defer_attempt(started(waiting), delay=600.0, reason="lock held by job x")
     q = queues.queue("analysis")
@@ -260,9 +261,9 @@ def test_cancelling_takes_a_queued_job_and_a_scheduled_retry_out_of_redis() -> N
     conn = queues.connection()
     waiting.refresh_from_db()
     assert q.job_ids == [queued.rq_id()] and registry.get_job_ids() == [waiting.rq_id()]
-    assert attempts.cancel_runs(fingerprint="f" * 16, reason="closed") == 2
+    assert attempts.cancel_runs(fingerprint=fp, reason="closed") == 2
     assert q.job_ids == [] and registry.get_job_ids() == []
     assert not Job.exists(queued.rq_id(), connection=conn)
     assert not Job.exists(waiting.rq_id(), connection=conn)
     assert set(JobRun.objects.values_list("state", flat=True)) == {JobRun.State.DISCARDED}
-    assert attempts.cancel_runs(fingerprint="f" * 16, reason="closed") == 0
+    assert attempts.cancel_runs(fingerprint=fp, reason="closed") == 0
