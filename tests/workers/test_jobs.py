@@ -23,6 +23,7 @@ from rq.registry import FailedJobRegistry
 from dashboard.infra import queues
 from dashboard.locks import leases
 from dashboard.models import Chunk, Commit, JobAttempt, JobRun, Repository
+from dashboard.repositories.commit_counts import remove_stored
 from dashboard.repositories.lifecycle import submit_repository
 from dashboard.rollouts.start import DRIVER_QUEUE
 from dashboard.runs.dead_letters import new_bulk
@@ -307,7 +308,8 @@ def test_a_force_push_or_a_failed_chunk_makes_the_resync_plan_the_whole_history(
     assert repo.commits_total == 3 and repo.head == git_repo.head()
     analysed(repo)
     failed = Chunk.objects.filter(repository=repo).order_by("-position")[0]
-    Commit.objects.filter(repository=repo, sha__in=failed.sha_list()).delete()
+    gone = Commit.objects.filter(repository=repo, sha__in=failed.sha_list()).delete()[1]
+    remove_stored(repo.pk, failed.fingerprint, gone["dashboard.Commit"])  # the kept count too
     Chunk.objects.filter(pk=failed.pk).update(state=Chunk.State.FAILED)
     git_repo.commit("pushed", {"late.txt": "a\n"})
     assert resynced(git_repo, repo) == "planned 1 chunks over 4 commits"
