@@ -365,6 +365,8 @@ def _every_route_with(
         "action": "pause",
         "group": "none",
         "action_id": str(retry.json()["id"]),
+        "analysis": "coupling",
+        "identity": "nobody@example.com",
     }
     # Logging out last: every other request is the operator's.
     routes = sorted(_every_route(ids), key=lambda path: path == "/logout/")
