@@ -65,8 +65,9 @@ class RequestInputMiddleware:
 
     * 413: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (by its ``Content-Length``; we
       take no file uploads, so this holds for multipart bodies too);
-    * 400: more than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` fields (query or form), a
-      multipart body without a boundary or otherwise malformed, a NUL character in the
+    * 400: more than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` fields (query or form) or
+      ``DATA_UPLOAD_MAX_NUMBER_FILES`` files, a multipart body without a boundary or
+      otherwise malformed, a NUL character in the
       path or a query parameter (no text column of PostgreSQL's can store one: a search
       for it raised there). A form field's NUL is the form's error to show
       (Django's ``CharField`` refuses it), a JSON body's is ``dashboard.api.endpoint``'s.
@@ -106,7 +107,7 @@ def input_problem(request: HttpRequest) -> tuple[int, str] | None:
     except TooManyFieldsSent:
         return 400, f"more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields"
     except TooManyFilesSent:
-        return 400, "file uploads are not accepted"
+        return 400, f"more than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files"
     except MultiPartParserError as exc:
         return 400, f"the multipart body cannot be read: {exc}"
     return None

@@ -346,3 +346,20 @@ def test_an_empty_submission_over_the_rate_limit_is_a_429_with_its_form_error(
     assert browser.post("/repos/", {}).status_code == 400  # the form: url is required
     res = browser.post("/repos/", {})
     assert res.status_code == 429 and b"Too many submissions" in res.content
+
+
+def test_more_files_than_the_limit_are_a_400(api: Client, token: str) -> None:
+    """A multipart body with 101 file parts (Django's TooManyFilesSent, a 400 page of
+    its own and an ERROR in django.security before): a JSON 400."""
+    boundary = "BoUnDaRy"
+    parts = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="f{i}"; filename="f{i}.txt"\r\n'
+        f"Content-Type: text/plain\r\n\r\nx\r\n".encode()
+        for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FILES + 1)
+    )
+    res = api.post(
+        "/api/repos", parts + f"--{boundary}--\r\n".encode(),
+        content_type=f"multipart/form-data; boundary={boundary}", **bearer(token),
+    )  # fmt: skip
+    assert res.status_code == 400
+    assert res.json() == {"error": f"more than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files"}
