@@ -662,7 +662,12 @@ def _analysis(
         "description": "the report (format=json), or one table of it (format=csv)",
         "content": {
             JSON: {"schema": _ref(report)},
-            CSV: {"schema": {"type": "string", "description": "a header row, then the rows"}},
+            CSV: {
+                "schema": {
+                    "type": "string",
+                    "description": "a header row, then the rows (empty: no row)",
+                }
+            },
         },
     }
     return {
