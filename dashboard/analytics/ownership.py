@@ -13,7 +13,7 @@ author changed."""
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dashboard.analytics.rows import (
@@ -119,7 +119,11 @@ def knowledge_at_risk(scope: Scope, *, inactive_days: int = 90) -> dict[str, Any
     for each, the files of the window that only inactive authors changed."""
     if inactive_days < 1:
         raise ValueError("inactive_days must be at least 1")
-    cutoff = scope.window.reference() - timedelta(days=inactive_days)
+    reference = scope.window.reference()
+    # A cutoff before year 1 (a window ending in its first days) is the earliest instant:
+    # no commit is older, so no author is inactive.
+    floor = datetime.min.replace(tzinfo=UTC)
+    cutoff = max(reference, floor + timedelta(days=inactive_days)) - timedelta(days=inactive_days)
     seen = last_seen(scope)
     inactive = {a for a, at in seen.items() if at < cutoff}
     head, params = scope.rows_cte()

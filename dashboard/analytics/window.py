@@ -71,11 +71,14 @@ def parse_window(
 
     ``last`` (30, 90 or 365) is the days ending at ``until`` (default: today, UTC), and
     excludes ``since``. ``BadWindow`` for a malformed date, an unknown preset, both
-    ``since`` and ``last``, or ``since`` after ``until``."""
+    ``since`` and ``last``, ``since`` after ``until``, or a window past the dates Python
+    holds (``until`` on 9999-12-31, ``last`` reaching before year 1)."""
     since = since or None
     until = until or None
     last = last or None
     end_day = _day(until, "until") if until else None
+    if end_day == date.max:  # its end, the midnight after it, is past what a date holds
+        raise BadWindow(f"until must be before {date.max.isoformat()}")
     end = _midnight(end_day + timedelta(days=1)) if end_day else None
     if last is not None:
         if since is not None:
@@ -88,6 +91,8 @@ def parse_window(
             raise BadWindow(f"last must be one of {', '.join(map(str, PRESETS))}")
         if end is None:
             end = _midnight(timezone.now().astimezone(UTC).date() + timedelta(days=1))
+        if end - datetime.min.replace(tzinfo=UTC) < timedelta(days=days):
+            raise BadWindow(f"the last {days} days before until start before year 1")
         return Window(end - timedelta(days=days), end)
     start = _midnight(_day(since, "since")) if since else None
     if start and end and start >= end:

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from dashboard import analytics
 from dashboard.api.endpoint import error
 
 # ---------------------------------------------------------------------------- helpers
@@ -26,6 +27,9 @@ ID = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
 TIME = {"type": "string", "format": "date-time"}
 TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
 STR_OR_NULL = {"type": ["string", "null"]}
+CSV = "text/csv"
+COUNT = {"type": "integer", "minimum": 0}
+DATE_OR_NULL = {"type": ["string", "null"], "format": "date"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -304,6 +308,47 @@ SCHEMAS: dict[str, Any] = {
             "options": {"type": "object"},
         },
     },
+    "Freeze": _obj(
+        {
+            "frozen": {"type": "boolean"},
+            "active": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj(
+                        {
+                            "window": {"type": "string"},
+                            "until": TIME_OR_NULL,
+                            "reason": {"type": "string"},
+                            "message": {"type": "string"},
+                        }
+                    ),
+                ]
+            },
+            "stop_the_line": _obj(
+                {
+                    "on": {"type": "boolean"},
+                    "reason": {"type": "string"},
+                    "actor": {"type": "string"},
+                    "changed_at": TIME_OR_NULL,
+                }
+            ),
+            "windows": {"type": "array", "items": {"type": "object"}},
+        }
+    ),
+    "StopTheLine": {
+        "type": "object",
+        "required": ["on"],
+        "additionalProperties": False,
+        "properties": {
+            "on": {"type": "boolean"},
+            "reason": {
+                "type": "string",
+                "maxLength": 500,
+                "description": "required to switch it on; no control characters but tab "
+                "and newline",
+            },
+        },
+    },
     "Reason": {
         "type": "object",
         "properties": {
@@ -324,10 +369,326 @@ SCHEMAS: dict[str, Any] = {
     ),
 }
 
+# ------------------------------------------------------------------ analytics schemas
+
+
+def _rows(name: str) -> dict[str, Any]:
+    return {"type": "array", "items": _ref(name)}
+
+
+def _report(kind: str, required: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """An analysis report (``dashboard.analytics.report``): what every one says about
+    itself, and ``required``, the tables of ``kind``."""
+    return {
+        **_obj(
+            {
+                "repository": ID,
+                "name": {"type": "string"},
+                "analysis": {"const": kind},
+                "fingerprint": {"type": "string"},
+                "window": _ref("AnalyticsWindow"),
+                "parameters": _ref("AnalyticsParameters"),
+                "reproduce": {"type": "string"},
+                "computed_at": TIME,
+                "provenance": _ref("AnalyticsProvenance"),
+                **required,
+            }
+        ),
+        **more,
+    }
+
+
+def _hotspot(key: str) -> dict[str, Any]:
+    return _obj(
+        {
+            key: {"type": "string"},
+            "revs": {"type": "integer", "minimum": 1},
+            "churn": COUNT,
+            "authors": {"type": "integer", "minimum": 1},
+            "recent": COUNT,
+            "earlier": COUNT,
+            "trend": {"enum": ["rising", "falling", "steady"]},
+        }
+    )
+
+
+_OWNERSHIP = {
+    "revs": {"type": "integer", "minimum": 1},
+    "authors": {"type": "integer", "minimum": 1},
+    "main_dev": {"type": "string"},
+    "main_dev_name": {"type": "string"},
+    "main_dev_revs": {"type": "integer", "minimum": 1},
+    "ownership": {"type": "number", "minimum": 0, "maximum": 1},
+    "fragmentation": {"type": "number", "minimum": 0, "maximum": 1},
+    "bus_factor": {"type": "integer", "minimum": 1},
+    "main_dev_inactive": {"type": "boolean"},
+}
+
+
+def _age(key: str) -> dict[str, Any]:
+    return _obj(
+        {key: {"type": "string"}, "last_change_at": TIME, "age_months": COUNT,
+         "revs": {"type": "integer", "minimum": 1}}
+    )  # fmt: skip
+
+
+_LINES = {"insertions": COUNT, "deletions": COUNT}
+_AUTHOR = {
+    "author": {"type": "string"},
+    "name": {"type": "string"},
+    "commits": {"type": "integer", "minimum": 1},
+    **_LINES,
+    "first_commit_at": TIME,
+    "last_commit_at": TIME,
+}
+
+SCHEMAS |= {
+    "AnalyticsWindow": _obj({"since": DATE_OR_NULL, "until": DATE_OR_NULL}),
+    "AnalyticsParameters": _obj(
+        {
+            "since": DATE_OR_NULL,
+            "until": DATE_OR_NULL,
+            **{
+                name: {"type": "integer", "minimum": lo, "maximum": hi}
+                for name, (_, lo, hi) in analytics.INTEGERS.items()
+            },
+            "path": {"type": "string"},
+            "author": {"type": "string"},
+        }
+    ),
+    "AnalyticsProvenance": _obj(
+        {
+            "fingerprint": {"type": "string"},
+            "code_version": {"type": "string"},
+            "config": {"type": "object"},
+            "head": STR_OR_NULL,
+            "branch": {"type": "string"},
+            "git_version": {"type": "string"},
+            "command": {"type": "string"},
+            "mailmap": {"type": "string"},
+        }
+    ),
+    "HotspotFile": _hotspot("path"),
+    "HotspotDirectory": _hotspot("directory"),
+    "CouplingPair": _obj(
+        {
+            "entity": {"type": "string"},
+            "coupled": {"type": "string"},
+            "degree": {"type": "integer", "minimum": 0, "maximum": 100},
+            "average_revs": {"type": "integer", "minimum": 1},
+            "shared_revs": {"type": "integer", "minimum": 1},
+            "revs": {"type": "integer", "minimum": 1},
+            "coupled_revs": {"type": "integer", "minimum": 1},
+        }
+    ),
+    "OwnershipFile": _obj({"path": {"type": "string"}, **_OWNERSHIP}),
+    "OwnershipDirectory": _obj(
+        {
+            "directory": {"type": "string"},
+            **_OWNERSHIP,
+            "by_author": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "author": {"type": "string"},
+                        "name": {"type": "string"},
+                        "revs": {"type": "integer", "minimum": 1},
+                    }
+                ),
+            },
+        }
+    ),
+    "KnowledgeAtRisk": _obj(
+        {
+            "inactive_days": {"type": "integer", "minimum": 1},
+            "cutoff": TIME,
+            "files_at_risk": COUNT,
+            "authors": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "author": {"type": "string"},
+                        "name": {"type": "string"},
+                        "last_commit_at": TIME,
+                        "files": {"type": "array", "items": {"type": "string"}},
+                    }
+                ),
+            },
+        }
+    ),
+    "AgeFile": _age("path"),
+    "AgeDirectory": _age("directory"),
+    "Author": _obj(_AUTHOR),
+    "AuthorActivity": _obj(
+        {
+            **_AUTHOR,
+            "weekly": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "week": {"type": "string", "format": "date"},
+                        "commits": {"type": "integer", "minimum": 1},
+                        **_LINES,
+                    }
+                ),
+            },
+            "files": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "path": {"type": "string"},
+                        "revs": {"type": "integer", "minimum": 1},
+                        "added": COUNT,
+                        "deleted": COUNT,
+                    }
+                ),
+            },
+            "languages": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "language": {"type": "string", "minLength": 1},
+                        "changes": {"type": "integer", "minimum": 1},
+                        "lines": COUNT,
+                    }
+                ),
+            },
+        }
+    ),
+    "FileHistory": _obj(
+        {
+            "path": {"type": "string"},
+            "revs": {"type": "integer", "minimum": 1},
+            "added": COUNT,
+            "deleted": COUNT,
+            "authors": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "author": {"type": "string"},
+                        "name": {"type": "string"},
+                        "revs": {"type": "integer", "minimum": 1},
+                        "added": COUNT,
+                        "deleted": COUNT,
+                    }
+                ),
+            },
+            "commits": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "sha": {"type": "string", "pattern": "^[0-9a-f]{40}$"},
+                        "committed_at": TIME,
+                        "author": {"type": "string"},
+                        "name": {"type": "string"},
+                        "subject": {"type": "string"},
+                        "added": COUNT,
+                        "deleted": COUNT,
+                        "binary": {"type": "boolean"},
+                    }
+                ),
+            },
+            "coupled": _rows("CouplingPair"),
+        }
+    ),
+    "HotspotsReport": _report(
+        "hotspots", {"files": _rows("HotspotFile"), "directories": _rows("HotspotDirectory")}
+    ),
+    "CouplingReport": _report(
+        "coupling",
+        {},
+        description="The coupled pairs of files and of directories; with ?path=P, the "
+        "files coupled to P instead.",
+        oneOf=[
+            _obj({"files": _rows("CouplingPair"), "directories": _rows("CouplingPair")}),
+            _obj({"path": {"type": "string"}, "coupled": _rows("CouplingPair")}),
+        ],
+    ),
+    "OwnershipReport": _report(
+        "ownership",
+        {
+            "files": _rows("OwnershipFile"),
+            "directories": _rows("OwnershipDirectory"),
+            "knowledge_at_risk": _ref("KnowledgeAtRisk"),
+        },
+    ),
+    "AgeReport": _report("age", {"files": _rows("AgeFile"), "directories": _rows("AgeDirectory")}),
+    "AuthorsReport": _report(
+        "authors",
+        {},
+        description="The window's authors; with ?author=E, that author's activity instead.",
+        oneOf=[_obj({"authors": _rows("Author")}), _obj({"activity": _ref("AuthorActivity")})],
+    ),
+    "AuthorReport": _report("authors", {"activity": _ref("AuthorActivity")}),
+    "FileReport": _report("files", {"history": _ref("FileHistory")}),
+}
+
 # ---------------------------------------------------------------------------- paths
 
 _REPO = _path("repo_id", ID)
 _OPERATORS = "Operations data: needs dashboard.view_jobrun."
+
+
+def _int_query(name: str, description: str) -> dict[str, Any]:
+    default, lo, hi = analytics.INTEGERS[name]
+    schema = {"type": "integer", "minimum": lo, "maximum": hi, "default": default}
+    return _query(name, schema, description)
+
+
+#: The window every analysis takes (docs/analytics.md#the-window).
+_WINDOW = [
+    _query("since", {"type": "string", "format": "date"}, "first day (UTC) of committer dates"),
+    _query("until", {"type": "string", "format": "date"}, "last day (UTC), included"),
+    _query(
+        "last",
+        {"type": "integer", "enum": list(analytics.PRESETS)},
+        "the days ending at until (default today); not with since",
+    ),
+    _int_query("limit", "rows per table"),
+]
+_DEPTH = _int_query("depth", "directory levels of the roll-ups")
+_THRESHOLDS = [
+    _int_query(name, "a coupling threshold (docs/analytics.md#change-coupling)")
+    for name in ("min_revs", "min_shared_revs", "min_coupling", "max_changeset_size")
+]
+
+
+def _analysis(
+    summary: str, report: str, tables: list[str], *parameters: dict[str, Any]
+) -> dict[str, Any]:
+    """``GET`` of one analysis (docs/api.md#analytics): the JSON report, or with
+    ``format=csv&table=T`` one of its ``tables`` as CSV."""
+    ok = {
+        "description": "the report (format=json), or one table of it (format=csv)",
+        "content": {
+            JSON: {"schema": _ref(report)},
+            CSV: {
+                "schema": {
+                    "type": "string",
+                    "description": "a header row, then the rows (empty: no row)",
+                }
+            },
+        },
+    }
+    return {
+        "get": _op(
+            summary,
+            _responses({"200": ok}),
+            parameters=[
+                _REPO,
+                *parameters,
+                *_WINDOW,
+                _query("format", {"enum": ["json", "csv"], "default": "json"}, "json or csv"),
+                _query(
+                    "table",
+                    {"enum": tables},
+                    "with format=csv: the table (whichever the "
+                    "report has; at_risk: one row per inactive author and file)",
+                ),
+            ],
+        )
+    }
+
 
 PATHS: dict[str, Any] = {
     "/api/openapi.json": {
@@ -387,6 +748,55 @@ PATHS: dict[str, Any] = {
             parameters=[_REPO],
         )
     },
+    "/api/repos/{repo_id}/hotspots": _analysis(
+        "Its most changed files and directories, with their trend.",
+        "HotspotsReport",
+        ["files", "directories"],
+        _DEPTH,
+    ),
+    "/api/repos/{repo_id}/coupling": _analysis(
+        "The files and directories that change together (with ?path=P: P's).",
+        "CouplingReport",
+        ["files", "directories", "coupled"],
+        _DEPTH,
+        _query("path", {"type": "string", "maxLength": 4096}, "the files coupled to this one"),
+        *_THRESHOLDS,
+    ),
+    "/api/repos/{repo_id}/ownership": _analysis(
+        "Ownership, fragmentation and bus factor per file and directory; knowledge at risk.",
+        "OwnershipReport",
+        ["files", "directories", "at_risk"],
+        _DEPTH,
+        _int_query("inactive_days", "an author with no commit in these days is inactive"),
+    ),
+    "/api/repos/{repo_id}/age": _analysis(
+        "Months since each file's and directory's last change.",
+        "AgeReport",
+        ["files", "directories"],
+        _DEPTH,
+    ),
+    "/api/repos/{repo_id}/authors": _analysis(
+        "Its authors with their commits and lines (with ?author=E: E's activity).",
+        "AuthorsReport",
+        ["authors", "weekly", "files", "languages"],
+        _query("author", {"type": "string", "maxLength": 512}, "one author's (mailmap) e-mail"),
+    ),
+    "/api/repos/{repo_id}/authors/{identity}": _analysis(
+        "One author's activity per week, files and languages (404: no commit in the window).",
+        "AuthorReport",
+        ["weekly", "files", "languages"],
+        _path("identity", {"type": "string", "maxLength": 512}, "the (mailmap) e-mail"),
+    ),
+    "/api/repos/{repo_id}/files": _analysis(
+        "One file's history, authors and coupled files (404: no change in the window).",
+        "FileReport",
+        ["authors", "commits", "coupled"],
+        {
+            **_query("path", {"type": "string", "minLength": 1, "maxLength": 4096}, "the file"),
+            "required": True,
+        },
+        *_THRESHOLDS,
+    ),
     "/api/status": {
         "get": _op(
             "Locks, queues, workers, dead letters, Redis nodes. " + _OPERATORS,
@@ -448,6 +858,18 @@ PATHS: dict[str, Any] = {
             "Start a rollout (staff + dashboard.start_rollout; rate-limited; audited).",
             _responses({"202": _ok(_ref("RolloutStarted"), "pending its driver")}, "409"),
             requestBody=_body(_ref("RolloutSpec")),
+        ),
+    },
+    "/api/rollouts/freeze": {
+        "get": _op(
+            "The freeze in force, stop-the-line and the declared windows "
+            "(view_jobrun, start_rollout or rollback_rollout).",
+            _responses({"200": _ok(_ref("Freeze"), "the freeze state")}),
+        ),
+        "post": _op(
+            "Switch stop-the-line on or off (staff + dashboard.rollback_rollout; audited).",
+            _responses({"200": _ok(_ref("Freeze"), "the freeze state after the switch")}),
+            requestBody=_body(_ref("StopTheLine")),
         ),
     },
     "/api/rollouts/{rollout_id}": {

@@ -178,3 +178,35 @@ def test_a_repository_with_no_commit_yet_has_empty_tables(client: Client, token:
         assert tables and all(v == [] for v in tables.values()), kind
     res = get(client, f"/api/repos/{repo.pk}/hotspots?format=csv&table=files", token)
     assert res.status_code == 200 and b"".join(res.streaming_content) == b""
+
+
+@pytest.mark.parametrize(
+    ("kind", "query", "status", "answer"),
+    [
+        ("hotspots", "until=9999-12-31", 400, "until must be before 9999-12-31"),
+        ("age", "until=0001-01-01&last=365", 400,
+         "the last 365 days before until start before year 1"),
+        ("ownership", "until=0001-01-02&inactive_days=90", 200, "0001-01-01T00:00:00+00:00"),
+        ("ownership", "until=2024-01-01&inactive_days=90", 200, "2023-10-04T00:00:00+00:00"),
+        ("hotspots", "since=0001-01-01&until=9999-12-30", 200, None),
+        ("ownership", "since=9999-12-30", 200, None),
+        ("age", "until=0001-01-01&last=30", 400, "before year 1"),
+        ("age", "until=0001-01-31&last=30", 200, None),
+    ],
+)  # fmt: skip
+def test_dates_at_the_ends_of_the_calendar_are_a_400_or_an_answer(
+    client: Client, token: str, kind: str, query: str, status: int, answer: str | None
+) -> None:
+    """A window whose edge falls past the dates Python holds is a JSON 400 saying so; an
+    inactivity cutoff before year 1 is the first instant (nobody is inactive that early):
+    never a 500 (they were: OverflowError)."""
+    from dashboard.models import Repository
+
+    repo = Repository.objects.create(url="https://example.com/edge.git", status="ready")
+    res = get(client, f"/api/repos/{repo.pk}/{kind}?{query}", token)
+    assert res.status_code == status, (query, res.status_code)
+    body = res.json()
+    if status == 400:
+        assert answer in body["error"]
+    elif kind == "ownership" and answer:
+        assert body["knowledge_at_risk"]["cutoff"] == answer

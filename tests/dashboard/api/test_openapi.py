@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from dashboard.api.openapi import DOCUMENT, PATHS, SCHEMAS
 from dashboard.infra import queues
 from dashboard.models import ApiToken, JobRun, Repository
 from tests.conftest import run_workers
+from tests.support.analytics_history import build, git_log
 from tests.support.gitrepo import GitRepo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,15 +56,24 @@ class Checked:
             res = self.client.post(
                 path, json.dumps(body or {}), content_type="application/json", **self.auth
             )
-        validate(template, method, res.status_code, res.json())
+        kind = res["Content-Type"].split(";")[0]
+        if kind == "text/csv":  # an analysis's table, streamed
+            body: Any = b"".join(res.streaming_content).decode()
+        else:
+            body = res.json()
+        validate(template, method, res.status_code, body, kind)
         self.seen.add((template, method, str(res.status_code)))
         return res
 
 
-def validate(template: str, method: str, status: int, body: Any) -> None:
+def validate(
+    template: str, method: str, status: int, body: Any, kind: str = "application/json"
+) -> None:
     responses = PATHS[template][method]["responses"]
     assert str(status) in responses, f"{method.upper()} {template}: {status} not documented"
-    schema = responses[str(status)]["content"]["application/json"]["schema"]
+    content = responses[str(status)]["content"]
+    assert kind in content, f"{method.upper()} {template} {status}: {kind} not documented"
+    schema = content[kind]["schema"]
     validator = Draft202012Validator({**schema, "components": {"schemas": SCHEMAS}})
     errors = sorted(validator.iter_errors(body), key=str)
     assert not errors, f"{method.upper()} {template} {status}: {errors[0].message}"
@@ -95,7 +106,7 @@ def test_each_route_allows_exactly_the_documented_methods(admin: Checked) -> Non
     """Each route is called with every method: a 405 exactly for the undocumented ones
     (the ids need not exist: the method is checked first)."""
     samples = {"repo_id": 1, "sha": "a" * 40, "run_id": 1, "rollout_id": 1, "action": "promote"}
-    samples |= {"fingerprint": "abcd", "group": "g", "action_id": 1}
+    samples |= {"fingerprint": "abcd", "group": "g", "action_id": 1, "identity": "a@b.c"}
     for template, item in PATHS.items():
         path = template.format(**samples)
         for method in METHODS:
@@ -118,14 +129,19 @@ def test_every_error_answer_is_documented_and_has_the_error_shape(admin: Checked
                     }, (template, method, status)
 
 
-def test_real_responses_of_every_operation_validate(admin: Checked, git_repo: GitRepo) -> None:
+def test_real_responses_of_every_operation_validate(
+    admin: Checked, git_repo: GitRepo, tmp_path: Path
+) -> None:
     a = admin
     created = a.call("post", "/api/repos", {"url": str(git_repo.path)})
     assert created.status_code == 202
     repo_id = created.json()["id"]
     assert a.call("post", "/api/repos", {"url": str(git_repo.path)}).status_code == 200
     assert a.call("post", "/api/repos", {"url": "ftp://x"}).status_code == 400
+    planted = build(tmp_path / "planted")  # every analytics table has rows
+    analysed_id = a.call("post", "/api/repos", {"url": str(planted.path)}).json()["id"]
     run_workers()
+    call_every_analysis(a, analysed_id, planted)
     a.call("get", "/api/repos/{repo_id}", repo_id=repo_id)
     detail = a.call("get", "/api/repos/{repo_id}", repo_id=repo_id, query={"summary": "1"})
     assert detail.json()["status"] == "ready"
@@ -171,6 +187,10 @@ def test_real_responses_of_every_operation_validate(admin: Checked, git_repo: Gi
     a.call("post", "/api/rollouts", {"config": {"detect_renames": True}})  # busy: 409
     a.call("get", "/api/rollouts", query={"limit": "5"})
     a.call("get", "/api/rollouts/{rollout_id}", rollout_id=rollout_id)
+    a.call("get", "/api/rollouts/freeze")
+    a.call("post", "/api/rollouts/freeze", {"on": True})  # no reason: 400
+    assert a.call("post", "/api/rollouts/freeze", {"on": True, "reason": "drill"}).json()["frozen"]
+    a.call("post", "/api/rollouts/freeze", {"on": False})
     a.call("post", "/api/rollouts/{rollout_id}/{action}", {"reason": "x\x1b"},
            rollout_id=rollout_id, action="abort")  # fmt: skip
     a.call("post", "/api/rollouts/{rollout_id}/{action}", {"force": True},
@@ -190,6 +210,78 @@ def test_real_responses_of_every_operation_validate(admin: Checked, git_repo: Gi
     statuses = {s for _, _, s in a.seen}
     assert {"200", "202", "400", "404", "409"} <= statuses, statuses
     assert Repository.objects.filter(pk=repo_id).exists()
+
+
+def call_every_analysis(a: Checked, repo_id: int, origin: GitRepo) -> None:
+    """Each analytics operation on a repository with the planted patterns of
+    tests/support/analytics_history.py, with every table it has non-empty (so each row
+    schema meets real rows), as JSON and as CSV, and its 400s and 404s."""
+    base = "/api/repos/{repo_id}/"
+    last_day = max(c.committed_at[:10] for c in git_log(origin))
+    loose = {"min_revs": "1", "min_shared_revs": "1", "min_coupling": "1"}
+    reports = {
+        "hotspots": a.call("get", base + "hotspots", repo_id=repo_id, query={"depth": "2"}),
+        "coupling": a.call("get", base + "coupling", repo_id=repo_id, query=loose),
+        "coupled": a.call(
+            "get",
+            base + "coupling",
+            repo_id=repo_id,
+            query={**loose, "path": "core/a.py", "last": "365", "until": last_day},
+        ),
+        "ownership": a.call(
+            "get",
+            base + "ownership",
+            repo_id=repo_id,
+            query={"until": last_day, "inactive_days": "90"},
+        ),
+        "age": a.call("get", base + "age", repo_id=repo_id, query={"limit": "3"}),
+        "authors": a.call("get", base + "authors", repo_id=repo_id),
+        "by query": a.call(
+            "get", base + "authors", repo_id=repo_id, query={"author": "ada@example.com"}
+        ),
+        "author": a.call(
+            "get", base + "authors/{identity}", repo_id=repo_id, identity="cy@example.com"
+        ),
+        "file": a.call(
+            "get", base + "files", repo_id=repo_id, query={**loose, "path": "core/b.py"}
+        ),
+    }
+    for name, res in reports.items():
+        assert res.status_code == 200, (name, res.json())
+        body = res.json()
+        tables = [body.get(t) for t in ("files", "directories", "coupled", "authors")]
+        tables += [body.get("knowledge_at_risk", {}).get("authors")]
+        for nested in ("activity", "history"):
+            if nested in body:
+                tables += [v for v in body[nested].values() if isinstance(v, list)]
+        present = [t for t in tables if t is not None]
+        assert present and all(present), (name, body)  # some tables, none empty
+    assert reports["coupled"].json()["window"]["until"] == last_day
+    for template, table in (("hotspots", "files"), ("ownership", "at_risk"),
+                            ("authors/{identity}", "weekly"), ("files", "commits")):  # fmt: skip
+        res = a.call("get", base + template, repo_id=repo_id, identity="cy@example.com",
+                     query={"format": "csv", "table": table, "path": "core/b.py"})  # fmt: skip
+        assert res.status_code == 200 and res["Content-Type"].startswith("text/csv")
+    for template, query in (
+        ("hotspots", {"since": "2024-02-30"}),
+        ("coupling", {"min_coupling": "101"}),
+        ("ownership", {"inactive_days": "0"}),
+        ("age", {"format": "xml"}),
+        ("authors", {"format": "csv", "table": "nope"}),
+        ("files", {}),
+        ("authors/{identity}", {"last": "7"}),
+    ):
+        res = a.call("get", base + template, repo_id=repo_id, identity="cy@example.com",
+                     query=query)  # fmt: skip
+        assert res.status_code == 400, (template, query)
+    for template, query in (
+        ("files", {"path": "nowhere.txt"}),
+        ("authors/{identity}", {}),
+        ("age", {}),
+    ):
+        res = a.call("get", base + template, repo_id=repo_id + (template == "age") * 1000,
+                     identity="nobody@example.com", query=query)  # fmt: skip
+        assert res.status_code == 404, (template, query)
 
 
 def test_the_check_fails_a_body_off_the_schema_or_an_undocumented_status() -> None:
