@@ -517,9 +517,19 @@ def _dead_letter(run: JobRun, text: str) -> None:
     anyway (``chunk_plans.needs_catch_up``: failed under a version no longer served)."""
     reason = text.strip().split("\n", 1)[0][:500]
     if run.chunk_id:
-        Chunk.objects.filter(pk=run.chunk_id).exclude(state=Chunk.State.DONE).update(
-            state=Chunk.State.FAILED, error=reason
+        failed = (
+            Chunk.objects.filter(pk=run.chunk_id)
+            .exclude(state__in=[Chunk.State.DONE, Chunk.State.DROPPED])
+            .update(state=Chunk.State.FAILED, error=reason)
         )
+        # A chunk a rewrite dropped (docs/analysis.md: its commits are no longer
+        # reachable from the head) stays dropped, and its death fails nothing: the
+        # repository analyses a history without it. Race: the rewrite's plan drops the
+        # chunk after this UPDATE failed it; the plan sets ``dropped`` over ``failed``
+        # in its fenced transaction (``chunk_plans``), so the chunk ends dropped either
+        # way, and the repository's status is then the one that plan writes.
+        if not failed and Chunk.objects.filter(pk=run.chunk_id, state=Chunk.State.DROPPED).exists():
+            return
     repo = run.repository
     if run.kind == JobRun.Kind.SYNC:
         repo.fail(reason, generation=run.generation)

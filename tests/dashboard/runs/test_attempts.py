@@ -158,6 +158,22 @@ def test_a_dead_chunk_of_a_superseded_plan_leaves_its_repository_alone() -> None
     assert (repo.status, repo.error) == (Repository.Status.ANALYZING, "")
 
 
+def test_a_dead_chunk_a_rewrite_dropped_stays_dropped_and_fails_nothing() -> None:
+    """An attempt that was running when a rewrite dropped its chunk (its commits are no
+    longer reachable from the head: docs/analysis.md) dies later: the dead letter is
+    listed, but the chunk stays ``dropped`` (so the branch coming back re-queues it) and
+    the repository, analysing its new head, is not failed by commits it no longer has."""
+    repo = a_repo(status=Repository.Status.ANALYZING, fingerprint=served_fingerprint())
+    run = a_chunk_run(repo)
+    attempt = started(run)
+    Chunk.objects.filter(pk=run.chunk_id).update(state=Chunk.State.DROPPED)
+    assert attempts.fail_attempt(attempt, ValueError("x"), permanent=True) == "dead"
+    assert Chunk.objects.get(pk=run.chunk_id).state == Chunk.State.DROPPED
+    assert list(dead_runs().values_list("pk", flat=True)) == [run.pk]
+    repo.refresh_from_db()
+    assert (repo.status, repo.error) == (Repository.Status.ANALYZING, "")
+
+
 def test_a_permanent_failure_is_dead_at_once_and_shows_the_reason() -> None:
     repo = a_repo(status=Repository.Status.SYNCING)
     run = a_sync_run(repo)
