@@ -54,6 +54,7 @@ urlpatterns = [
         name="api-repo-commit",
     ),
     path("api/repos/<id:repo_id>/reanalyse", api.repo_reanalyse, name="api-repo-reanalyse"),
+    path("api/repos/<id:repo_id>/cancel", api.repo_cancel, name="api-repo-cancel"),
     path("api/repos/<id:repo_id>/hotspots", api.repo_hotspots, name="api-repo-hotspots"),
     path("api/repos/<id:repo_id>/coupling", api.repo_coupling, name="api-repo-coupling"),
     path("api/repos/<id:repo_id>/ownership", api.repo_ownership, name="api-repo-ownership"),
@@ -67,6 +68,7 @@ urlpatterns = [
     path("api/queues/pause", api.queue_pause, name="api-queue-pause"),
     path("api/queues/resume", api.queue_resume, name="api-queue-resume"),
     path("api/runs", api.runs, name="api-runs"),
+    path("api/runs/cancel", api.runs_cancel, name="api-runs-cancel"),
     path("api/rollouts", api.rollouts_collection, name="api-rollouts"),
     path("api/rollouts/<id:rollout_id>", api.rollout_detail, name="api-rollout"),
     path(
@@ -74,6 +76,7 @@ urlpatterns = [
     ),
     path("api/versions/<str:fingerprint>/retire", api.version_retire, name="api-version-retire"),
     path("api/runs/<id:run_id>", api.run_detail, name="api-run"),
+    path("api/runs/<id:run_id>/cancel", api.run_cancel, name="api-run-cancel"),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
     path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),

@@ -22,14 +22,14 @@ from dashboard.api.endpoint import not_found
 from dashboard.api.metrics import metrics
 from dashboard.api.openapi import openapi_document
 from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
-from dashboard.api.repos import repo_commits, repo_detail, repos
+from dashboard.api.repos import repo_cancel, repo_commits, repo_detail, repos
 from dashboard.api.rollouts import (
     rollout_action,
     rollout_detail,
     rollouts_collection,
     version_retire,
 )
-from dashboard.api.runs import run_detail, runs
+from dashboard.api.runs import run_cancel, run_detail, runs, runs_cancel
 
 __all__ = [
     "bulk_action",
@@ -47,6 +47,7 @@ __all__ = [
     "repo_age",
     "repo_author",
     "repo_authors",
+    "repo_cancel",
     "repo_commits",
     "repo_coupling",
     "repo_detail",
@@ -58,8 +59,10 @@ __all__ = [
     "rollout_action",
     "rollout_detail",
     "rollouts_collection",
+    "run_cancel",
     "run_detail",
     "runs",
+    "runs_cancel",
     "status",
     "version_retire",
 ]

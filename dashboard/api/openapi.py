@@ -168,6 +168,19 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "Reanalysis": _obj({"repository": ID, "outcome": {"type": "string"}}),
+    "Cancelled": {
+        **_obj(
+            {
+                "cancelled": {"type": "integer", "minimum": 0},
+                "runs": {"type": "array", "items": ID},
+                "dequeued": {"type": "integer", "minimum": 0},
+                "stopped": {"type": "integer", "minimum": 0},
+                "fenced": {"type": "array", "items": {"type": "string"}},
+            },
+            {"repository": ID, "status": {"type": "string"}, "error": STR_OR_NULL},
+        ),
+        "description": "What a cancel did (docs/lifecycle.md#cancelling).",
+    },
     "RunRepository": _obj({"id": ID, "url": {"type": "string"}}),
     "Run": _obj(
         {
@@ -387,6 +400,13 @@ PATHS: dict[str, Any] = {
             parameters=[_REPO],
         )
     },
+    "/api/repos/{repo_id}/cancel": {
+        "post": _op(
+            "Cancel the repository's analysis (dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
+            parameters=[_REPO],
+        )
+    },
     "/api/status": {
         "get": _op(
             "Locks, queues, workers, dead letters, Redis nodes. " + _OPERATORS,
@@ -433,6 +453,29 @@ PATHS: dict[str, Any] = {
             "One run with every attempt and its trace. " + _OPERATORS,
             _responses({"200": _ok(_ref("RunTrace"), "the run")}),
             parameters=[_path("run_id", ID)],
+        )
+    },
+    "/api/runs/{run_id}/cancel": {
+        "post": _op(
+            "Cancel one run (dashboard.change_jobrun; audited).",
+            _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
+            parameters=[_path("run_id", ID)],
+        )
+    },
+    "/api/runs/cancel": {
+        "post": _op(
+            "Cancel every run a filter selects (dashboard.change_jobrun; audited).",
+            _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
+            requestBody=_body(
+                {
+                    "type": "object",
+                    "properties": {
+                        "state": {"enum": ["queued", "failed", "running"]},
+                        "queue": {"type": "string", "maxLength": 100},
+                        "repo": ID,
+                    },
+                }
+            ),
         )
     },
     "/api/rollouts": {
