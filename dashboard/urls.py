@@ -55,6 +55,8 @@ urlpatterns = [
     ),
     path("api/repos/<id:repo_id>/reanalyse", api.repo_reanalyse, name="api-repo-reanalyse"),
     path("api/repos/<id:repo_id>/cancel", api.repo_cancel, name="api-repo-cancel"),
+    path("api/repos/<id:repo_id>/hook-secret", api.repo_hook_secret, name="api-repo-hook-secret"),
+    path("api/hooks/push/<id:repo_id>", api.push_hook, name="api-hook-push"),
     path("api/repos/<id:repo_id>/hotspots", api.repo_hotspots, name="api-repo-hotspots"),
     path("api/repos/<id:repo_id>/coupling", api.repo_coupling, name="api-repo-coupling"),
     path("api/repos/<id:repo_id>/ownership", api.repo_ownership, name="api-repo-ownership"),

@@ -19,6 +19,7 @@ from dashboard.api.analytics import (
 from dashboard.api.commits import commit_detail, repo_reanalyse
 from dashboard.api.dlq import bulk_action, dlq, dlq_discard, dlq_group, dlq_retry
 from dashboard.api.endpoint import not_found
+from dashboard.api.hooks import push_hook, repo_hook_secret
 from dashboard.api.metrics import metrics
 from dashboard.api.openapi import openapi_document
 from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
@@ -42,6 +43,7 @@ __all__ = [
     "metrics",
     "not_found",
     "openapi_document",
+    "push_hook",
     "queue_pause",
     "queue_resume",
     "repo_age",
@@ -52,6 +54,7 @@ __all__ = [
     "repo_coupling",
     "repo_detail",
     "repo_files",
+    "repo_hook_secret",
     "repo_hotspots",
     "repo_ownership",
     "repo_reanalyse",

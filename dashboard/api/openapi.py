@@ -168,6 +168,10 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "Reanalysis": _obj({"repository": ID, "outcome": {"type": "string"}}),
+    "HookSecret": _obj({"repository": ID, "secret": {"type": "string"}, "url": {"type": "string"}}),
+    "PushAccepted": _obj(
+        {"repository": ID, "provider": {"type": "string"}, "outcome": {"type": "string"}}
+    ),
     "Cancelled": {
         **_obj(
             {
@@ -405,6 +409,24 @@ PATHS: dict[str, Any] = {
             "Cancel the repository's analysis (dashboard.change_repository; audited).",
             _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
             parameters=[_REPO],
+        )
+    },
+    "/api/repos/{repo_id}/hook-secret": {
+        "post": _op(
+            "Issue the repository's push webhook secret, shown once "
+            "(dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("HookSecret"), "the new secret")}),
+            parameters=[_REPO],
+        )
+    },
+    "/api/hooks/push/{repo_id}": {
+        "post": _op(
+            "A git host's push (GitHub, GitLab, Gitea or generic), signed with the "
+            "repository's secret instead of a session or token.",
+            _responses({"202": _ok(_ref("PushAccepted"), "verified: scheduled or ignored")}),
+            parameters=[_REPO],
+            requestBody=_body({"type": "object"}),
+            security=[],
         )
     },
     "/api/status": {

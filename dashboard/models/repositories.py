@@ -41,6 +41,11 @@ class Repository(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     synced_at = models.DateTimeField(null=True, blank=True)
     analyzed_at = models.DateTimeField(null=True, blank=True)
+    #: The push webhook's secret ("" none issued: webhooks off). Stored as is: verifying an
+    #: HMAC needs the secret itself (docs/security.md#push-webhook-secrets).
+    hook_secret = models.CharField(max_length=100, blank=True, default="")
+    #: When the last verified push webhook arrived (docs/api.md#push-webhooks).
+    pushed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -145,6 +145,9 @@ def test_real_responses_of_every_operation_validate(admin: Checked, git_repo: Gi
     a.call("post", "/api/repos/{repo_id}/cancel", repo_id=repo_id)
     a.call("post", "/api/runs/cancel", {"state": "queued", "repo": repo_id})
     a.call("post", "/api/runs/cancel", {})  # no filter: 400
+    hook = a.call("post", "/api/repos/{repo_id}/hook-secret", repo_id=repo_id).json()
+    a.call("post", "/api/hooks/push/{repo_id}", {"ref": "refs/heads/main"}, repo_id=repo_id)
+    assert hook["secret"]
 
     a.call("get", "/api/status")
     runs = a.call("get", "/api/runs", query={"limit": "1"}).json()
