@@ -29,6 +29,7 @@ from datetime import UTC
 from typing import Any
 
 from django.conf import settings
+from django.db.models import F, Q
 from django.utils import timezone
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
@@ -217,3 +218,25 @@ def sync_after_push(repo_id: int, step: int = 0) -> str:
     infra.enqueue_unique(infra.queue(infra.MAINTENANCE_QUEUE), PUSH_FUNC, repo_id, step + 1,
                          job_id=nxt, delay=float(settings.HOOK_DEBOUNCE))  # fmt: skip
     return f"busy: looked at again by {nxt}"
+
+
+def results_lag(*, now: Any = None, limit: int = 50) -> tuple[list[tuple[int, str, float]], int]:
+    """How far repositories' results lag their remote, as far as gitward knows it: a
+    repository whose last push webhook (``pushed_at``) is not reflected yet — not ready,
+    or last analysed before that push — lags by the time since the push. Returns the
+    ``limit`` most lagging as ``(id, name, seconds)``, most first, and how many lag in
+    all. A repository without webhooks never lags here: its remote head is unknown
+    until a sync fetches it (docs/operations.md#observability)."""
+    now = now or timezone.now()
+    lagging = Repository.objects.filter(pushed_at__isnull=False).filter(
+        ~Q(status=Repository.Status.READY)
+        | Q(analyzed_at__isnull=True)
+        | Q(analyzed_at__lt=F("pushed_at"))
+    )
+    rows = [
+        (pk, Repository.name_of(url), max(0.0, (now - pushed).total_seconds()))
+        for pk, url, pushed in lagging.order_by("pushed_at").values_list("pk", "url", "pushed_at")[
+            :limit
+        ]
+    ]
+    return rows, lagging.count()
