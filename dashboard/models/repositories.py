@@ -46,6 +46,12 @@ class Repository(models.Model):
     hook_secret = models.CharField(max_length=100, blank=True, default="")
     #: When the last verified push webhook arrived (docs/api.md#push-webhooks).
     pushed_at = models.DateTimeField(null=True, blank=True)
+    #: The scheduled refresh (docs/lifecycle.md#scheduled-refresh): when it is next due,
+    #: its current interval (seconds), the head when last scheduled, failures in a row.
+    next_refresh_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    refresh_interval = models.FloatField(default=0.0)
+    refresh_head = models.CharField(max_length=40, blank=True, default="")
+    refresh_failures = models.IntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     )
     from dashboard.repositories.one_commit import CommitNotFound, commit_details, repository_mirror
     from dashboard.repositories.reanalysis import may_reanalyse, reanalyse
+    from dashboard.repositories.refresh_schedule import refresh_due
     from dashboard.repositories.submissions import (
         CREATED,
         EXISTING,
@@ -93,6 +94,7 @@ __all__ = [
     "reanalyse",
     "reconcile_catch_up",
     "record_view",
+    "refresh_due",
     "repository_list",
     "repository_mirror",
     "repository_rows",
@@ -149,6 +151,7 @@ _SURFACE: dict[str, str] = {
     "HookRefused": "dashboard.repositories.webhooks",
     "Push": "dashboard.repositories.webhooks",
     "issue_secret": "dashboard.repositories.webhooks",
+    "refresh_due": "dashboard.repositories.refresh_schedule",
     "results_lag": "dashboard.repositories.webhooks",
     "schedule_sync": "dashboard.repositories.webhooks",
     "sync_after_push": "dashboard.repositories.webhooks",
