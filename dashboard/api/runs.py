@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, int_param, json_body, operator_refusal
+from dashboard.infra import is_db_id
 from dashboard.models import JobRun
 from dashboard.observability import run_trace
 from dashboard.runs import CancelRefused, cancel_filtered, cancel_run, run_dict, search_runs
@@ -72,7 +73,7 @@ def runs_cancel(request: HttpRequest) -> HttpResponse:
     state, queue, repo = data.get("state", ""), data.get("queue", ""), data.get("repo")
     if not isinstance(state, str) or not isinstance(queue, str):
         return error("state and queue must be strings", 400)
-    if repo is not None and (not isinstance(repo, int) or isinstance(repo, bool) or repo < 1):
+    if repo is not None and not is_db_id(repo):  # past 64 bits overflows the driver
         return error("repo must be a repository id", 400)
     if len(queue) > 100:
         return error("queue must be at most 100 characters", 400)

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from dashboard.infra import is_db_id
 from dashboard.management.terminal import plain
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import resolve_repository
@@ -40,6 +41,9 @@ class Command(BaseCommand):
             raise CommandError(
                 "choose one of --repo, --run, or a filter (--state/--queue/--repo-id)"
             )
+        for name in ("run", "repo_id"):
+            if options[name] is not None and not is_db_id(options[name]):
+                raise CommandError(f"--{name.replace('_', '-')} must be an id (1 … 2^63-1)")
         user = _Operator()
         try:
             if options["repo"] is not None:

@@ -158,6 +158,8 @@ def test_a_bulk_cancel_by_filter_counts_what_it_cancelled(
         ({"state": "succeeded"}, "state must be one of queued, failed, running"),
         ({"repo": "7"}, "repo must be a repository id"),
         ({"repo": True}, "repo must be a repository id"),
+        ({"repo": 2**63}, "repo must be a repository id"),
+        ({"repo": 0}, "repo must be a repository id"),
         ({"queue": 5}, "state and queue must be strings"),
     ],
 )
@@ -189,6 +191,8 @@ def test_the_cli_cancels_by_repository_url_run_or_filter(
         call_command("cancel", "--repo", "1", "--run", "2")
     with pytest.raises(CommandError, match="no repository"):
         call_command("cancel", "--repo", "/nowhere")
+    with pytest.raises(CommandError, match="--run must be an id"):
+        call_command("cancel", "--run", str(2**64))
     with pytest.raises(CommandError, match="state must be one of"):
         call_command("cancel", "--state", "dead")
 
