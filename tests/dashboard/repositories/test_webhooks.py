@@ -185,3 +185,20 @@ def test_the_cli_issues_a_secret_that_verifies(git_repo: GitRepo, capsys) -> Non
     assert AuditEntry.objects.get(action="repo.hook_secret").actor == "cli"
     with pytest.raises(CommandError, match="no repository"):
         call_command("hook_secret", "/nowhere")
+
+
+def test_a_stream_of_pushes_cannot_delay_the_sync_past_the_maximum_wait(
+    ready: tuple[Repository, str], settings
+) -> None:
+    from dashboard.repositories.webhooks import schedule_sync
+
+    repo, _ = ready
+    settings.HOOK_DEBOUNCE = 60.0
+    settings.HOOK_MAX_WAIT = 90.0
+    registry = ScheduledJobRegistry(queue=infra.queue(infra.MAINTENANCE_QUEUE))
+    assert schedule_sync(repo) == "scheduled"
+    first = registry.get_scheduled_time(job_id(repo.pk)).timestamp()
+    settings.HOOK_MAX_WAIT = 0.0  # from now on, no push may move it past its creation
+    assert schedule_sync(repo) == "delayed"
+    capped = registry.get_scheduled_time(job_id(repo.pk)).timestamp()
+    assert capped < first and registry.get_job_ids() == [job_id(repo.pk)]
