@@ -84,6 +84,10 @@ def cancel_repository(repo: Repository, user: Any) -> Cancelled:
     target = f"repository {repo.name} (#{repo.pk}, {repo.shown_url})"
     _require(user, CANCEL_REPO_PERMISSION, "repo.cancel", target)
     who = actor_name(user)
+    # Pushes announced before the cancel are dropped with it: a debounced push job that
+    # runs later finds no push to sync (``repositories.sync_after_push``); a push after
+    # the cancel starts a sync as usual.
+    Repository.objects.filter(pk=repo.pk).update(pushed_at=None)
     done = cancel_runs_matching(JobRun.objects.filter(repository_id=repo.pk), by=who)
     reason = f"cancelled by {who}"
     if repo.fail(reason):  # an active repository is cancelled even with no run left

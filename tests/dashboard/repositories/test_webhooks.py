@@ -202,3 +202,20 @@ def test_a_stream_of_pushes_cannot_delay_the_sync_past_the_maximum_wait(
     assert schedule_sync(repo) == "delayed"
     capped = registry.get_scheduled_time(job_id(repo.pk)).timestamp()
     assert capped < first and registry.get_job_ids() == [job_id(repo.pk)]
+
+
+def test_cancelling_the_repository_drops_the_pushes_announced_before(
+    ready: tuple[Repository, str], admin: User, settings
+) -> None:
+    from dashboard.repositories.webhooks import schedule_sync
+    from dashboard.runs.cancels import cancel_repository
+
+    repo, _ = ready
+    settings.HOOK_DEBOUNCE = 0.0
+    assert schedule_sync(repo) == "scheduled"  # queued at once: debounce 0
+    cancel_repository(repo, admin)
+    run_workers()  # the push job runs after the cancel: nothing to sync
+    assert JobRun.objects.filter(repository=repo, kind="sync").count() == 1
+    assert schedule_sync(repo) == "scheduled"  # a push after the cancel syncs again
+    run_workers()
+    assert JobRun.objects.filter(repository=repo, kind="sync").count() == 2
