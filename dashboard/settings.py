@@ -348,6 +348,17 @@ WORKER_GRACE = env_float("GITWARD_WORKER_GRACE", WORKER_GRACE_DEFAULT, minimum=1
 #: (dashboard/live/snapshots.py); 0 builds it for every page and socket.
 SNAPSHOT_TTL = env_float("GITWARD_SNAPSHOT_TTL", 1.0, minimum=0.0)
 RECONCILE_INTERVAL = env_float("GITWARD_RECONCILE_INTERVAL", 15.0, minimum=0.5)
+#: Push webhooks (docs/api.md#push-webhooks): the quiet period after a push before its
+#: sync, the longest a stream of pushes may delay it, and the largest body accepted.
+HOOK_DEBOUNCE = env_float("GITWARD_HOOK_DEBOUNCE", 10.0, minimum=0.0)
+HOOK_MAX_WAIT = env_float("GITWARD_HOOK_MAX_WAIT", 120.0, minimum=0.0)
+HOOK_MAX_BYTES = env_int("GITWARD_HOOK_MAX_BYTES", 1_048_576, minimum=1024)
+#: Scheduled refresh (docs/lifecycle.md#scheduled-refresh): the first interval (0: off),
+#: the bounds it adapts within, and how many due repositories one round refreshes.
+REFRESH_INTERVAL = env_float("GITWARD_REFRESH_INTERVAL", 0.0, minimum=0.0)
+REFRESH_MIN = env_float("GITWARD_REFRESH_MIN", 300.0, minimum=1.0)
+REFRESH_MAX = env_float("GITWARD_REFRESH_MAX", 86400.0, minimum=1.0)
+REFRESH_BATCH = env_int("GITWARD_REFRESH_BATCH", 50, minimum=1)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
 LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]

@@ -164,6 +164,12 @@ def catch_up_repositories(fingerprint: str, after: int) -> str:
     return f"caught up to repository {cursor}" if cursor else "catch-up done"
 
 
+def sync_after_push(repo_id: int, step: int = 0) -> str:
+    """RQ entry point (queue ``maintenance``): a push webhook's debounced sync
+    (``repositories.sync_after_push``, docs/api.md#push-webhooks)."""
+    return repositories.sync_after_push(repo_id, step)
+
+
 def drive_rollout(rollout_id: int, takeover: bool = False, actor: str = "system") -> str:
     """RQ entry point (queue ``rollouts``): take the rollout's deploy lock and drive it
     to its end; returns the final state. A second delivery of the same job finds the

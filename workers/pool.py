@@ -153,6 +153,7 @@ def run_one_worker(
         running: tuple[Any, Any] | None = None
         grace_timer: threading.Timer | None = None
         parent_pid = 0
+        last_horse = 0
 
         def fork_work_horse(self, *args: Any, **kwargs: Any) -> Any:
             # A forked child must never share its parent's database socket; the parent
@@ -174,6 +175,7 @@ def run_one_worker(
                 return super().fork_work_horse(*args, **kwargs)
             finally:
                 gc.unfreeze()
+                self.last_horse = self.horse_pid  # RQ zeroes horse_pid once it is reaped
 
         def setup_work_horse_signals(self) -> None:
             super().setup_work_horse_signals()
@@ -251,6 +253,28 @@ def run_one_worker(
                 log.exception("could not hand back job %s", job.id)
             finally:
                 connections.close_all()
+
+        def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+            """RQ's failure handling; for a job stopped by a cancel (RQ's ``stop-job``
+            command, sent by ``dashboard.runs.cancels``: RQ killed the horse's process
+            group and does not call ``handle_work_horse_killed``), also end every run the
+            horse was still running (a sync's inline chunk) and release its locks, as for
+            a killed horse. The cancelled run itself is discarded already, so its
+            ``crash_attempt`` matches nothing (a conditional UPDATE on running)."""
+            stopped = self._stopped_job_id is not None and self._stopped_job_id == job.id
+            horse = self.last_horse
+            result = super().handle_job_failure(job, queue, *args, **kwargs)
+            if stopped and horse:
+                try:
+                    why = "work horse stopped: its analysis was cancelled"
+                    for run_id, number in self.runs_of(job, horse):
+                        runs.crash_attempt(run_id=run_id, number=number, reason=why)
+                    release_locks_of(horse)
+                except Exception:  # the locks expire; the reconciler ends the runs
+                    log.exception("could not clean up after stopped job %s", job.id)
+                finally:
+                    connections.close_all()
+            return result
 
         def handle_work_horse_killed(
             self, job: Any, retpid: int, ret_val: int, rusage: Any

@@ -19,10 +19,11 @@ from dashboard.api.analytics import (
 from dashboard.api.commits import commit_detail, repo_reanalyse
 from dashboard.api.dlq import bulk_action, dlq, dlq_discard, dlq_group, dlq_retry
 from dashboard.api.endpoint import not_found
+from dashboard.api.hooks import push_hook, repo_hook_secret
 from dashboard.api.metrics import metrics
 from dashboard.api.openapi import openapi_document
 from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
-from dashboard.api.repos import repo_commits, repo_detail, repos
+from dashboard.api.repos import repo_cancel, repo_commits, repo_detail, repos
 from dashboard.api.rollouts import (
     rollout_action,
     rollout_detail,
@@ -30,7 +31,7 @@ from dashboard.api.rollouts import (
     rollouts_freeze,
     version_retire,
 )
-from dashboard.api.runs import run_detail, runs
+from dashboard.api.runs import run_cancel, run_detail, runs, runs_cancel
 
 __all__ = [
     "bulk_action",
@@ -43,15 +44,18 @@ __all__ = [
     "metrics",
     "not_found",
     "openapi_document",
+    "push_hook",
     "queue_pause",
     "queue_resume",
     "repo_age",
     "repo_author",
     "repo_authors",
+    "repo_cancel",
     "repo_commits",
     "repo_coupling",
     "repo_detail",
     "repo_files",
+    "repo_hook_secret",
     "repo_hotspots",
     "repo_ownership",
     "repo_reanalyse",
@@ -60,8 +64,10 @@ __all__ = [
     "rollout_detail",
     "rollouts_collection",
     "rollouts_freeze",
+    "run_cancel",
     "run_detail",
     "runs",
+    "runs_cancel",
     "status",
     "version_retire",
 ]

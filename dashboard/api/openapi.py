@@ -172,6 +172,23 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "Reanalysis": _obj({"repository": ID, "outcome": {"type": "string"}}),
+    "HookSecret": _obj({"repository": ID, "secret": {"type": "string"}, "url": {"type": "string"}}),
+    "PushAccepted": _obj(
+        {"repository": ID, "provider": {"type": "string"}, "outcome": {"type": "string"}}
+    ),
+    "Cancelled": {
+        **_obj(
+            {
+                "cancelled": {"type": "integer", "minimum": 0},
+                "runs": {"type": "array", "items": ID},
+                "dequeued": {"type": "integer", "minimum": 0},
+                "stopped": {"type": "integer", "minimum": 0},
+                "fenced": {"type": "array", "items": {"type": "string"}},
+            },
+            {"repository": ID, "status": {"type": "string"}, "error": STR_OR_NULL},
+        ),
+        "description": "What a cancel did (docs/lifecycle.md#cancelling).",
+    },
     "RunRepository": _obj({"id": ID, "url": {"type": "string"}}),
     "Run": _obj(
         {
@@ -797,6 +814,31 @@ PATHS: dict[str, Any] = {
         },
         *_THRESHOLDS,
     ),
+    "/api/repos/{repo_id}/cancel": {
+        "post": _op(
+            "Cancel the repository's analysis (dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
+            parameters=[_REPO],
+        )
+    },
+    "/api/repos/{repo_id}/hook-secret": {
+        "post": _op(
+            "Issue the repository's push webhook secret, shown once "
+            "(dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("HookSecret"), "the new secret")}),
+            parameters=[_REPO],
+        )
+    },
+    "/api/hooks/push/{repo_id}": {
+        "post": _op(
+            "A git host's push (GitHub, GitLab, Gitea or generic), signed with the "
+            "repository's secret instead of a session or token.",
+            _responses({"202": _ok(_ref("PushAccepted"), "verified: scheduled or ignored")}),
+            parameters=[_REPO],
+            requestBody=_body({"type": "object"}),
+            security=[],
+        )
+    },
     "/api/status": {
         "get": _op(
             "Locks, queues, workers, dead letters, Redis nodes. " + _OPERATORS,
@@ -843,6 +885,29 @@ PATHS: dict[str, Any] = {
             "One run with every attempt and its trace. " + _OPERATORS,
             _responses({"200": _ok(_ref("RunTrace"), "the run")}),
             parameters=[_path("run_id", ID)],
+        )
+    },
+    "/api/runs/{run_id}/cancel": {
+        "post": _op(
+            "Cancel one run (dashboard.change_jobrun; audited).",
+            _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
+            parameters=[_path("run_id", ID)],
+        )
+    },
+    "/api/runs/cancel": {
+        "post": _op(
+            "Cancel every run a filter selects (dashboard.change_jobrun; audited).",
+            _responses({"200": _ok(_ref("Cancelled"), "what was cancelled")}),
+            requestBody=_body(
+                {
+                    "type": "object",
+                    "properties": {
+                        "state": {"enum": ["queued", "failed", "running"]},
+                        "queue": {"type": "string", "maxLength": 100},
+                        "repo": ID,
+                    },
+                }
+            ),
         )
     },
     "/api/rollouts": {

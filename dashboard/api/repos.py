@@ -1,4 +1,5 @@
-"""Repositories over the API: submit one, its status (and summary), its commits."""
+"""Repositories over the API: submit one, its status (and summary), its commits,
+cancelling its analysis."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dashboard.repositories import (
     repository_summary,
     user_submission,
 )
+from dashboard.runs import CancelRefused, cancel_repository
 from workers.remotes import InvalidRemote
 
 
@@ -80,3 +82,19 @@ def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
         return error("invalid cursor", 400)
     results = [commit_dict(c, getattr(c, "file_rows", None)) for c in rows]
     return JsonResponse({"results": results, "next": nxt})
+
+
+@api_view(("POST",))
+def repo_cancel(request: HttpRequest, repo_id: int) -> HttpResponse:
+    """Cancel the repository's analysis (docs/lifecycle.md#cancelling): 200 with what
+    was done and the repository's status."""
+    repo = _repo_or_404(repo_id)
+    if repo is None:
+        return error("repository not found", 404)
+    try:
+        done = cancel_repository(repo, request.user)
+    except CancelRefused as exc:
+        return error(str(exc), exc.status)
+    repo.refresh_from_db()
+    return JsonResponse({**done.as_dict(), "repository": repo.pk, "status": repo.status,
+                         "error": repo.error or None})  # fmt: skip

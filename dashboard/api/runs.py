@@ -1,13 +1,15 @@
-"""Job runs over the API: search them, and one run with its attempts and trace."""
+"""Job runs over the API: search them, one run with its attempts and trace, and
+cancelling one run or every run a filter selects."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.api.endpoint import api_view, error, int_param, operator_refusal
+from dashboard.api.endpoint import api_view, error, int_param, json_body, operator_refusal
+from dashboard.infra import is_db_id
 from dashboard.models import JobRun
 from dashboard.observability import run_trace
-from dashboard.runs import run_dict, search_runs
+from dashboard.runs import CancelRefused, cancel_filtered, cancel_run, run_dict, search_runs
 from dashboard.web.list_params import positive_int
 
 
@@ -49,3 +51,34 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     if found is None:
         return error("run not found", 404)
     return JsonResponse(run_trace(found))
+
+
+@api_view(("POST",))
+def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Cancel one run (docs/lifecycle.md#cancelling); 200 with what was done."""
+    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    if found is None:
+        return error("run not found", 404)
+    try:
+        done = cancel_run(found, request.user)
+    except CancelRefused as exc:
+        return error(str(exc), exc.status)
+    return JsonResponse(done.as_dict())
+
+
+@api_view(("POST",))
+def runs_cancel(request: HttpRequest) -> HttpResponse:
+    """Cancel every run a filter selects: JSON ``{state, queue, repo}`` (one at least)."""
+    data = json_body(request)
+    state, queue, repo = data.get("state", ""), data.get("queue", ""), data.get("repo")
+    if not isinstance(state, str) or not isinstance(queue, str):
+        return error("state and queue must be strings", 400)
+    if repo is not None and not is_db_id(repo):  # past 64 bits overflows the driver
+        return error("repo must be a repository id", 400)
+    if len(queue) > 100:
+        return error("queue must be at most 100 characters", 400)
+    try:
+        done = cancel_filtered(request.user, state=state, queue=queue, repo=repo)
+    except CancelRefused as exc:
+        return error(str(exc), exc.status)
+    return JsonResponse({**done.as_dict(), "runs": done.runs[:1000]})

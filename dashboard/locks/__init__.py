@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from dashboard.locks.fencing import StaleToken, check_token
     from dashboard.locks.leases import (
         contention,
+        evict_job,
         force_release_lock,
         held_count,
         hold_lease,
@@ -34,6 +35,7 @@ __all__ = [
     "beat",
     "check_token",
     "contention",
+    "evict_job",
     "force_release_lock",
     "held_count",
     "hold_lease",
@@ -57,6 +59,7 @@ _SURFACE: dict[str, str] = {
     "StaleToken": "dashboard.locks.fencing",
     "check_token": "dashboard.locks.fencing",
     "contention": "dashboard.locks.leases",
+    "evict_job": "dashboard.locks.leases",
     "force_release_lock": "dashboard.locks.leases",
     "held_count": "dashboard.locks.leases",
     "hold_lease": "dashboard.locks.leases",

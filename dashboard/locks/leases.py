@@ -349,3 +349,32 @@ def force_release_lock(*, key: str, user: Any) -> dict[str, Any]:
         repo_id=resource["repo"],
     )
     return {"released": released, "token": token, "holder": holder}
+
+
+def evict_job(*, job: str, repo_id: int, keys: tuple[str, ...] = ()) -> list[str]:
+    """Fence out and release every lock of repository ``repo_id`` that job ``job`` (a
+    ``JobRun.job_id``) holds, and fence ``keys`` (the locks it was last seen holding,
+    held or not): a cancelled job (docs/lifecycle.md#cancelling). Returns the keys
+    fenced. Not audited: the caller's action is.
+
+    Race: the same as ``force_release_lock``'s, for the same reason the token is bumped
+    before the compare-and-delete: a job that acquires one of these keys right after the
+    delete gets a token newer than the bump. A late write of the evicted job, committed
+    after the bump, presents an older token and is refused (``fencing.check_token``);
+    one that committed before it was a whole, fenced write of a lease still held."""
+    held = [
+        info
+        for info in redlock().list_locks(locks.repo_prefix(repo_id))
+        if (info.get("holder") or {}).get("job") == job and info.get("nonce")
+    ]
+    fenced = sorted({*keys, *(info["key"] for info in held)} - {""})
+    for key in fenced:
+        next_token(key)
+    rl = redlock()
+    for info in held:
+        rl.force_release(info["key"], info["nonce"])
+        with contextlib.suppress(infra.QueueUnavailable):  # a display counter only
+            infra.connection().hdel(EXTENSIONS_HASH, info["key"])
+        publish_event("lock.released", {**describe_resource(info["key"]), "forced": True},
+                      repo_id=repo_id)  # fmt: skip
+    return fenced

@@ -41,6 +41,17 @@ class Repository(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     synced_at = models.DateTimeField(null=True, blank=True)
     analyzed_at = models.DateTimeField(null=True, blank=True)
+    #: The push webhook's secret ("" none issued: webhooks off). Stored as is: verifying an
+    #: HMAC needs the secret itself (docs/security.md#push-webhook-secrets).
+    hook_secret = models.CharField(max_length=100, blank=True, default="")
+    #: When the last verified push webhook arrived (docs/api.md#push-webhooks).
+    pushed_at = models.DateTimeField(null=True, blank=True)
+    #: The scheduled refresh (docs/lifecycle.md#scheduled-refresh): when it is next due,
+    #: its current interval (seconds), the head when last scheduled, failures in a row.
+    next_refresh_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    refresh_interval = models.FloatField(default=0.0)
+    refresh_head = models.CharField(max_length=40, blank=True, default="")
+    refresh_failures = models.IntegerField(default=0)
 
     class Meta:
         constraints = [

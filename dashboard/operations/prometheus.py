@@ -53,6 +53,7 @@ from dashboard.models import (
     WorkerBeat,
 )
 from dashboard.operations.redis_health import quorum, redis_nodes
+from dashboard.repositories import results_lag
 from workers.analysis import DEFAULT, queue_name
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,33 @@ def _runs() -> Iterator[Metric]:
     for status in Repository.Status.values:
         family.add_metric([status], repos.get(status, 0))
     yield family
+    yield from _lag()
+
+
+def _lag() -> Iterator[Metric]:
+    """How far results lag the remote head a push webhook announced
+    (``repositories.results_lag``): the largest lag, how many repositories lag, and the
+    50 most lagging one by one (bounded: a label per repository only while it lags)."""
+    rows, lagging = results_lag(limit=50)
+    worst = GaugeMetricFamily(
+        "gitward_results_lag_max_seconds",
+        "Seconds since the oldest push webhook not yet reflected in a repository's results.",
+    )
+    worst.add_metric([], rows[0][2] if rows else 0.0)
+    yield worst
+    yield GaugeMetricFamily(
+        "gitward_repositories_lagging",
+        "Repositories whose results do not reflect their last push webhook yet.",
+        value=lagging,
+    )
+    each = GaugeMetricFamily(
+        "gitward_repository_results_lag_seconds",
+        "Seconds since this repository's last push webhook not yet reflected (the 50 most).",
+        labels=["repo", "repo_name"],
+    )
+    for pk, name, seconds in rows:
+        each.add_metric([str(pk), name], seconds)
+    yield each
 
 
 def _workers() -> Iterator[Metric]:

@@ -14,7 +14,12 @@ from rq.registry import ScheduledJobRegistry
 from dashboard import infra
 from dashboard.locks import live_worker_names, orphaned_runs
 from dashboard.models import JobRun, Repository
-from dashboard.repositories import complete_repository, publish_repo_changed, reconcile_catch_up
+from dashboard.repositories import (
+    complete_repository,
+    publish_repo_changed,
+    reconcile_catch_up,
+    refresh_due,
+)
 from dashboard.rollouts import deliver_notifications, reconcile_drains, reconcile_pending_drivers
 from dashboard.runs import (
     cancel_runs,
@@ -67,9 +72,11 @@ def reconcile() -> dict[str, int]:
        (``rollouts.deliver_notifications``: in order per rollout, retried with backoff;
        docs/rollouts.md#notifications). Database and HTTP only: it runs with the queue
        server down too.
+    8. Repositories whose scheduled refresh is due are refreshed, a batch per round
+       (``repositories.refresh_due``, docs/lifecycle.md#scheduled-refresh).
 
     With the queue server unreachable, steps 1 and 3 (database only) still run and
-    steps 2, 4, 5 and 6 wait for the next round (``queue_unreachable: 1`` in the result): a run
+    steps 2, 4, 5, 6 and 8 wait for the next round (``queue_unreachable: 1`` in the result): a run
     submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
     missing and enqueues once the server is back.
 
@@ -91,13 +98,14 @@ def reconcile() -> dict[str, int]:
         drained = reconcile_drains()
         drivers = reconcile_pending_drivers()
         caught_up = reconcile_catch_up()
+        refreshed = refresh_due()["refreshed"]
         queue_down = 0
     except infra.QueueUnavailable as exc:
         # The database keeps every queued run; the next round (once the queue server
         # answers) finds their RQ jobs missing and enqueues them; cancels, drain checks
         # and the catch-up (which read and edit the queues) wait for it too.
         log.warning("reconciler: %s; queued runs wait for it", exc)
-        promoted = requeued = cancelled = swept = drained = drivers = caught_up = 0
+        promoted = requeued = cancelled = swept = drained = drivers = caught_up = refreshed = 0
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
@@ -115,6 +123,7 @@ def reconcile() -> dict[str, int]:
         "drained": drained,
         "drivers": drivers,
         "caught_up": caught_up,
+        "refreshed": refreshed,
         "queue_unreachable": queue_down,
         "notified": notified["delivered"],
         "notify_failed": notified["failed"],

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     )
     from dashboard.repositories.one_commit import CommitNotFound, commit_details, repository_mirror
     from dashboard.repositories.reanalysis import may_reanalyse, reanalyse
+    from dashboard.repositories.refresh_schedule import refresh_due
     from dashboard.repositories.submissions import (
         CREATED,
         EXISTING,
@@ -51,6 +52,16 @@ if TYPE_CHECKING:
     )
     from dashboard.repositories.summaries import repository_summary
     from dashboard.repositories.view_counts import flush_views, record_view
+    from dashboard.repositories.webhooks import (
+        HookRefused,
+        Push,
+        issue_secret,
+        results_lag,
+        schedule_sync,
+        sync_after_push,
+        verify,
+        wanted,
+    )
 
 __all__ = [
     "CREATED",
@@ -58,7 +69,9 @@ __all__ = [
     "REANALYSED",
     "BadCursor",
     "CommitNotFound",
+    "HookRefused",
     "Plan",
+    "Push",
     "Submission",
     "begin_chunk",
     "catch_up",
@@ -72,6 +85,7 @@ __all__ = [
     "finish_chunk",
     "flush_views",
     "incremental_base",
+    "issue_secret",
     "iter_commits",
     "may_reanalyse",
     "plan_repository",
@@ -80,6 +94,7 @@ __all__ = [
     "reanalyse",
     "reconcile_catch_up",
     "record_view",
+    "refresh_due",
     "repository_list",
     "repository_mirror",
     "repository_rows",
@@ -87,9 +102,14 @@ __all__ = [
     "repository_summary",
     "repository_with_status",
     "resolve_repository",
+    "results_lag",
+    "schedule_sync",
     "submit_repository",
+    "sync_after_push",
     "user_submission",
     "validate_remote",
+    "verify",
+    "wanted",
     "write_chunk",
 ]
 
@@ -128,6 +148,15 @@ _SURFACE: dict[str, str] = {
     "repository_mirror": "dashboard.repositories.one_commit",
     "may_reanalyse": "dashboard.repositories.reanalysis",
     "reanalyse": "dashboard.repositories.reanalysis",
+    "HookRefused": "dashboard.repositories.webhooks",
+    "Push": "dashboard.repositories.webhooks",
+    "issue_secret": "dashboard.repositories.webhooks",
+    "refresh_due": "dashboard.repositories.refresh_schedule",
+    "results_lag": "dashboard.repositories.webhooks",
+    "schedule_sync": "dashboard.repositories.webhooks",
+    "sync_after_push": "dashboard.repositories.webhooks",
+    "verify": "dashboard.repositories.webhooks",
+    "wanted": "dashboard.repositories.webhooks",
     "CREATED": "dashboard.repositories.submissions",
     "EXISTING": "dashboard.repositories.submissions",
     "REANALYSED": "dashboard.repositories.submissions",

@@ -31,6 +31,17 @@ if TYPE_CHECKING:
         succeed_attempt,
         sweep_closed_queues,
     )
+    from dashboard.runs.cancels import (
+        CANCEL_REPO_PERMISSION,
+        CANCEL_RUN_PERMISSION,
+        CANCELLABLE,
+        Cancelled,
+        CancelRefused,
+        cancel_filtered,
+        cancel_repository,
+        cancel_run,
+        cancel_runs_matching,
+    )
     from dashboard.runs.dead_letter_counts import groups
     from dashboard.runs.dead_letters import (
         act_now,
@@ -45,10 +56,19 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "CANCELLABLE",
+    "CANCEL_REPO_PERMISSION",
+    "CANCEL_RUN_PERMISSION",
     "Attempt",
+    "CancelRefused",
+    "Cancelled",
     "act_now",
     "begin_attempt",
+    "cancel_filtered",
+    "cancel_repository",
+    "cancel_run",
     "cancel_runs",
+    "cancel_runs_matching",
     "closed_fingerprints",
     "crash_attempt",
     "dead_runs",
@@ -84,6 +104,15 @@ __all__ = [
 #: ready, and a name is read from its module each time: a test that patches the module is
 #: seen here too. See docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "CANCELLABLE": "dashboard.runs.cancels",
+    "CANCEL_REPO_PERMISSION": "dashboard.runs.cancels",
+    "CANCEL_RUN_PERMISSION": "dashboard.runs.cancels",
+    "CancelRefused": "dashboard.runs.cancels",
+    "Cancelled": "dashboard.runs.cancels",
+    "cancel_filtered": "dashboard.runs.cancels",
+    "cancel_repository": "dashboard.runs.cancels",
+    "cancel_run": "dashboard.runs.cancels",
+    "cancel_runs_matching": "dashboard.runs.cancels",
     "groups": "dashboard.runs.dead_letter_counts",
     "act_now": "dashboard.runs.dead_letters",
     "dead_runs": "dashboard.runs.dead_letters",

@@ -159,15 +159,22 @@ def cancel_runs(*, fingerprint: str, reason: str) -> int:
         if not moved:
             continue
         cancelled += 1
-        # The id out of the queue and the schedule, and the job's hash deleted: a worker
-        # that dequeued the id meanwhile finds no job and skips it (pinned, with the list
-        # layout LREM relies on, by tests/dashboard/operations/test_rq_internals.py).
-        q = infra.queue(run.queue)
-        conn.lrem(q.key, 0, run.rq_id())
-        ScheduledJobRegistry(queue=q).remove(run.rq_id())
-        conn.delete(Job.key_for(run.rq_id()))
+        drop_rq_job(run, conn=conn)
         _event("job.deferred", run, delay=None, reason=f"cancelled: {reason}")
     return cancelled
+
+
+def drop_rq_job(run: JobRun, *, conn: Any = None) -> None:
+    """Take the RQ job of the run's next attempt out of its queue and the schedule, and
+    delete the job's hash: a worker that dequeued the id meanwhile finds no job and
+    skips it (pinned, with the list layout LREM relies on, by
+    tests/dashboard/operations/test_rq_internals.py). For a run already moved out of
+    queued/failed by the caller's conditional UPDATE."""
+    conn = conn if conn is not None else infra.connection()
+    q = infra.queue(run.queue)
+    conn.lrem(q.key, 0, run.rq_id())
+    ScheduledJobRegistry(queue=q).remove(run.rq_id())
+    conn.delete(Job.key_for(run.rq_id()))
 
 
 def sweep_closed_queues(fingerprints: set[str]) -> int:

@@ -31,6 +31,7 @@ from dashboard.repositories import (
     repository_with_status,
     user_submission,
 )
+from dashboard.runs import CANCEL_REPO_PERMISSION
 from dashboard.web.charts import history_bars
 from dashboard.web.forms import SubmitRepositoryForm
 from dashboard.web.list_params import positive_int, query_prefix
@@ -146,6 +147,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "recent_runs": _recent_runs(request, repo),
             "mirror": repository_mirror(repo),  # this host's mirror, read by GitPython
             "can_reanalyse": may_reanalyse(request.user),
+            "can_cancel": request.user.has_perm(CANCEL_REPO_PERMISSION),
         },
     )
 

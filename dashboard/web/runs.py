@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 
 from dashboard.models import JobRun
 from dashboard.observability import run_trace
-from dashboard.runs import search_runs
+from dashboard.runs import CANCEL_RUN_PERMISSION, CANCELLABLE, search_runs
 from dashboard.web.list_params import positive_int, query_prefix
 
 
@@ -58,7 +58,8 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
     found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
     if found is None:
         raise Http404("run not found")
-    return render(request, "run.html", {"run": run_trace(found)})
+    can_cancel = found.state in CANCELLABLE and request.user.has_perm(CANCEL_RUN_PERMISSION)
+    return render(request, "run.html", {"run": run_trace(found), "can_cancel": can_cancel})
 
 
 @login_required

@@ -224,8 +224,13 @@ def test_deeply_nested_json_is_a_400_on_every_post_route(api: Client, token: str
     assert len(routes) >= 10, routes
     for route in routes:
         res = api.post(route, DEEP, content_type="application/json", **bearer(token))
-        if route.endswith("/reanalyse"):  # takes no body: it never reads one
+        if route.endswith(("/reanalyse", "/hook-secret")) or route.startswith(
+            ("/api/repos/1/cancel", "/api/hooks/push/")
+        ):  # takes no body, or reads it only once the repository is found
             assert res.status_code == 404 and res.json() == {"error": "repository not found"}
+            continue
+        if route == "/api/runs/1/cancel":  # takes no body
+            assert res.status_code == 404 and res.json() == {"error": "run not found"}
             continue
         assert res.status_code == 400, (route, res.status_code, res.content[:200])
         assert res.json() == {"error": "the JSON nests deeper than 32 levels"}, route

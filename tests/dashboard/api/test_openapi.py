@@ -155,6 +155,15 @@ def test_real_responses_of_every_operation_validate(
     a.call("get", "/api/repos/{repo_id}/commits/{sha}", repo_id=repo_id, sha="f" * 40)
     a.call("get", "/api/repos/{repo_id}", repo_id=repo_id + 1000)
     a.call("post", "/api/repos/{repo_id}/reanalyse", repo_id=repo_id)
+    queued_sync = JobRun.objects.filter(repository_id=repo_id, state="queued").first()
+    assert queued_sync is not None
+    a.call("post", "/api/runs/{run_id}/cancel", run_id=queued_sync.pk)
+    a.call("post", "/api/repos/{repo_id}/cancel", repo_id=repo_id)
+    a.call("post", "/api/runs/cancel", {"state": "queued", "repo": repo_id})
+    a.call("post", "/api/runs/cancel", {})  # no filter: 400
+    hook = a.call("post", "/api/repos/{repo_id}/hook-secret", repo_id=repo_id).json()
+    a.call("post", "/api/hooks/push/{repo_id}", {"ref": "refs/heads/main"}, repo_id=repo_id)
+    assert hook["secret"]
 
     a.call("get", "/api/status")
     runs = a.call("get", "/api/runs", query={"limit": "1"}).json()

@@ -135,6 +135,29 @@ def test_every_gauge_reports_what_is_there() -> None:
     assert got.total("gitward_lock_master_calls_total") >= 3
 
 
+def test_results_lagging_a_push_webhook_are_gauged_per_repository() -> None:
+    now = timezone.now()
+    hour = timedelta(hours=1)
+    fresh = Repository.objects.create(url="https://example.com/t/fresh.git", status="ready",
+                                      analyzed_at=now, pushed_at=now - hour)  # fmt: skip
+    behind = Repository.objects.create(url="https://example.com/t/behind.git", status="ready",
+                                       analyzed_at=now - 2*hour, pushed_at=now - hour)  # fmt: skip
+    syncing = Repository.objects.create(url="https://example.com/t/busy.git", status="syncing",
+                                        analyzed_at=now, pushed_at=now - 3 * hour)  # fmt: skip
+    Repository.objects.create(url="https://example.com/t/nohook.git", status="ready")
+    got = scrape()
+    assert got.one("gitward_repositories_lagging") == 2
+    assert got.one("gitward_results_lag_max_seconds") >= 3 * 3600
+    assert got.one("gitward_repository_results_lag_seconds", repo=str(syncing.pk),
+                   repo_name="busy") >= 3 * 3600  # fmt: skip
+    assert got.one("gitward_repository_results_lag_seconds", repo=str(behind.pk),
+                   repo_name="behind") >= 3600  # fmt: skip
+    lagging = {
+        lab["repo"] for n, lab, _ in got.samples if n == "gitward_repository_results_lag_seconds"
+    }
+    assert lagging == {str(syncing.pk), str(behind.pk)} and str(fresh.pk) not in lagging
+
+
 def test_the_oldest_job_age_grows_with_the_head_of_the_queue() -> None:
     q = queues.queue(queues.SYNC_QUEUE)
     q.enqueue("workers.jobs.sync_repository", 1, 1, job_id="old")

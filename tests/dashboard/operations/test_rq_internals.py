@@ -203,3 +203,29 @@ def test_enqueued_at_of_a_queue_head_reads_as_rq_reads_it() -> None:
     stamp = str_to_date(raw)
     assert stamp == Job.fetch(job.id, connection=q.connection).enqueued_at
     assert stamp.tzinfo is not None and stamp <= datetime.now(UTC)
+
+
+def test_a_stop_job_command_marks_the_job_stopped_then_kills_the_horse() -> None:
+    """``dashboard.runs.cancels`` finds a worker by ``redis_worker_namespace_prefix`` + its
+    name and sends ``stop-job``; ``workers.pool`` reads ``_stopped_job_id`` in
+    ``handle_job_failure`` to tell a cancelled horse from a crashed one (RQ then calls
+    ``handle_job_failure``, not ``handle_work_horse_killed``)."""
+    from rq.command import handle_stop_job_command
+    from rq.worker import Worker
+
+    conn = queues.worker_connection()
+    worker = Worker([queues.queue(queues.SYNC_QUEUE)], connection=conn, name="pinned")
+    worker.register_birth()
+    try:
+        found = Worker.find_by_key(Worker.redis_worker_namespace_prefix + "pinned", connection=conn)
+        assert found is not None and found.name == "pinned"
+        killed: list[bool] = []
+        worker.kill_horse = lambda *a, **k: killed.append(True)  # type: ignore[method-assign]
+        worker.get_current_job_id = lambda *a, **k: "job-1"  # type: ignore[method-assign]
+        handle_stop_job_command(worker, {"job_id": "job-2"})  # not its job: ignored
+        assert killed == [] and worker._stopped_job_id is None
+        handle_stop_job_command(worker, {"job_id": "job-1"})
+        assert killed == [True] and worker._stopped_job_id == "job-1"
+    finally:
+        worker.register_death()
+        conn.close()
