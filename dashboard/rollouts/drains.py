@@ -16,13 +16,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 from rq.command import send_stop_job_command
-from rq.job import Job
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from dashboard import infra
 from dashboard.models import AnalyzerVersion, JobRun, Rollout, RolloutEvent
 from dashboard.rollouts.steps import locked_rollout, set_rollout_state
-from dashboard.runs import crash_attempt
+from dashboard.runs import crash_attempt, sweep_queue
 from dashboard.versions import actor_name, do_transition, physical_queue
 
 S = AnalyzerVersion.State
@@ -48,45 +47,15 @@ def drain_counts(version: AnalyzerVersion) -> dict[str, int]:
 
 
 def sweep_leftovers(version: AnalyzerVersion) -> int:
-    """Remove from a draining version's physical queue, and from its scheduled jobs, every
-    job that is not its run's next attempt while that run waits (queued, or failed and
-    waiting for its retry); returns how many.
-
-    Such a job is a leftover: a second copy of an attempt (the reconciler re-enqueues
-    a run it judges stale, and the attempt's claim makes the copy a no-op), or a job of
-    a run that ended meanwhile (dead-lettered, discarded, succeeded). No worker takes a
-    job from a closed gate's queue, and nothing else removes it — so the drain, which
-    counts that queue, never ended: the version stayed draining and its rollout rolling
-    back for ever (docs/rollouts.md#drains-and-leftover-jobs). A job of a waiting run is
-    left to ``runs.cancel_runs`` (the reconciler cancels a closed version's runs).
-
-    Race: a run that starts waiting after the read below (a retry enqueued just now)
-    is a closed version's: ``runs.enqueue_run`` cancels it instead of enqueuing. A job
-    removed here would do nothing if it ran: ``runs.begin_attempt`` claims only a
-    waiting run's next attempt.
-    """
+    """Remove the leftover jobs of a draining version's physical queue (``runs.sweep_queue``:
+    every job, listed or scheduled, that is not a waiting run's next attempt); returns
+    how many. Without it a leftover — a second copy of an attempt the reconciler
+    re-enqueued, or a job of a run that ended meanwhile — stayed in the closed queue,
+    which no worker consumes, and the drain never ended: the version stayed draining
+    and its rollout rolling back for ever (docs/rollouts.md#drains-and-leftover-jobs)."""
     if version.state != S.DRAINING:
         return 0
-    name = physical_queue(version.queue, version.fingerprint)
-    q = infra.queue(name)
-    waiting = {
-        run.rq_id()
-        for run in JobRun.objects.filter(
-            kind=JobRun.Kind.ANALYZE,
-            fingerprint=version.fingerprint,
-            state__in=[JobRun.State.QUEUED, JobRun.State.FAILED],
-        ).only("job_id", "attempts")
-    }
-    scheduled = ScheduledJobRegistry(queue=q)
-    conn = infra.connection()
-    removed = 0
-    for job_id in {*q.get_job_ids(), *scheduled.get_job_ids()} - waiting:
-        unqueued = conn.lrem(q.key, 0, job_id)
-        unscheduled = conn.zrem(scheduled.key, job_id)
-        if unqueued or unscheduled:
-            conn.delete(Job.key_for(job_id))
-            removed += 1
-    return removed
+    return sweep_queue(physical_queue(version.queue, version.fingerprint))
 
 
 def check_version_drain(

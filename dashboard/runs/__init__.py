@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         search_runs,
         succeed_attempt,
         sweep_closed_queues,
+        sweep_queue,
     )
     from dashboard.runs.cancels import (
         CANCEL_REPO_PERMISSION,
@@ -97,6 +98,7 @@ __all__ = [
     "start_bulk",
     "succeed_attempt",
     "sweep_closed_queues",
+    "sweep_queue",
 ]
 
 #: Each public name and the module that defines it. A module loads when one of its names is
@@ -145,6 +147,7 @@ _SURFACE: dict[str, str] = {
     "search_runs": "dashboard.runs.attempts",
     "succeed_attempt": "dashboard.runs.attempts",
     "sweep_closed_queues": "dashboard.runs.attempts",
+    "sweep_queue": "dashboard.runs.attempts",
 }
 
 

@@ -178,13 +178,22 @@ def drop_rq_job(run: JobRun, *, conn: Any = None) -> None:
 
 
 def sweep_closed_queues(fingerprints: set[str]) -> int:
-    """Remove the RQ jobs left in closed versions' queues (``fingerprints``) that no run
-    waits for: a job whose run has ended (succeeded, dead, discarded) or is at another
-    attempt (two deliveries of one attempt, one claimed: ``chunk_plans._first_fresh``;
-    a job the reconciler re-enqueued after its run moved on). No worker takes a job
-    from a closed queue, so such a job would stay there for ever and keep the version's
-    drain (``rollouts.drain_counts``) from ever finding it empty. Returns how many were
-    removed. Uses RQ's public queue, registry and job API.
+    """Sweep the queue of every closed version in ``fingerprints`` (``sweep_queue``);
+    returns how many jobs were removed."""
+    return sum(sweep_queue(queue_name(fp)) for fp in sorted(fingerprints))
+
+
+def sweep_queue(name: str) -> int:
+    """Remove the RQ jobs left in a closed version's queue ``name`` (listed or
+    scheduled) that no run waits for: a job whose run has ended (succeeded, dead,
+    discarded) or is at another attempt (two deliveries of one attempt, one claimed:
+    ``chunk_plans._first_fresh``; a job the reconciler re-enqueued after its run moved
+    on). No worker takes a job from a closed queue, so such a job would stay there for
+    ever and keep the version's drain (``rollouts.drain_counts``) from ever finding it
+    empty (docs/rollouts.md#drains-and-leftover-jobs). A job its run waits for is left
+    to ``cancel_runs``. Returns how many were removed. Uses RQ's public queue, registry
+    and job API. Called by the reconciler for every closed version and by each drain
+    check for its version.
 
     Race: a run of a closed version queued again meanwhile. ``enqueue_run`` cancels
     instead of enqueueing on a closed gate, and a job is removed here only when its run,
@@ -192,29 +201,29 @@ def sweep_closed_queues(fingerprints: set[str]) -> int:
     (queued or failed with the job's id next); a job enqueued after the listing is not
     looked at. A version re-activated meanwhile (its gate open again) has its queue
     consumed again, and the job removed here was of an attempt its run no longer waits
-    for."""
+    for (``begin_attempt`` claims only a waiting run's next attempt: it would do
+    nothing if it ran)."""
+    q = infra.queue(name)
+    scheduled = ScheduledJobRegistry(queue=q)
+    ids = [*q.get_job_ids(), *scheduled.get_job_ids()]
+    if not ids:
+        return 0
+    waiting = {  # the next attempt of every run on this queue that waits for one
+        run.rq_id()
+        for run in JobRun.objects.filter(
+            queue=q.name, state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
+        ).only("job_id", "attempts")
+    }
     removed = 0
-    for fp in sorted(fingerprints):
-        q = infra.queue(queue_name(fp))
-        scheduled = ScheduledJobRegistry(queue=q)
-        ids = [*q.get_job_ids(), *scheduled.get_job_ids()]
-        if not ids:
-            continue
-        waiting = {  # the next attempt of every run on this queue that waits for one
-            run.rq_id()
-            for run in JobRun.objects.filter(
-                queue=q.name, state__in=[JobRun.State.QUEUED, JobRun.State.FAILED]
-            ).only("job_id", "attempts")
-        }
-        for job_id in ids:
-            if job_id in waiting:
-                continue  # cancel_runs' (the run is waiting for it)
-            q.remove(job_id)
-            scheduled.remove(job_id)
-            job = Job.fetch_many([job_id], connection=q.connection)[0]
-            if job is not None:
-                job.delete(remove_from_queue=False)
-            removed += 1
+    for job_id in ids:
+        if job_id in waiting:
+            continue  # cancel_runs' (the run is waiting for it)
+        q.remove(job_id)
+        scheduled.remove(job_id)
+        job = Job.fetch_many([job_id], connection=q.connection)[0]
+        if job is not None:
+            job.delete(remove_from_queue=False)
+        removed += 1
     return removed
 
 
