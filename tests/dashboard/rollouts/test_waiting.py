@@ -1,0 +1,134 @@
+"""Step deadlines and the waiting reason (docs/rollouts.md#step-deadlines,
+docs/rollouts.md#waiting-reason): an automatic step that stays inconclusive follows the
+policy chosen at start at its deadline — ``pause`` (the step stays, marked paused, an
+operator's promote still works) or ``fail`` (rolled back, the verdict on the timeline) —
+and while a step waits, the API and ``rollout status`` say what for and until when.
+Real database, real Redis (the deploy lock), a real driver ticking."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+
+from dashboard.models import AnalyzerVersion, ApiToken, Rollout, RolloutEvent
+from dashboard.rollouts import start as rollouts_start
+from dashboard.rollouts import waiting
+from dashboard.rollouts.checklist import describe_rollout
+from dashboard.versions import state_machine
+from tests.support.rollouts import (  # noqa: F401 (fixture)
+    _release_drivers,
+    start,
+    verify,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+S = AnalyzerVersion.State
+
+#: Never enough samples (nothing runs in these tests) and no shadow work.
+THIN = {"step_pause": 0, "min_samples": 1000, "shadow_commits": 0}
+
+
+def ramping(options: dict[str, object]) -> tuple[Rollout, object]:
+    ro, driver = start(auto=True, steps=[10, 100], options=options)
+    verify(ro, driver)
+    assert driver.tick()  # verified + auto → the first step
+    version = AnalyzerVersion.objects.get(pk=ro.version_id)
+    assert (version.state, version.ramp_percent) == (S.RAMPING, 10)
+    return Rollout.objects.get(pk=ro.pk), driver
+
+
+def test_an_inconclusive_step_at_its_deadline_pauses_and_an_operator_still_promotes() -> None:
+    ro, driver = ramping({**THIN, "step_deadline": 0})
+    assert waiting.paused(ro) is None
+    assert driver.tick()  # inconclusive, deadline passed: paused
+    event = RolloutEvent.objects.get(rollout=ro, action="step.deadline")
+    assert event.detail["policy"] == "pause" and event.detail["samples"] == 0
+    assert event.reason == (
+        "step 10%: still inconclusive at its deadline (0/1000 samples): paused for an operator"
+    )
+    ro.refresh_from_db()
+    assert waiting.paused(ro) == event
+    assert describe_rollout(ro)["waiting"] == {
+        "reason": "step 10 %: paused at its deadline (0/1000 samples): "
+        "waiting for an operator to promote or roll back",
+        "until": None,
+    }
+    # Paused: the driver neither advances nor records the deadline again.
+    assert driver.tick() and driver.tick()
+    assert RolloutEvent.objects.filter(rollout=ro, action="step.deadline").count() == 1
+    assert Rollout.objects.get(pk=ro.pk).state == Rollout.State.ACTIVE
+    # The operator's promote still works: the next step, with its own deadline.
+    rollouts_start.request_action(rollout=ro, action="promote", actor="alice")
+    assert driver.tick()  # the request, then the new step (its deadline is 0 too)
+    version = AnalyzerVersion.objects.get(pk=ro.version_id)
+    assert (version.state, version.ramp_percent) == (S.RAMPING, 100)
+    ro.refresh_from_db()
+    again = waiting.paused(ro)
+    assert again is not None and again != event and again.detail["percent"] == 100
+    assert RolloutEvent.objects.filter(rollout=ro, action="step.deadline").count() == 2
+
+
+def test_an_inconclusive_step_at_its_deadline_with_fail_is_rolled_back() -> None:
+    ro, driver = ramping({**THIN, "step_deadline": 0, "on_inconclusive": "fail"})
+    base = ro.previous
+    assert driver.tick()
+    ro.refresh_from_db()
+    assert ro.state == Rollout.State.ROLLING_BACK
+    assert AnalyzerVersion.objects.get(pk=ro.version_id).state == S.DRAINING
+    assert state_machine.current_version().pk == base.pk
+    event = RolloutEvent.objects.get(rollout=ro, action="step.deadline")
+    reason = "step 10%: still inconclusive at its deadline (0/1000 samples): rolled back"
+    assert (event.reason, event.detail["policy"]) == (reason, "fail")
+    why = RolloutEvent.objects.get(rollout=ro, action="transition", to_state="draining")
+    assert why.reason == reason
+
+
+def test_before_its_deadline_a_step_waits_and_says_for_what_and_until_when(
+    client: Client,
+) -> None:
+    ro, driver = ramping({**THIN, "step_deadline": 3600})
+    assert driver.tick() and driver.tick()  # inconclusive, deadline far: it waits
+    assert not RolloutEvent.objects.filter(rollout=ro, action="step.deadline").exists()
+    ro.refresh_from_db()
+    deadline = waiting.deadline_of(ro)
+    assert deadline == ro.step_started_at + timedelta(seconds=3600)
+    hhmm = deadline.astimezone(UTC).strftime("%H:%M:%S")
+    expected = {
+        "reason": f"step 10 %: 0/1000 samples, deadline {hhmm} (then pause)",
+        "until": deadline.isoformat(),
+    }
+    assert describe_rollout(ro)["waiting"] == expected
+    # The API …
+    user = User.objects.create_user("viewer", password="pw-viewer-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
+    token = ApiToken.issue(user)[1]
+    body = client.get(f"/api/rollouts/{ro.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert body["waiting"] == expected
+    # … and the CLI say the same.
+    out = StringIO()
+    call_command("rollout", "status", "--json", stdout=out)
+    assert json.loads(out.getvalue())["rollout"]["waiting"] == expected
+    out = StringIO()
+    call_command("rollout", "status", stdout=out)
+    assert f"waiting: {expected['reason']} (until {expected['until']})" in out.getvalue()
+
+
+def test_the_policy_and_deadline_are_checked_at_start() -> None:
+    with pytest.raises(Exception, match="on_inconclusive must be one of pause, fail"):
+        rollouts_start.validate_options({"on_inconclusive": "retry"})
+    with pytest.raises(Exception, match="step_deadline must be a non-negative number"):
+        rollouts_start.validate_options({"step_deadline": -1})
+    assert rollouts_start.validate_options({})["on_inconclusive"] == "pause"
+    with pytest.raises(CommandError, match="step_deadline must be a non-negative number"):
+        call_command("rollout", "start", "--set", "detect_renames=true", "--step-deadline", "-5")
+    with pytest.raises(CommandError):
+        call_command("rollout", "start", "--set", "detect_renames=true",
+                     "--on-inconclusive", "maybe")  # fmt: skip
+    assert not Rollout.objects.exists()
