@@ -125,7 +125,9 @@ def waiting(ro: Rollout) -> dict[str, Any] | None:
     health = canary_health(rollout=ro, since=started, min_samples=min_samples)
     parts = [f"{health['canary']['samples']}/{min_samples} samples"]
     shadow = step_event(ro, "shadow.enqueued")
-    if shadow is not None:
+    if shadow is not None and not shadow.detail.get("commits"):
+        parts.append("no commits left to shadow")
+    elif shadow is not None:
         parts.append(
             f"shadowing {shadow.detail.get('commits', 0)} commits of "
             f"{shadow.detail.get('repositories', 0)} repositories"

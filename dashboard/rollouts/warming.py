@@ -394,7 +394,7 @@ def shadow_rollout(rollout: Rollout, count: int) -> dict[str, Any]:
     sample of the canary's health check. Under the warming lock, like
     :func:`warm_rollout`; planning is idempotent (stored commits and open chunks are
     skipped), so a second planner enqueues nothing new. Returns ``{"commits",
-    "repositories", "runs", "items"}`` or ``{"skipped": why}``.
+    "repositories", "items"}`` or ``{"skipped": why}``.
     """
     version = rollout.version
     base = rollout.previous.fingerprint if rollout.previous is not None else None
@@ -413,12 +413,11 @@ def shadow_rollout(rollout: Rollout, count: int) -> dict[str, Any]:
     except LockNotAcquired:
         return {"skipped": "another planner holds the warming lock"}
     try:
-        runs = plan_warm_set(fingerprint=version.fingerprint, items=[(pk, [s]) for pk, s in chosen])
+        plan_warm_set(fingerprint=version.fingerprint, items=[(pk, [s]) for pk, s in chosen])
     finally:
         lock.release()
     return {
         "commits": len(chosen),
         "repositories": len({pk for pk, _ in chosen}),
-        "runs": len(runs),
         "items": [[pk, sha] for pk, sha in chosen],
     }

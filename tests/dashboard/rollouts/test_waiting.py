@@ -132,3 +132,16 @@ def test_the_policy_and_deadline_are_checked_at_start() -> None:
         call_command("rollout", "start", "--set", "detect_renames=true",
                      "--on-inconclusive", "maybe")  # fmt: skip
     assert not Rollout.objects.exists()
+
+
+def test_a_thin_step_with_nothing_to_shadow_says_so_once() -> None:
+    """No analysed repository: the driver's shadow sampling finds no commit, records
+    that once for the step, and the waiting reason says there is nothing to shadow."""
+    ro, driver = ramping({"step_pause": 0, "min_samples": 5, "step_deadline": 3600})
+    assert driver.tick() and driver.tick()
+    events = list(RolloutEvent.objects.filter(rollout=ro, action="shadow.enqueued"))
+    assert len(events) == 1 and events[0].detail["commits"] == 0
+    ro.refresh_from_db()
+    assert describe_rollout(ro)["waiting"]["reason"].startswith(
+        "step 10 %: 0/5 samples, no commits left to shadow, deadline "
+    )
