@@ -145,3 +145,44 @@ def test_a_thin_step_with_nothing_to_shadow_says_so_once() -> None:
     assert describe_rollout(ro)["waiting"]["reason"].startswith(
         "step 10 %: 0/5 samples, no commits left to shadow, deadline "
     )
+
+
+def test_the_rollouts_page_shows_the_same_waiting_line(client: Client) -> None:
+    ro, driver = ramping({**THIN, "step_deadline": 3600})
+    assert driver.tick()
+    ro.refresh_from_db()
+    reason = describe_rollout(ro)["waiting"]["reason"]
+    user = User.objects.create_user("ops", password="pw-ops-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
+    client.force_login(user)
+    page = client.get("/rollouts/").content.decode()
+    assert f'<p class="banner warn" data-field="waiting">Waiting: {reason} ' in page
+
+
+def test_a_bad_policy_over_the_api_is_a_json_400(client: Client) -> None:
+    state_machine.ensure_baseline(actor="setup")
+    user = User.objects.create_user("ci", password="pw-ci-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="start_rollout"))
+    token = ApiToken.issue(user)[1]
+    res = client.post(
+        "/api/rollouts",
+        data=json.dumps(
+            {"config": {"detect_renames": True}, "options": {"on_inconclusive": "wait"}}
+        ),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
+    assert res.status_code == 400
+    assert res.json() == {"error": "on_inconclusive must be one of pause, fail, not 'wait'"}
+    res = client.post(
+        "/api/rollouts",
+        data=json.dumps(
+            {"config": {"detect_renames": True},
+             "options": {"step_deadline": 120, "on_inconclusive": "fail"}}
+        ),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )  # fmt: skip
+    assert res.status_code == 202, res.content
+    ro = Rollout.objects.get(pk=res.json()["id"])
+    assert (ro.options["step_deadline"], ro.options["on_inconclusive"]) == (120.0, "fail")
