@@ -514,7 +514,12 @@ class RolloutDriver:
         """The step is still inconclusive at its deadline: follow ``on_inconclusive``
         (docs/rollouts.md#step-deadlines). ``pause`` records the step as paused (the
         driver stops advancing it; promote and rollback still work); ``fail`` rolls it
-        back. Either way a ``step.deadline`` event says so — never silence."""
+        back. Either way a ``step.deadline`` event says so — never silence.
+
+        Race: an operator's promote or rollback cannot slip in between the health check
+        and this event: requests run in this thread, at the start of ``tick``. A promote
+        on a later tick starts a new step (a new ``step_started_at``), so the pause,
+        which is read per step (``waiting.paused``), no longer applies to it."""
         policy = str(self.options["on_inconclusive"])
         percent = ro.steps[ro.step_index]
         summary = health["summary"]

@@ -186,3 +186,21 @@ def test_a_bad_policy_over_the_api_is_a_json_400(client: Client) -> None:
     assert res.status_code == 202, res.content
     ro = Rollout.objects.get(pk=res.json()["id"])
     assert (ro.options["step_deadline"], ro.options["on_inconclusive"]) == (120.0, "fail")
+
+
+def test_a_freeze_is_what_a_ramping_rollout_waits_for_while_it_lasts() -> None:
+    from dashboard.rollouts import freeze
+
+    ro, driver = ramping({**THIN, "min_samples": 0, "step_deadline": 3600})
+    freeze.set_stop_the_line(on=True, actor="erin", reason="incident 12")
+    assert driver.tick()  # healthy, but the promote waits for the switch
+    ro.refresh_from_db()
+    frozen = freeze.rollout_freeze(ro)
+    assert frozen is not None and frozen["step"] == "ramp to 100%"
+    assert describe_rollout(ro)["waiting"] == {
+        "reason": f"frozen: {frozen['message']} (ramp to 100% waits)",
+        "until": None,
+    }
+    freeze.set_stop_the_line(on=False, actor="erin", reason="resolved")
+    assert driver.tick()
+    assert AnalyzerVersion.objects.get(pk=ro.version_id).ramp_percent == 100
