@@ -32,7 +32,7 @@ from dashboard.models import (
     Rollout,
     WorkerBeat,
 )
-from dashboard.repositories import flush_views, plan_warm_set
+from dashboard.repositories import flush_views, plan_shadow, plan_warm_set
 from dashboard.repositories import record_view as record_view  # the page's call, counted there
 from workers import locks as workers_locks
 from workers.locks import LockNotAcquired
@@ -347,11 +347,14 @@ def select_shadow_sample(
     (docs/rollouts.md#shadow-samples): ``[(repo_id, sha), …]``.
 
     Commits stored under ``base`` (the current version's results: real, analysed work)
-    and not under ``new``, of ready repositories; repositories outside the warm set
-    first (their work has not been seen by the new version yet), then the warm set's
-    own (so a system with one repository still gives samples), each ranked by most
-    recent analysis then id; newest commits first, taken round-robin across them.
-    Deterministic: the same database state gives the same list. Nothing is written.
+    of ready repositories; repositories outside the warm set first (their work has not
+    been seen by the new version yet), then the warm set's own (so a system with one
+    repository still gives samples), each ranked by most recent analysis then id;
+    newest commits first, taken round-robin across them. First the commits not yet
+    stored under ``new``; if they are fewer than ``count``, then commits it stored
+    already, in the same order (analysed again: a small system still gives the
+    samples). Deterministic: the same database state gives the same list. Nothing is
+    written.
     """
     if count < 1:
         return []
@@ -365,36 +368,34 @@ def select_shadow_sample(
         .values_list("pk", flat=True)
     )
     ordered = [pk for pk in repos if pk not in warm] + [pk for pk in repos if pk in warm]
-    per_repo: list[tuple[int, list[str]]] = []
-    for pk in ordered:
-        done = Commit.objects.filter(repository_id=pk, fingerprint=new).values("sha")
-        shas = list(
-            Commit.objects.filter(repository_id=pk, fingerprint=base)
-            .exclude(sha__in=done)
-            .order_by("-committed_at", "-id")
-            .values_list("sha", flat=True)[:count]
-        )
-        if shas:
-            per_repo.append((pk, shas))
     chosen: list[tuple[int, str]] = []
-    depth = 0
-    while len(chosen) < count and any(depth < len(s) for _, s in per_repo):
-        for pk, shas in per_repo:
-            if depth < len(shas) and len(chosen) < count:
-                chosen.append((pk, shas[depth]))
-        depth += 1
+    for stored in (False, True):
+        per_repo: list[tuple[int, list[str]]] = []
+        for pk in ordered:
+            done = Commit.objects.filter(repository_id=pk, fingerprint=new).values("sha")
+            rows = Commit.objects.filter(repository_id=pk, fingerprint=base)
+            rows = rows.filter(sha__in=done) if stored else rows.exclude(sha__in=done)
+            shas = list(rows.order_by("-committed_at", "-id").values_list("sha", flat=True)[:count])
+            if shas:
+                per_repo.append((pk, shas))
+        depth = 0
+        while len(chosen) < count and any(depth < len(s) for _, s in per_repo):
+            for pk, shas in per_repo:
+                if depth < len(shas) and len(chosen) < count:
+                    chosen.append((pk, shas[depth]))
+            depth += 1
     return chosen
 
 
 def shadow_rollout(rollout: Rollout, count: int) -> dict[str, Any]:
     """Send up to ``count`` commits (``select_shadow_sample``) to the rollout's new
-    version as shadow work: planned exactly as the warm set is (``plan_warm_set``, on
-    the new version's physical queue, results stored under its fingerprint and never
-    served before promotion), one commit per chunk so that each is one run — one
-    sample of the canary's health check. Under the warming lock, like
-    :func:`warm_rollout`; planning is idempotent (stored commits and open chunks are
-    skipped), so a second planner enqueues nothing new. Returns ``{"commits",
-    "repositories", "items"}`` or ``{"skipped": why}``.
+    version as shadow work for its current step: planned like the warm set
+    (``plan_shadow``: on the new version's physical queue, results stored under its
+    fingerprint and never served before promotion), one commit per chunk keyed
+    ``shadow-<rollout>-<step>-<sha>`` so that each is one run — one sample of the
+    canary's health check. Under the warming lock, like :func:`warm_rollout`; planning
+    is idempotent per step (the keys), so a second planner enqueues nothing new.
+    Returns ``{"commits", "repositories", "reanalysed", "items"}`` or ``{"skipped": why}``.
     """
     version = rollout.version
     base = rollout.previous.fingerprint if rollout.previous is not None else None
@@ -413,11 +414,22 @@ def shadow_rollout(rollout: Rollout, count: int) -> dict[str, Any]:
     except LockNotAcquired:
         return {"skipped": "another planner holds the warming lock"}
     try:
-        plan_warm_set(fingerprint=version.fingerprint, items=[(pk, [s]) for pk, s in chosen])
+        stored = {
+            (pk, sha)
+            for pk, sha in Commit.objects.filter(
+                fingerprint=version.fingerprint, sha__in=[s for _, s in chosen]
+            ).values_list("repository_id", "sha")
+        }
+        plan_shadow(
+            fingerprint=version.fingerprint,
+            items=chosen,
+            tag=f"shadow-{rollout.pk}-{rollout.step_index}",
+        )
     finally:
         lock.release()
     return {
         "commits": len(chosen),
         "repositories": len({pk for pk, _ in chosen}),
+        "reanalysed": sum(1 for c in chosen if c in stored),
         "items": [[pk, sha] for pk, sha in chosen],
     }

@@ -270,15 +270,17 @@ def test_shadow_samples_are_real_unstored_commits_outside_the_warm_set_first(
     everything = select_shadow_sample(
         base=base.fingerprint, new=new.fingerprint, warm_set=warm_set, count=100
     )
-    assert len(everything) == len(newest_warm) + len(newest_other) - 1  # bounded by the data
+    # Bounded by the data: every commit once, the one stored already last (analysed again).
+    assert len(everything) == len(set(everything)) == len(newest_warm) + len(newest_other)
+    assert everything[-1] == (other.pk, newest_other[0])
 
     planned = shadow_rollout(ro, 3)
-    assert (planned["commits"], planned["repositories"]) == (3, 2)
+    assert (planned["commits"], planned["repositories"], planned["reanalysed"]) == (3, 2, 0)
     assert planned["items"] == [list(x) for x in sample[:3]]
     # (both fixtures have the same history, so the same shas: compare with repositories)
-    shadow_chunks = Chunk.objects.filter(fingerprint=new.fingerprint, state="queued")
-    assert sorted((c.repository_id, c.shas, c.size) for c in shadow_chunks) == sorted(
-        (pk, s, 1) for pk, s in sample[:3]
+    shadow_chunks = Chunk.objects.filter(fingerprint=new.fingerprint, key__startswith="shadow-")
+    assert sorted((c.repository_id, c.key, c.shas, c.size) for c in shadow_chunks) == sorted(
+        (pk, f"shadow-{ro.pk}-0-{s}", s, 1) for pk, s in sample[:3]
     )
     runs = JobRun.objects.filter(fingerprint=new.fingerprint, kind="analyze")
     shadow_runs = {r.rq_id() for r in runs.filter(chunk__in=shadow_chunks)}
@@ -288,3 +290,35 @@ def test_shadow_samples_are_real_unstored_commits_outside_the_warm_set_first(
     queued = sorted(physical.job_ids)
     again = shadow_rollout(ro, 3)  # the same commits: open chunks, nothing new enqueued
     assert again["items"] == planned["items"] and sorted(physical.job_ids) == queued
+
+
+def test_a_commit_the_canary_stored_already_is_analysed_again_and_stored_once(
+    tmp_path: Path,
+) -> None:
+    """A small system (every commit warmed): the shadow sample analyses stored commits
+    again, as real work on the canary's queue, and ``write_chunk`` stores nothing twice."""
+    from dashboard.infra import queues
+    from dashboard.rollouts.warming import shadow_rollout
+    from tests.support.rollout_workers import run_version_workers
+
+    base = ensure_baseline(actor="t")
+    repo, origin = analysed(tmp_path, "small")
+    ro, driver = support_start(
+        warm_set=select_warm_set(fingerprint=base.fingerprint, repositories=1)
+    )
+    verify(ro, driver)
+    new = Rollout.objects.select_related("version").get(pk=ro.pk).version
+    shas = origin.git("rev-list", "HEAD").split()
+    analyse_as(new, repo, list(reversed(shas)))  # every commit stored under the new version
+    steps.set_ramp(rollout=ro, percent=10, token=int(driver.token or 0), actor="t")
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    planned = shadow_rollout(ro, 3)
+    assert (planned["commits"], planned["reanalysed"]) == (3, 3)
+    assert planned["items"] == [[repo.pk, s] for s in shas[:3]]
+    physical = queues.queue(state_machine.physical_queue("analysis", new.fingerprint))
+    assert physical.count == 3
+    run_version_workers()
+    runs = JobRun.objects.filter(fingerprint=new.fingerprint, chunk__key__startswith="shadow-")
+    assert sorted(runs.values_list("state", flat=True)) == ["succeeded"] * 3
+    assert Commit.objects.filter(repository=repo, fingerprint=new.fingerprint).count() == len(shas)
+    assert shadow_rollout(ro, 3)["items"] == planned["items"] and physical.count == 0
