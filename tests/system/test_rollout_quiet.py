@@ -1,10 +1,10 @@
 """The quiet-queue rollout (docs/rollouts.md#a-canary-that-reaches-a-verdict), as a new
 user tries it: one repository analysed, nothing else arriving, a real worker pool
 (``workers.pool.Pool`` children, as ``up`` runs them), and ``manage.py rollout start
---set detect_renames=true --steps 100 --auto --wait`` with the default ``min_samples``
-(20). No live sample ever comes; the driver sends the canary shadow samples (commits of
-the repository the warm set did not take), the health check passes and the rollout ends
-by itself with the new version current. While it waits, ``rollout status --json`` says
+--set detect_renames=true [--steps 100] --auto --wait`` with the default warm set and
+``min_samples`` (20). No live sample ever comes; at each step the driver sends the canary
+shadow samples (the repository's commits, analysed again: the warm set took them all),
+the health check passes and the rollout ends by itself with the new version current. While it waits, ``rollout status --json`` says
 for what and until when. Before this, the step stayed "inconclusive" for ever."""
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def long_history(path: Path) -> GitRepo:
     return repo
 
 
+@pytest.mark.parametrize("steps", [["100"], []], ids=["steps-100", "default-steps"])
 def test_a_quiet_auto_rollout_gets_shadow_samples_and_ends_by_itself(
-    tmp_path: Path, settings: Any
+    tmp_path: Path, settings: Any, steps: list[str]
 ) -> None:
     base = ensure_baseline(actor="setup")
     origin = long_history(tmp_path / "quiet")
@@ -83,7 +84,8 @@ def test_a_quiet_auto_rollout_gets_shadow_samples_and_ends_by_itself(
 
     def operator() -> None:
         result["start"] = manage(
-            env, "rollout", "start", "--set", "detect_renames=true", "--steps", "100", "--auto",
+            env, "rollout", "start", "--set", "detect_renames=true",
+            *(["--steps", *steps] if steps else []), "--auto",
             "--option", "step_pause=0", "--step-deadline", "3600",
             "--wait", "--timeout", "240",
         )  # fmt: skip
@@ -101,12 +103,13 @@ def test_a_quiet_auto_rollout_gets_shadow_samples_and_ends_by_itself(
             return w if w and "shadowing" in w["reason"] else None
 
         seen = wait_for(shadowing, timeout=180, what="the waiting reason while shadowing")
-        assert seen["reason"].startswith("step 100 %: ")
+        first = int(steps[0]) if steps else 10
+        assert seen["reason"].startswith(f"step {first} %: ")
         assert "/20 samples, shadowing 20 commits of 1 repositories, deadline " in seen["reason"]
         assert seen["until"] is not None
         status = json.loads(manage(env, "rollout", "status", "--json").stdout)
         if status["rollout"] is not None:  # it may have completed meanwhile
-            assert status["rollout"]["waiting"]["reason"].startswith("step 100 %: ")
+            assert status["rollout"]["waiting"]["reason"].startswith("step ")
         started.join(timeout=280)
         assert not started.is_alive()
         out = result["start"]
@@ -119,17 +122,20 @@ def test_a_quiet_auto_rollout_gets_shadow_samples_and_ends_by_itself(
         # commit, so the 20 newest are analysed again under the new version, each its
         # own run, all succeeded — the 20 samples the health check counted — and each
         # commit is stored once.
-        shadow = RolloutEvent.objects.get(rollout=ro, action="shadow.enqueued")
+        # One shadow sample per step (the same commits each step: the same state).
         newest = origin.git("rev-list", "HEAD").split()
-        assert shadow.detail["items"] == [[repo.pk, sha] for sha in newest[:20]]
-        assert (shadow.detail["commits"], shadow.detail["repositories"]) == (20, 1)
-        assert shadow.detail["reanalysed"] == 20
+        shadows = list(RolloutEvent.objects.filter(rollout=ro, action="shadow.enqueued"))
+        assert [e.detail["percent"] for e in shadows] == [int(s) for s in steps or ro.steps]
+        for shadow in shadows:
+            assert shadow.detail["items"] == [[repo.pk, sha] for sha in newest[:20]]
+            assert (shadow.detail["commits"], shadow.detail["repositories"]) == (20, 1)
+            assert shadow.detail["reanalysed"] == 20
         stored = Commit.objects.filter(repository=repo, fingerprint=new.fingerprint)
         assert sorted(stored.values_list("sha", flat=True)) == sorted(newest)
         runs = JobRun.objects.filter(
             kind="analyze", fingerprint=new.fingerprint, chunk__key__startswith="shadow-"
         )
-        assert sorted(runs.values_list("state", flat=True)) == ["succeeded"] * 20
+        assert sorted(runs.values_list("state", flat=True)) == ["succeeded"] * 20 * len(shadows)
         assert not RolloutEvent.objects.filter(rollout=ro, action="step.deadline").exists()
     finally:
         stop.set()
