@@ -299,6 +299,13 @@ SCHEMAS: dict[str, Any] = {
             "auto": {"type": "boolean"},
             "created_at": TIME,
             "finished_at": TIME_OR_NULL,
+            # docs/rollouts.md#waiting-reason: what an active rollout waits for, else null.
+            "waiting": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj({"reason": {"type": "string"}, "until": TIME_OR_NULL}),
+                ]
+            },
         },
         {"timeline": {"type": "array", "items": {"type": "object"}}},
     ),
@@ -322,7 +329,19 @@ SCHEMAS: dict[str, Any] = {
                     "threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                 },
             },
-            "options": {"type": "object"},
+            "options": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "step_pause": {"type": "number", "minimum": 0},
+                    "min_samples": {"type": "number", "minimum": 0},
+                    "warm_timeout": {"type": "number", "minimum": 0},
+                    # docs/rollouts.md#step-deadlines and #shadow-samples
+                    "step_deadline": {"type": "number", "minimum": 0},
+                    "on_inconclusive": {"enum": ["pause", "fail"]},
+                    "shadow_commits": {"type": "number", "minimum": 0},
+                },
+            },
         },
     },
     "Freeze": _obj(

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         finish_chunk,
         incremental_base,
         plan_repository,
+        plan_shadow,
         plan_warm_set,
         reconcile_catch_up,
     )
@@ -89,6 +90,7 @@ __all__ = [
     "iter_commits",
     "may_reanalyse",
     "plan_repository",
+    "plan_shadow",
     "plan_warm_set",
     "publish_repo_changed",
     "reanalyse",
@@ -125,6 +127,7 @@ _SURFACE: dict[str, str] = {
     "finish_chunk": "dashboard.repositories.chunk_plans",
     "incremental_base": "dashboard.repositories.chunk_plans",
     "plan_repository": "dashboard.repositories.chunk_plans",
+    "plan_shadow": "dashboard.repositories.chunk_plans",
     "plan_warm_set": "dashboard.repositories.chunk_plans",
     "reconcile_catch_up": "dashboard.repositories.chunk_plans",
     "BadCursor": "dashboard.repositories.commits",

@@ -395,6 +395,42 @@ def _record_plan(repo: Repository, fingerprint: str, head: str, total: int, busy
     )
 
 
+def plan_shadow(*, fingerprint: str, items: Sequence[tuple[int, str]], tag: str) -> list[int]:
+    """Plan each commit of ``items`` (``[(repo_id, sha), …]``) as its own chunk keyed
+    ``{tag}-{sha}`` under ``fingerprint``, on that version's physical queue, enqueued after
+    commit: a rollout's shadow samples (docs/rollouts.md#shadow-samples), one run each.
+
+    Unlike ``plan_warm_set`` a commit already stored under ``fingerprint`` is planned
+    too: it is analysed again (real work on the canary) and ``write_chunk`` skips a
+    stored commit, so nothing is stored twice. Idempotent per ``tag``: the key is
+    unique per repository and fingerprint (an existing chunk is kept, a done one is not
+    run again) and job ids are deterministic. The repositories' rows are not touched.
+    """
+    run_ids: list[int] = []
+    with transaction.atomic():
+        for repo_id, sha in items:
+            key = f"{tag}-{sha}"
+            position = (
+                Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint).aggregate(
+                    m=Max("position")
+                )["m"]
+                or 0
+            ) + 1
+            row = Chunk(
+                repository_id=repo_id, fingerprint=fingerprint, key=key, shas=sha, size=1,
+                position=position,
+            )  # fmt: skip
+            # Race: two planners of one tag (a driver and its takeover; the caller holds
+            # the warming lock, so only across a lost lease): the unique key lets one
+            # INSERT through, the other keeps that row, and the run's job id is the same.
+            Chunk.objects.bulk_create([row], ignore_conflicts=True)
+            chunk = Chunk.objects.get(repository_id=repo_id, fingerprint=fingerprint, key=key)
+            if chunk.state in OPEN_STATES:
+                run_ids += _runs_for([chunk], fingerprint)
+        enqueue_after_commit(run_ids)
+    return run_ids
+
+
 def _runs_for(chunks: list[Chunk], fingerprint: str) -> list[int]:
     """The analyze run of every open chunk, created if missing. A dead run of a chunk
     that is planned again (the user re-submitted) gets a fresh attempt budget, and so

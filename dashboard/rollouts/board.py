@@ -195,10 +195,12 @@ def rollout_view(ro: Rollout) -> dict[str, Any]:
         "timeline": timeline(ro),
         "actions": actions_for(ro, alive=alive),
         # Changes no rollout.* event announces (warming writes commits; the diff and a
-        # failed request are recorded without one): the page polls while any is due.
+        # failed request are recorded without one; an automatic step's samples, which
+        # its waiting line counts): the page polls while any is due.
         "settling": ro.is_active
         and (
             ro.version.state == S.WARMING
+            or (ro.version.state == S.RAMPING and ro.auto)
             or (ro.version.state == S.VERIFIED and not ro.diff)
             or ro.pending_action is not None
         ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.models import Rollout, RolloutEvent
+from dashboard.rollouts.waiting import waiting
 from dashboard.versions import physical_queue
 
 
@@ -44,6 +45,8 @@ def describe_rollout(ro: Rollout, *, timeline: bool = False) -> dict[str, Any]:
         "outcome": ro.outcome,
         "created_at": ro.created_at.isoformat(),
         "finished_at": ro.finished_at.isoformat() if ro.finished_at else None,
+        # What it waits for and until when, while active (docs/rollouts.md#waiting-reason).
+        "waiting": waiting(ro),
     }
     if timeline:
         out["timeline"] = [

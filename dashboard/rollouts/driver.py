@@ -28,7 +28,7 @@ from dashboard import locks, observability, versions
 from dashboard.accounts import record_audit
 from dashboard.locks import check_token
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
-from dashboard.rollouts import drains, freeze, start, steps, warming
+from dashboard.rollouts import drains, freeze, start, steps, waiting, warming
 from dashboard.rollouts.steps import abort_in_place
 from dashboard.versions import RolloutBusy, RolloutError, canary_health, describe_lock
 from workers import locks as workers_locks
@@ -78,6 +78,8 @@ class RolloutDriver:
         self.warm_timeout = float(options["warm_timeout"] if warm_timeout is None else warm_timeout)
         self.min_samples = int(options["min_samples"] if min_samples is None else min_samples)
         self.warmer = warmer
+        #: The rollout's options (``step_deadline``, ``on_inconclusive``, ``shadow_commits``).
+        self.options = options
         self.lock: Lock | None = None
         #: Set once the lease is gone (failed extension, or another holder's token).
         self.lost = threading.Event()
@@ -465,14 +467,74 @@ class RolloutDriver:
                 return
             health = canary_health(rollout=ro, since=started, min_samples=self.min_samples)
             if health["verdict"] == "fail":
+                # Also from a paused step: a failing canary is never left serving.
                 abort_in_place(
                     ro,
                     token=token,
                     actor=actor,
                     reason=f"canary health check failed: {health['summary']}",
                 )
-            elif health["verdict"] == "pass" and not self._frozen(ro, token, _next_label(ro)):
-                self._next_step(ro, token, actor)
+            elif waiting.paused(ro) is not None:
+                return  # paused at its deadline: an operator promotes or rolls back
+            elif health["verdict"] == "pass":
+                if not self._frozen(ro, token, _next_label(ro)):
+                    self._next_step(ro, token, actor)
+            else:
+                self._shadow(ro, token, health)
+                deadline = waiting.deadline_of(ro)
+                if deadline is not None and timezone.now() >= deadline:
+                    self._deadline(ro, token, health)
+
+    def _shadow(self, ro: Rollout, token: int, health: dict[str, Any]) -> None:
+        """Live traffic too thin for the step's health check: send the canary a bounded,
+        deterministic sample of real work once per step (docs/rollouts.md#shadow-samples):
+        the samples it lacks, at most ``shadow_commits``. Recorded as ``shadow.enqueued``
+        (also when nothing was left to send, so the waiting reason can say so)."""
+        if waiting.step_event(ro, "shadow.enqueued") is not None:
+            return
+        need = max(0, self.min_samples - int(health["canary"]["samples"]))
+        count = min(need, int(self.options["shadow_commits"]))
+        if count < 1:
+            return
+        result = warming.shadow_rollout(ro, count)
+        if "skipped" in result:
+            return  # another planner holds the warming lock: tried again next tick
+        percent = ro.steps[ro.step_index]
+        with transaction.atomic():
+            versions.record_event(
+                ro, ro.version, "shadow.enqueued", "", "", self.name,
+                f"step {percent}%: {result['commits']} commits of {result['repositories']} "
+                "repositories sent to the canary as shadow work", token,
+                {**result, "step_index": ro.step_index, "percent": percent, "samples":
+                 health["canary"]["samples"], "min_samples": self.min_samples},
+            )  # fmt: skip
+        versions.publish_rollout_event(ro.version, ro, "shadow")
+
+    def _deadline(self, ro: Rollout, token: int, health: dict[str, Any]) -> None:
+        """The step is still inconclusive at its deadline: follow ``on_inconclusive``
+        (docs/rollouts.md#step-deadlines). ``pause`` records the step as paused (the
+        driver stops advancing it; promote and rollback still work); ``fail`` rolls it
+        back. Either way a ``step.deadline`` event says so — never silence.
+
+        Race: an operator's promote or rollback cannot slip in between the health check
+        and this event: requests run in this thread, at the start of ``tick``. A promote
+        on a later tick starts a new step (a new ``step_started_at``), so the pause,
+        which is read per step (``waiting.paused``), no longer applies to it."""
+        policy = str(self.options["on_inconclusive"])
+        percent = ro.steps[ro.step_index]
+        summary = health["summary"]
+        then = "paused for an operator" if policy == "pause" else "rolled back"
+        reason = f"step {percent}%: still inconclusive at its deadline ({summary}): {then}"
+        with transaction.atomic():
+            versions.record_event(
+                ro, ro.version, "step.deadline", "", "", self.name, reason, token,
+                {"policy": policy, "step_index": ro.step_index, "percent": percent,
+                 "summary": summary, "verdict": health["verdict"],
+                 "samples": health["canary"]["samples"], "min_samples": self.min_samples},
+            )  # fmt: skip
+        versions.publish_rollout_event(ro.version, ro, "paused" if policy == "pause" else "failed")
+        if policy == "fail":
+            abort_in_place(ro, token=token, actor=self.name, reason=reason)
 
     def _frozen(self, ro: Rollout, token: int, step: str) -> bool:
         """An ``auto`` step advance waits out a freeze (docs/rollouts.md#freeze-windows),

@@ -97,15 +97,32 @@ def _lock_busy_message(queue: str) -> str | None:
     return f"the deploy lock of {queue!r} is held by {describe_lock(info)}"
 
 
-OPTIONS = {"step_pause": 60.0, "min_samples": 20, "warm_timeout": 600.0}
+OPTIONS: dict[str, Any] = {
+    "step_pause": 60.0,
+    "min_samples": 20,
+    "warm_timeout": 600.0,
+    # docs/rollouts.md#step-deadlines: how long a step may stay inconclusive, what then,
+    # and how many shadow commits the driver may send to the canary per step.
+    "step_deadline": 900.0,
+    "on_inconclusive": "pause",
+    "shadow_commits": 50,
+}
+#: What an inconclusive step does at its deadline (``on_inconclusive``).
+POLICIES = ("pause", "fail")
 
 
 def validate_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Driver knobs with their defaults (``OPTIONS``); unknown or negative ones refused."""
+    """Driver knobs with their defaults (``OPTIONS``); unknown or negative ones refused,
+    ``on_inconclusive`` one of ``POLICIES``."""
     out = dict(OPTIONS)
     for key, value in (options or {}).items():
         if key not in OPTIONS:
             raise RolloutError(f"unknown rollout option {key!r}")
+        if key == "on_inconclusive":
+            if value not in POLICIES:
+                raise RolloutError(f"on_inconclusive must be one of pause, fail, not {value!r}")
+            out[key] = value
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise RolloutError(f"{key} must be a non-negative number, not {value!r}")
         out[key] = type(OPTIONS[key])(value)

@@ -32,7 +32,7 @@ from dashboard.models import (
     Rollout,
     WorkerBeat,
 )
-from dashboard.repositories import flush_views, plan_warm_set
+from dashboard.repositories import flush_views, plan_shadow, plan_warm_set
 from dashboard.repositories import record_view as record_view  # the page's call, counted there
 from workers import locks as workers_locks
 from workers.locks import LockNotAcquired
@@ -335,3 +335,101 @@ def warm_rollout(rollout: Rollout) -> dict[str, Any]:
     finally:
         lock.release()
     return {"runs": len(runs), "expected": sum(len(s) for _, s in _items(rollout.warm_set))}
+
+
+# ---------------------------------------------------------------------------- shadow samples
+
+
+def select_shadow_sample(
+    *, base: str, new: str, warm_set: Mapping[str, Any], count: int
+) -> list[tuple[int, str]]:
+    """Up to ``count`` commits to send to the canary as shadow work
+    (docs/rollouts.md#shadow-samples): ``[(repo_id, sha), …]``.
+
+    Commits stored under ``base`` (the current version's results: real, analysed work)
+    of ready repositories; repositories outside the warm set first (their work has not
+    been seen by the new version yet), then the warm set's own (so a system with one
+    repository still gives samples), each ranked by most recent analysis then id;
+    newest commits first, taken round-robin across them. First the commits not yet
+    stored under ``new``; if they are fewer than ``count``, then commits it stored
+    already, in the same order (analysed again: a small system still gives the
+    samples). Deterministic: the same database state gives the same list. Nothing is
+    written.
+    """
+    if count < 1:
+        return []
+    warm = {pk for pk, _ in _items(warm_set)}
+    repos = list(
+        Repository.objects.filter(
+            status=Repository.Status.READY,
+            pk__in=Commit.objects.filter(fingerprint=base).values("repository_id"),
+        )
+        .order_by(F("analyzed_at").desc(nulls_last=True), "pk")
+        .values_list("pk", flat=True)
+    )
+    ordered = [pk for pk in repos if pk not in warm] + [pk for pk in repos if pk in warm]
+    chosen: list[tuple[int, str]] = []
+    for stored in (False, True):
+        per_repo: list[tuple[int, list[str]]] = []
+        for pk in ordered:
+            done = Commit.objects.filter(repository_id=pk, fingerprint=new).values("sha")
+            rows = Commit.objects.filter(repository_id=pk, fingerprint=base)
+            rows = rows.filter(sha__in=done) if stored else rows.exclude(sha__in=done)
+            shas = list(rows.order_by("-committed_at", "-id").values_list("sha", flat=True)[:count])
+            if shas:
+                per_repo.append((pk, shas))
+        depth = 0
+        while len(chosen) < count and any(depth < len(s) for _, s in per_repo):
+            for pk, shas in per_repo:
+                if depth < len(shas) and len(chosen) < count:
+                    chosen.append((pk, shas[depth]))
+            depth += 1
+    return chosen
+
+
+def shadow_rollout(rollout: Rollout, count: int) -> dict[str, Any]:
+    """Send up to ``count`` commits (``select_shadow_sample``) to the rollout's new
+    version as shadow work for its current step: planned like the warm set
+    (``plan_shadow``: on the new version's physical queue, results stored under its
+    fingerprint and never served before promotion), one commit per chunk keyed
+    ``shadow-<rollout>-<step>-<sha>`` so that each is one run — one sample of the
+    canary's health check. Under the warming lock, like :func:`warm_rollout`; planning
+    is idempotent per step (the keys), so a second planner enqueues nothing new.
+    Returns ``{"commits", "repositories", "reanalysed", "items"}`` or ``{"skipped": why}``.
+    """
+    version = rollout.version
+    base = rollout.previous.fingerprint if rollout.previous is not None else None
+    if base is None:
+        return {"skipped": "no previous version to take real work from"}
+    chosen = select_shadow_sample(
+        base=base, new=version.fingerprint, warm_set=rollout.warm_set, count=count
+    )
+    key = workers_locks.warm(rollout.queue, version.fingerprint)
+    try:
+        lock = locks.redlock().acquire(
+            key,
+            ttl=max(float(settings.LOCK_TTL), 10.0),
+            holder={"worker": f"shadow-rollout-{rollout.pk}", "version": version.fingerprint},
+        )
+    except LockNotAcquired:
+        return {"skipped": "another planner holds the warming lock"}
+    try:
+        stored = {
+            (pk, sha)
+            for pk, sha in Commit.objects.filter(
+                fingerprint=version.fingerprint, sha__in=[s for _, s in chosen]
+            ).values_list("repository_id", "sha")
+        }
+        plan_shadow(
+            fingerprint=version.fingerprint,
+            items=chosen,
+            tag=f"shadow-{rollout.pk}-{rollout.step_index}",
+        )
+    finally:
+        lock.release()
+    return {
+        "commits": len(chosen),
+        "repositories": len({pk for pk, _ in chosen}),
+        "reanalysed": sum(1 for c in chosen if c in stored),
+        "items": [[pk, sha] for pk, sha in chosen],
+    }

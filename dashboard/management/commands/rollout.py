@@ -90,6 +90,16 @@ class Command(BaseCommand):
             metavar="KEY=SECONDS",
             help="driver knob: step_pause, min_samples, warm_timeout",
         )
+        start.add_argument(
+            "--step-deadline",
+            type=float,
+            help="seconds a step may stay inconclusive (docs/rollouts.md#step-deadlines)",
+        )
+        start.add_argument(
+            "--on-inconclusive",
+            choices=["pause", "fail"],
+            help="an inconclusive step at its deadline: pause (default) or fail (roll back)",
+        )
         start.add_argument("--warm-repositories", type=int, help="size of the warm set")
         start.add_argument("--warm-commits", type=int, help="newest commits per repository")
         start.add_argument("--warm-threshold", type=float, help="coverage needed, 0..1")
@@ -165,7 +175,7 @@ class Command(BaseCommand):
                 if not sep:
                     raise CommandError(f"--set expects KEY=VALUE, not {item!r}")
                 config[key.strip()] = parse_value(key.strip(), raw.strip())
-        options: dict[str, float] = {}
+        options: dict[str, Any] = {}
         for item in o["option"]:
             key, sep, raw = item.partition("=")
             try:
@@ -174,6 +184,10 @@ class Command(BaseCommand):
                 raise CommandError(f"--option expects KEY=NUMBER, not {item!r}") from None
             if not sep:
                 raise CommandError(f"--option expects KEY=NUMBER, not {item!r}")
+        if o["step_deadline"] is not None:
+            options["step_deadline"] = o["step_deadline"]
+        if o["on_inconclusive"] is not None:
+            options["on_inconclusive"] = o["on_inconclusive"]
         warm = {
             k: o[f"warm_{name}"]
             for k, name in [
@@ -319,6 +333,10 @@ class Command(BaseCommand):
         if data["frozen"]:
             held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
             self.stdout.write(f"frozen: {data['frozen']['message']}{held}")
+        waits = data["rollout"]["waiting"] if data["rollout"] else None
+        if waits and not data["frozen"]:  # docs/rollouts.md#waiting-reason (a freeze: above)
+            until = f" (until {waits['until']})" if waits["until"] else ""
+            self.stdout.write(f"waiting: {waits['reason']}{until}")
 
     def do_promote(self, o: dict[str, Any]) -> None:
         ro = rollouts.request_action(rollout=o["id"], action="promote", actor=o["actor"])

@@ -16,15 +16,23 @@ from dashboard.models import (
     FileChange,
     JobRun,
     Repository,
+    Rollout,
     WorkerBeat,
 )
 from dashboard.repositories.view_counts import flush_views, record_view
-from dashboard.rollouts import start
+from dashboard.rollouts import start, steps
 from dashboard.rollouts.warming import diff_results, select_warm_set, verify_warm_set
 from dashboard.versions import state_machine
 from dashboard.versions.state_machine import ensure_baseline
 from tests.support.gitrepo import GitRepo
-from tests.support.rollouts import analyse_as, analysed, report_worker
+from tests.support.rollouts import (  # noqa: F401 (fixture)
+    _release_drivers,
+    analyse_as,
+    analysed,
+    report_worker,
+    verify,
+)
+from tests.support.rollouts import start as support_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -215,3 +223,102 @@ def test_warming_runs_once_under_its_own_lock(tmp_path: Path) -> None:
     assert again["expected"] == 5
     assert leases.redlock().inspect(keys.warm("analysis", fp)) is None  # released
     assert repo.pk == ro.warm_set["items"][0][0]
+
+
+def test_shadow_samples_are_real_unstored_commits_outside_the_warm_set_first(
+    tmp_path: Path,
+) -> None:
+    """docs/rollouts.md#shadow-samples: ``select_shadow_sample`` takes commits stored
+    under the base and not under the new version, repositories outside the warm set
+    first, newest first, round-robin, at most ``count``; the same state gives the same
+    sample; ``shadow_rollout`` plans each as its own run on the new version's queue."""
+    from dashboard.infra import queues
+    from dashboard.models import Chunk
+    from dashboard.rollouts.warming import select_shadow_sample, shadow_rollout
+
+    base = ensure_baseline(actor="t")
+    warm_repo, warm_origin = analysed(tmp_path, "warm")
+    other, other_origin = analysed(tmp_path, "other")
+    warm_set = select_warm_set(
+        fingerprint=base.fingerprint, repositories=1, repository_ids=[warm_repo.pk]
+    )
+    ro, driver = support_start(warm_set=warm_set)  # ramping: its gate is open
+    verify(ro, driver)
+    steps.set_ramp(rollout=ro, percent=10, token=int(driver.token or 0), actor="t")
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    new = ro.version
+    newest_warm = warm_origin.git("rev-list", "HEAD").split()  # newest first
+    newest_other = other_origin.git("rev-list", "HEAD").split()
+    analyse_as(new, other, [newest_other[0]])  # already stored under the new version
+    sample = select_shadow_sample(
+        base=base.fingerprint, new=new.fingerprint, warm_set=warm_set, count=5
+    )
+    assert sample == [
+        (other.pk, newest_other[1]),
+        (warm_repo.pk, newest_warm[0]),
+        (other.pk, newest_other[2]),
+        (warm_repo.pk, newest_warm[1]),
+        (other.pk, newest_other[3]),
+    ]
+    assert sample == select_shadow_sample(
+        base=base.fingerprint, new=new.fingerprint, warm_set=warm_set, count=5
+    )
+    assert (
+        select_shadow_sample(base=base.fingerprint, new=new.fingerprint, warm_set=warm_set, count=0)
+        == []
+    )
+    everything = select_shadow_sample(
+        base=base.fingerprint, new=new.fingerprint, warm_set=warm_set, count=100
+    )
+    # Bounded by the data: every commit once, the one stored already last (analysed again).
+    assert len(everything) == len(set(everything)) == len(newest_warm) + len(newest_other)
+    assert everything[-1] == (other.pk, newest_other[0])
+
+    planned = shadow_rollout(ro, 3)
+    assert (planned["commits"], planned["repositories"], planned["reanalysed"]) == (3, 2, 0)
+    assert planned["items"] == [list(x) for x in sample[:3]]
+    # (both fixtures have the same history, so the same shas: compare with repositories)
+    shadow_chunks = Chunk.objects.filter(fingerprint=new.fingerprint, key__startswith="shadow-")
+    assert sorted((c.repository_id, c.key, c.shas, c.size) for c in shadow_chunks) == sorted(
+        (pk, f"shadow-{ro.pk}-0-{s}", s, 1) for pk, s in sample[:3]
+    )
+    runs = JobRun.objects.filter(fingerprint=new.fingerprint, kind="analyze")
+    shadow_runs = {r.rq_id() for r in runs.filter(chunk__in=shadow_chunks)}
+    assert len(shadow_runs) == 3  # one run (one sample) per commit
+    physical = queues.queue(state_machine.physical_queue("analysis", new.fingerprint))
+    assert shadow_runs <= set(physical.job_ids)
+    queued = sorted(physical.job_ids)
+    again = shadow_rollout(ro, 3)  # the same commits: open chunks, nothing new enqueued
+    assert again["items"] == planned["items"] and sorted(physical.job_ids) == queued
+
+
+def test_a_commit_the_canary_stored_already_is_analysed_again_and_stored_once(
+    tmp_path: Path,
+) -> None:
+    """A small system (every commit warmed): the shadow sample analyses stored commits
+    again, as real work on the canary's queue, and ``write_chunk`` stores nothing twice."""
+    from dashboard.infra import queues
+    from dashboard.rollouts.warming import shadow_rollout
+    from tests.support.rollout_workers import run_version_workers
+
+    base = ensure_baseline(actor="t")
+    repo, origin = analysed(tmp_path, "small")
+    ro, driver = support_start(
+        warm_set=select_warm_set(fingerprint=base.fingerprint, repositories=1)
+    )
+    verify(ro, driver)
+    new = Rollout.objects.select_related("version").get(pk=ro.pk).version
+    shas = origin.git("rev-list", "HEAD").split()
+    analyse_as(new, repo, list(reversed(shas)))  # every commit stored under the new version
+    steps.set_ramp(rollout=ro, percent=10, token=int(driver.token or 0), actor="t")
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    planned = shadow_rollout(ro, 3)
+    assert (planned["commits"], planned["reanalysed"]) == (3, 3)
+    assert planned["items"] == [[repo.pk, s] for s in shas[:3]]
+    physical = queues.queue(state_machine.physical_queue("analysis", new.fingerprint))
+    assert physical.count == 3
+    run_version_workers()
+    runs = JobRun.objects.filter(fingerprint=new.fingerprint, chunk__key__startswith="shadow-")
+    assert sorted(runs.values_list("state", flat=True)) == ["succeeded"] * 3
+    assert Commit.objects.filter(repository=repo, fingerprint=new.fingerprint).count() == len(shas)
+    assert shadow_rollout(ro, 3)["items"] == planned["items"] and physical.count == 0
