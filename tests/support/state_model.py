@@ -432,11 +432,17 @@ class ModelSystem:
         for ro in Rollout.objects.filter(state__in=ACTIVE):
             status, data = self.abort(ro.pk)
             ro.refresh_from_db()
-            if status == 409 and ro.state == Rollout.State.PENDING and "abort-pending" in known:
-                # Known defect: a pending rollout of a drained version cannot be aborted
-                # before its first step. Work around it: a driver takes one step first.
+            version = AnalyzerVersion.objects.values_list("state", flat=True).get(pk=ro.version_id)
+            if (
+                status == 409
+                and ro.state in ACTIVE
+                and version == "drained"
+                and "abort-pending" in known
+            ):
+                # Known defect: a rollout of a drained version cannot be aborted before
+                # its first step. Work around it: a driver takes one step first.
                 self.drop_driver()
-                self.take_driver(ro.pk)
+                self.take_driver(ro.pk, takeover=ro.state != Rollout.State.PENDING)
                 self.tick()
                 self.drop_driver()
                 status, data = self.abort(ro.pk)
