@@ -46,17 +46,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 #: Defects known on main and being fixed elsewhere (docs/testing.md lists them). While a
 #: name is here, the model steps around that one defect, narrowly (each use says how);
 #: remove the name when its fix merges, and the model checks it again.
-KNOWN_DEFECTS: frozenset[str] = frozenset(
-    {
-        "canary-fails-served-repo",  # a canary's dead letter fails a healthy repository
-        "catch-up-lost-on-queue-blip",  # a promote's catch-up lost with the queue server
-        "abort-finished-breaks-lock",  # abort of a completed rollout: 500, lock broken
-        "abort-pending",  # a pending re-activation rollout cannot be aborted
-        "retire-wedges-pending",  # retiring a pending rollout's version wedges the queue
-        "warming-retry-final",  # a warm run waiting for its retry fails the gate
-        "rewrite-keeps-dropped",  # a force-push keeps the dropped commits served
-    }
-)
+KNOWN_DEFECTS: frozenset[str] = frozenset()
 
 #: ``make soak``: about this many steps in total (random examples of up to 60 steps).
 SOAK_STEPS = int(os.environ.get("GITWARD_SOAK_STEPS", "0") or 0)
