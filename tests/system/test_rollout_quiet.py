@@ -4,8 +4,9 @@ user tries it: one repository analysed, nothing else arriving, a real worker poo
 --set detect_renames=true [--steps 100] --auto --wait`` with the default warm set and
 ``min_samples`` (20). No live sample ever comes; at each step the driver sends the canary
 shadow samples (the repository's commits, analysed again: the warm set took them all),
-the health check passes and the rollout ends by itself with the new version current. While it waits, ``rollout status --json`` says
-for what and until when. Before this, the step stayed "inconclusive" for ever."""
+the health check passes and the rollout ends by itself with the new version current.
+While it waits, ``rollout status --json`` says for what and until when. Before this,
+the step stayed "inconclusive" for ever."""
 
 from __future__ import annotations
 
