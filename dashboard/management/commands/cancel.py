@@ -8,21 +8,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.infra import is_db_id
+from dashboard.management.operator import CLI_OPERATOR
 from dashboard.management.terminal import plain
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import resolve_repository
 from dashboard.runs import Cancelled, CancelRefused, cancel_filtered, cancel_repository, cancel_run
 from dashboard.web.humanize import count
-
-
-class _Operator:
-    """Whoever runs ``manage.py`` on a host holds every permission; audited as ``cli``."""
-
-    pk = None
-    username = "cli"
-
-    def has_perm(self, perm: str) -> bool:
-        return True
 
 
 class Command(BaseCommand):
@@ -44,7 +35,7 @@ class Command(BaseCommand):
         for name in ("run", "repo_id"):
             if options[name] is not None and not is_db_id(options[name]):
                 raise CommandError(f"--{name.replace('_', '-')} must be an id (1 … 2^63-1)")
-        user = _Operator()
+        user = CLI_OPERATOR
         try:
             if options["repo"] is not None:
                 try:

@@ -8,19 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
+from dashboard.management.operator import CLI_OPERATOR
 from dashboard.management.terminal import plain
 from dashboard.models import Repository
 from dashboard.repositories import HookRefused, issue_secret, resolve_repository
-
-
-class _Operator:
-    """Whoever runs ``manage.py`` on a host holds every permission; audited as ``cli``."""
-
-    pk = None
-    username = "cli"
-
-    def has_perm(self, perm: str) -> bool:
-        return True
 
 
 class Command(BaseCommand):
@@ -35,7 +26,7 @@ class Command(BaseCommand):
         except Repository.DoesNotExist:
             raise CommandError(f"no repository {plain(repr(options['repo']))}") from None
         try:
-            secret = issue_secret(repo, _Operator())
+            secret = issue_secret(repo, CLI_OPERATOR)
         except HookRefused as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"secret {secret}")
