@@ -131,11 +131,7 @@ class RolloutDriver:
         if takeover and ro.state == R.COMPLETED:
             # Re-opened by a rollback: never while another rollout of the queue is in
             # progress — its driver holds this very lock (docs/rollouts.md#operator-actions).
-            other = (
-                Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
-                .exclude(pk=ro.pk)
-                .first()
-            )
+            other = steps.other_active_rollout(ro)
             if other is not None:
                 raise RolloutBusy(
                     f"rollout #{other.pk} of {ro.queue!r} is {other.state} and holds its "

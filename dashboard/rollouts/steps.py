@@ -33,6 +33,17 @@ S = AnalyzerVersion.State
 log = logging.getLogger(__name__)
 
 
+def other_active_rollout(ro: Rollout) -> Rollout | None:
+    """Another rollout of ``ro``'s queue still in progress (at most one can be: the
+    partial unique constraint), or None. A completed rollout may be re-opened by a
+    rollback only while this is None (docs/rollouts.md#operator-actions)."""
+    return (
+        Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
+        .exclude(pk=ro.pk)
+        .first()
+    )
+
+
 def locked_rollout(rollout: Rollout | int) -> Rollout:
     """The rollout row, locked (``SELECT … FOR UPDATE``) until the caller's transaction
     ends, with its versions: two holders' steps on one rollout run one after the other."""
@@ -293,11 +304,7 @@ def rollback(
             # Re-opened by a rollback after promote. Checked here, on the locked row, and
             # guarded by the partial unique constraint (below): a rollout of the queue that
             # started meanwhile makes this a refusal, never an IntegrityError.
-            other = (
-                Rollout.objects.filter(queue=ro.queue, state__in=Rollout.ACTIVE_STATES)
-                .exclude(pk=ro.pk)
-                .first()
-            )
+            other = other_active_rollout(ro)
             if other is not None:
                 raise RolloutBusy(
                     f"rollout #{other.pk} of {ro.queue!r} is {other.state}: end it before "
