@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.infra import env_bool, env_float, env_int, env_list, env_str
+from dashboard.infra import env_bool, env_float, env_int, env_list, env_mapping, env_str
 from workers.runtime import FORM as SENTINEL_FORM
 from workers.runtime import is_sentinel_url, parse_failpoints, parse_sentinel_url
 
@@ -361,6 +361,9 @@ REFRESH_MAX = env_float("GITWARD_REFRESH_MAX", 86400.0, minimum=1.0)
 REFRESH_BATCH = env_int("GITWARD_REFRESH_BATCH", 50, minimum=1)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
+#: The analytics' bots lens and identity map (docs/analytics.md#lenses).
+BOT_AUTHORS = env_list("GITWARD_BOT_AUTHORS", "")
+IDENTITY_MAP = env_mapping("GITWARD_IDENTITY_MAP")
 LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]
 ALLOWED_HOSTS_NETS = _networks(
     "GITWARD_ALLOWED_HOSTS_NETS", env_list("GITWARD_ALLOWED_HOSTS_NETS", "")

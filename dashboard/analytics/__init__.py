@@ -23,6 +23,13 @@ if TYPE_CHECKING:
         directory_hotspots,
         file_hotspots,
     )
+    from dashboard.analytics.lenses import (
+        LENSES,
+        RULESET,
+        Lens,
+        UnknownLens,
+        parse_exclude,
+    )
     from dashboard.analytics.ownership import (
         directory_ownership,
         file_ownership,
@@ -56,15 +63,19 @@ if TYPE_CHECKING:
 __all__ = [
     "INTEGERS",
     "KINDS",
+    "LENSES",
     "MAX_DEPTH",
     "PRESETS",
+    "RULESET",
     "BadParameter",
     "BadWindow",
     "CannotVerify",
+    "Lens",
     "NotFound",
     "Params",
     "Scope",
     "Thresholds",
+    "UnknownLens",
     "Window",
     "author_activity",
     "authors",
@@ -81,6 +92,7 @@ __all__ = [
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
+    "parse_exclude",
     "parse_params",
     "parse_window",
     "report",
@@ -91,6 +103,11 @@ __all__ = [
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "LENSES": "dashboard.analytics.lenses",
+    "RULESET": "dashboard.analytics.lenses",
+    "Lens": "dashboard.analytics.lenses",
+    "UnknownLens": "dashboard.analytics.lenses",
+    "parse_exclude": "dashboard.analytics.lenses",
     "CannotVerify": "dashboard.analytics.verify",
     "verify_repository": "dashboard.analytics.verify",
     "author_activity": "dashboard.analytics.people",

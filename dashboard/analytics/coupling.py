@@ -43,14 +43,24 @@ class Thresholds:
 def _kept(scope: Scope, t: Thresholds) -> tuple[str, list[Any]]:
     """``kept(rev, path)``: the file rows of the scope's revisions that changed at most
     ``max_changeset_size`` files (``Commit.files_changed`` is the number of its file rows,
-    docs/analysis.md#analysis-semantics, so no count is needed)."""
+    docs/analysis.md#analysis-semantics, so no count is needed). Through a path lens a
+    change set is the files left in (docs/analytics.md#lenses), counted here."""
     where, params = scope.commit_filter()
+    files, file_params = scope.file_filter()
+    if not scope.lens.excludes_paths:
+        size, size_params = "c.files_changed", []
+    else:
+        inner, size_params = scope.file_filter("n")
+        size = (
+            f"(SELECT COUNT(*) FROM {FileChange._meta.db_table} n "  # noqa: S608
+            f"WHERE n.commit_id = c.id{inner})"
+        )
     sql = (
         "kept AS MATERIALIZED (SELECT f.commit_id AS rev, f.path AS path "  # noqa: S608
         f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
-        f"ON f.commit_id = c.id WHERE {where} AND c.files_changed <= %s)"
+        f"ON f.commit_id = c.id WHERE {where}{files} AND {size} <= %s)"
     )
-    return sql, [*params, t.max_changeset_size]
+    return sql, [*params, *file_params, *size_params, t.max_changeset_size]
 
 
 def _entity_pairs(
@@ -105,8 +115,9 @@ def file_coupling(
     t = t or Thresholds()
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
-    pairs = _FILE_PAIRS.format(join="b.path > a.path")
-    return [_row(*r) for r in _entity_pairs(head, params, pairs, t, limit=limit)]
+    other, other_params = scope.file_filter("b")
+    pairs = _FILE_PAIRS.format(join="b.path > a.path" + other)
+    return [_row(*r) for r in _entity_pairs(head, [*params, *other_params], pairs, t, limit=limit)]
 
 
 def coupled_with(
@@ -116,8 +127,10 @@ def coupled_with(
     t = t or Thresholds()
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
-    pairs = _FILE_PAIRS.format(join="a.path = %s AND b.path <> a.path")
-    return [_row(*r) for r in _entity_pairs(head, [*params, path], pairs, t, limit=limit)]
+    other, other_params = scope.file_filter("b")
+    pairs = _FILE_PAIRS.format(join="a.path = %s AND b.path <> a.path" + other)
+    found = _entity_pairs(head, [*params, path, *other_params], pairs, t, limit=limit)
+    return [_row(*r) for r in found]
 
 
 def directory_coupling(

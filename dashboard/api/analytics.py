@@ -1,7 +1,8 @@
 """A repository's analyses over the API (docs/api.md#analytics): ``GET
 /api/repos/<id>/hotspots``, ``/coupling``, ``/ownership``, ``/age``, ``/authors``,
-``/authors/<identity>`` and ``/files?path=P``, each with ``since``/``until``/``last`` and
-its own parameters; thin over ``dashboard.analytics``."""
+``/authors/<identity>`` and ``/files?path=P``, each with ``since``/``until``/``last``,
+``exclude`` (the lenses, docs/analytics.md#lenses) and its own parameters; thin over
+``dashboard.analytics``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
         if repo is None:
             return error("repository not found", 404)
         values = {k: request.GET.get(k) for k in request.GET}
+        if "exclude" in request.GET:  # ?exclude=a,b or ?exclude=a&exclude=b
+            values["exclude"] = ",".join(request.GET.getlist("exclude"))
         if identity is not None:
             values["author"] = identity
         try:

@@ -18,6 +18,7 @@ from dashboard.models.jobs import (
 )
 from dashboard.models.repositories import (
     Chunk,
+    CoAuthor,
     Commit,
     CommitCount,
     FileChange,
@@ -39,6 +40,7 @@ __all__ = [
     "AuditEntry",
     "BulkAction",
     "Chunk",
+    "CoAuthor",
     "Commit",
     "CommitCount",
     "FenceToken",

@@ -279,6 +279,16 @@ class FileChange(models.Model):
         ]
 
 
+class CoAuthor(models.Model):
+    """One ``Co-authored-by:`` trailer of one analysed commit, as the analysis read it
+    (docs/analytics.md#co-authors): the name and e-mail written in the trailer. Versions
+    analysed before the trailers were stored have none, and credit no co-author."""
+
+    commit = models.ForeignKey(Commit, on_delete=models.CASCADE, related_name="co_authors")
+    name = models.TextField(blank=True, default="")
+    email = models.TextField()
+
+
 class Summary(models.Model):
     """Cached aggregates of one repository for one fingerprint, valid while
     ``commits`` equals the number of stored commits (a plan that deletes commits a
