@@ -238,3 +238,24 @@ LENS_CASES: list[tuple[str, ...]] = [
     ("bots",),
     ("generated", "vendored", "lock", "minified", "bots"),
 ]
+
+
+def queue_state() -> tuple[dict[bytes, object], int]:
+    """Every RQ key of the queue server with its members, and the number of job runs:
+    what enqueueing anything would change (a lens must change neither)."""
+    from dashboard.infra import queues
+    from dashboard.models import JobRun
+
+    conn = queues.connection()
+    state: dict[bytes, object] = {}
+    for key in sorted(conn.keys("rq:*")):
+        kind = conn.type(key)
+        if kind == b"list":
+            state[key] = tuple(conn.lrange(key, 0, -1))
+        elif kind == b"zset":
+            state[key] = tuple(conn.zrange(key, 0, -1))
+        elif kind == b"set":
+            state[key] = tuple(sorted(conn.smembers(key)))
+        else:
+            state[key] = kind
+    return state, JobRun.objects.count()
