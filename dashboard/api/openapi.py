@@ -424,6 +424,7 @@ def _report(kind: str, required: dict[str, Any], **more: Any) -> dict[str, Any]:
                 "fingerprint": {"type": "string"},
                 "window": _ref("AnalyticsWindow"),
                 "parameters": _ref("AnalyticsParameters"),
+                "exclude": _LENS_NAMES,
                 "reproduce": {"type": "string"},
                 "computed_at": TIME,
                 "provenance": _ref("AnalyticsProvenance"),
@@ -448,8 +449,12 @@ def _hotspot(key: str) -> dict[str, Any]:
     )
 
 
+#: The lenses a report leaves out (docs/analytics.md#lenses).
+_LENS_NAMES = {"type": "array", "items": {"enum": list(analytics.LENSES)}, "uniqueItems": True}
+
 _OWNERSHIP = {
     "revs": {"type": "integer", "minimum": 1},
+    "credits": {"type": "integer", "minimum": 1},
     "authors": {"type": "integer", "minimum": 1},
     "main_dev": {"type": "string"},
     "main_dev_name": {"type": "string"},
@@ -490,6 +495,7 @@ SCHEMAS |= {
             },
             "path": {"type": "string"},
             "author": {"type": "string"},
+            "exclude": _LENS_NAMES,
         }
     ),
     "AnalyticsProvenance": _obj(
@@ -502,6 +508,16 @@ SCHEMAS |= {
             "git_version": {"type": "string"},
             "command": {"type": "string"},
             "mailmap": {"type": "string"},
+            "lenses": _obj(
+                {
+                    "ruleset": {"type": "string"},
+                    "excluded": _LENS_NAMES,
+                    "attributes": {"type": "string"},
+                    "bot_patterns": {"type": "array", "items": {"type": "string"}},
+                    "identity_map": COUNT,
+                }
+            ),
+            "co_authors": {"type": "string"},
         }
     ),
     "HotspotFile": _hotspot("path"),
@@ -681,6 +697,11 @@ _WINDOW = [
         "the days ending at until (default today); not with since",
     ),
     _int_query("limit", "rows per table"),
+    _query(
+        "exclude",
+        {"type": "string", "pattern": f"^(({'|'.join(analytics.LENSES)}),?)*$"},
+        "lenses to leave out, comma-separated or repeated (docs/analytics.md#lenses)",
+    ),
 ]
 _DEPTH = _int_query("depth", "directory levels of the roll-ups")
 _THRESHOLDS = [
