@@ -47,8 +47,9 @@ def _kept(scope: Scope, t: Thresholds) -> tuple[str, list[Any]]:
     change set is the files left in (docs/analytics.md#lenses), counted here."""
     where, params = scope.commit_filter()
     files, file_params = scope.file_filter()
+    size_params: list[Any] = []
     if not scope.lens.excludes_paths:
-        size, size_params = "c.files_changed", []
+        size = "c.files_changed"
     else:
         inner, size_params = scope.file_filter("n")
         size = (
