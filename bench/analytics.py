@@ -12,6 +12,9 @@ log`` of the same window, output read and discarded: git's own cost of the raw d
 before any aggregation). SQLite by default; ``--database-url`` for PostgreSQL. Prints
 JSON; nothing is asserted.
 
+``--exclude LENS[,LENS]`` computes every view through those lenses (docs/analytics.md#lenses):
+run it with and without to see what a lens costs.
+
 ``--pydriller N`` adds PyDriller's process metrics (ChangeSet, CodeChurn,
 ContributorsCount; the bench extra) over the newest N commits, beside the views that give
 the same per-file figures over the same commits (PyDriller walks merges too; the views
@@ -111,9 +114,14 @@ def main() -> None:
         metavar="N",
         help="also time PyDriller's process metrics over the newest N commits (bench extra)",
     )
+    parser.add_argument("--exclude", default="", help="lenses every view leaves out")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
-    out: dict[str, Any] = {"commits": args.commits, "load_average": os.getloadavg()[0]}
+    out: dict[str, Any] = {
+        "commits": args.commits,
+        "load_average": os.getloadavg()[0],
+        "exclude": args.exclude,
+    }
     origin = tmp / "origin"
     t0 = time.perf_counter()
     synth.build_repository(origin, args.commits, seed=7)
@@ -154,9 +162,13 @@ def main() -> None:
             "last 365 days": analytics.parse_window(until=last_day, last="365"),
             "last 90 days": analytics.parse_window(until=last_day, last="90"),
         }
-        hot_file = analytics.file_hotspots(analytics.Scope.of(repo, windows["whole history"]))[0]
+        fp = analytics.Scope.of(repo, windows["whole history"]).fingerprint
+        lens = analytics.build_lens(analytics.parse_exclude(args.exclude), repo, fp)
+        hot_file = analytics.file_hotspots(
+            analytics.Scope.of(repo, windows["whole history"], fp, lens)
+        )[0]
         for label, window in windows.items():
-            scope = analytics.Scope.of(repo, window)
+            scope = analytics.Scope.of(repo, window, fp, lens)
             views: dict[str, Callable[[], Any]] = {
                 "anchor: git log --numstat": git_log(origin, window.git_args()),
                 "coupling (files)": lambda s=scope: analytics.file_coupling(s),

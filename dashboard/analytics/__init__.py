@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         RULESET,
         Lens,
         UnknownLens,
+        build_lens,
         parse_exclude,
     )
     from dashboard.analytics.ownership import (
@@ -79,6 +80,7 @@ __all__ = [
     "Window",
     "author_activity",
     "authors",
+    "build_lens",
     "coupled_with",
     "csv_lines",
     "directory_age",
@@ -108,6 +110,7 @@ _SURFACE: dict[str, str] = {
     "Lens": "dashboard.analytics.lenses",
     "UnknownLens": "dashboard.analytics.lenses",
     "parse_exclude": "dashboard.analytics.lenses",
+    "build_lens": "dashboard.analytics.lenses",
     "CannotVerify": "dashboard.analytics.verify",
     "verify_repository": "dashboard.analytics.verify",
     "author_activity": "dashboard.analytics.people",
