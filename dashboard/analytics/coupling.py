@@ -44,24 +44,24 @@ def _kept(scope: Scope, t: Thresholds) -> tuple[str, list[Any]]:
     """``kept(rev, path)``: the file rows of the scope's revisions that changed at most
     ``max_changeset_size`` files (``Commit.files_changed`` is the number of its file rows,
     docs/analysis.md#analysis-semantics, so no count is needed). Through a path lens a
-    change set is the files left in (docs/analytics.md#lenses), counted here."""
+    change set is the files left in (docs/analytics.md#lenses), counted here once per
+    commit (a window over its rows)."""
     where, params = scope.commit_filter()
-    files, file_params = scope.file_filter()
-    size_params: list[Any] = []
     if not scope.lens.excludes_paths:
-        size = "c.files_changed"
-    else:
-        inner, size_params = scope.file_filter("n")
-        size = (
-            f"(SELECT COUNT(*) FROM {FileChange._meta.db_table} n "  # noqa: S608
-            f"WHERE n.commit_id = c.id{inner})"
+        sql = (
+            "kept AS MATERIALIZED (SELECT f.commit_id AS rev, f.path AS path "  # noqa: S608
+            f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
+            f"ON f.commit_id = c.id WHERE {where} AND c.files_changed <= %s)"
         )
+        return sql, [*params, t.max_changeset_size]
+    files, file_params = scope.file_filter()
     sql = (
-        "kept AS MATERIALIZED (SELECT f.commit_id AS rev, f.path AS path "  # noqa: S608
+        "kept AS MATERIALIZED (SELECT rev, path FROM (SELECT f.commit_id AS rev, "  # noqa: S608
+        "f.path AS path, COUNT(*) OVER (PARTITION BY f.commit_id) AS n "
         f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
-        f"ON f.commit_id = c.id WHERE {where}{files} AND {size} <= %s)"
+        f"ON f.commit_id = c.id WHERE {where}{files}) sized WHERE n <= %s)"
     )
-    return sql, [*params, *file_params, *size_params, t.max_changeset_size]
+    return sql, [*params, *file_params, t.max_changeset_size]
 
 
 def _entity_pairs(

@@ -49,10 +49,12 @@ __all__ = [
     "Rule",
     "UnknownLens",
     "build_lens",
+    "classify",
     "identity_map",
     "is_bot",
     "parse_exclude",
     "read_attributes",
+    "rules_sql",
 ]
 
 #: The version of :data:`RULES` and of the bot rule; it is in every report's provenance.
@@ -158,11 +160,18 @@ def _rule_sql(rule: Rule, column: str) -> str:
     return f"({column} = {literal(rule.value)} OR {tail} = {literal(ending)})"
 
 
+def rules_sql(lens: str, column: str) -> str:
+    """The SQL condition "a rule of ``lens`` matches the path in ``column``" (no
+    parameters: the rule table's values are literals)."""
+    return "(" + " OR ".join(_rule_sql(r, column) for r in RULES if r.lens == lens) + ")"
+
+
 def _in_list(column: str, paths: list[str]) -> tuple[str, list[Any]]:
-    """``column`` is one of ``paths``: one parameter however many (a JSON array read by
-    ``json_each`` on SQLite, an array on PostgreSQL)."""
+    """``column`` is one of ``paths``: one parameter however many, read once per
+    statement into a set the database probes per row (SQLite: ``json_each`` of a JSON
+    array, an ephemeral index; PostgreSQL: ``unnest`` of an array, a hashed subplan)."""
     if connection.vendor == "postgresql":
-        return f"{column} = ANY(%s)", [paths]
+        return f"{column} IN (SELECT unnest(%s::text[]))", [paths]
     return f"{column} IN (SELECT value FROM json_each(%s))", [json.dumps(paths)]  # noqa: S608
 
 
@@ -202,6 +211,8 @@ class Lens:
     bot_patterns: tuple[str, ...] = ()
     identities: tuple[tuple[str, str], ...] = ()
     attributes: Attributes = field(default_factory=Attributes)
+    #: The stored paths the path lenses leave out (:func:`excluded_paths`), sorted.
+    paths: tuple[str, ...] = ()
 
     @property
     def path_lenses(self) -> tuple[str, ...]:
@@ -212,24 +223,12 @@ class Lens:
         return bool(self.path_lenses)
 
     def excluded_sql(self, column: str) -> tuple[str, list[Any]]:
-        """The SQL condition "the path in ``column`` is left out" and its parameters."""
-        terms: list[str] = []
-        params: list[Any] = []
-        for lens in self.path_lenses:
-            rules = " OR ".join(_rule_sql(r, column) for r in RULES if r.lens == lens)
-            unmarked = list(self.attributes.unmarked.get(lens, ()))
-            if unmarked:
-                sql, p = _in_list(column, unmarked)
-                terms.append(f"(({rules}) AND NOT {sql})")
-                params += p
-            else:
-                terms.append(f"({rules})")
-            marked = list(self.attributes.marked.get(lens, ()))
-            if marked:
-                sql, p = _in_list(column, marked)
-                terms.append(sql)
-                params += p
-        return "(" + " OR ".join(terms) + ")", params
+        """The SQL condition "the path in ``column`` is left out" and its parameters:
+        one of :attr:`paths`, classified once per request, not per row."""
+        if not self.paths:
+            return "(1 = 0)", []
+        sql, params = _in_list(column, list(self.paths))
+        return f"({sql})", params
 
     def bot_sql(self, name: str, email: str) -> str:
         """The SQL condition "this identity is a bot" (the ``bots`` lens)."""
@@ -409,16 +408,79 @@ def _check_attr(
     )
 
 
+def classify(
+    repo_id: int, fingerprint: str, lenses: Iterable[str], attributes: Attributes
+) -> tuple[str, ...]:
+    """The stored paths of (repository, fingerprint) that ``lenses`` leave out: those a
+    rule of a lens matches, less those its attribute unsets, plus those it sets. One
+    scan of the distinct paths (the file rows' (repository, fingerprint, path) index),
+    each rule evaluated once per path, not once per file row of every report."""
+    wanted = [lens for lens in PATH_LENSES if lens in set(lenses)]
+    if not wanted:
+        return ()
+    from dashboard.models import FileChange
+
+    cols = ", ".join(f"CASE WHEN {rules_sql(lens, 'f.path')} THEN 1 ELSE 0 END" for lens in wanted)
+    sql = (
+        f"SELECT f.path, {cols} FROM {FileChange._meta.db_table} f "  # noqa: S608
+        "WHERE f.repository_id = %s AND f.fingerprint = %s GROUP BY f.path"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [repo_id, fingerprint])
+        rows = cursor.fetchall()
+    unmarked = {lens: set(attributes.unmarked.get(lens, ())) for lens in wanted}
+    marked = {lens: set(attributes.marked.get(lens, ())) for lens in wanted}
+    found = set()
+    for path, *hits in rows:
+        for lens, hit in zip(wanted, hits, strict=True):
+            if (hit and path not in unmarked[lens]) or path in marked[lens]:
+                found.add(path)
+                break
+    return tuple(sorted(found))
+
+
+_PATHS: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
 def build_lens(exclude: Iterable[str], repo: Any, fingerprint: str) -> Lens:
     """The lens of a report: ``exclude`` (already parsed), the configured bot patterns
-    and identity map, and the head's attributes when a lens reads them."""
+    and identity map, the head's attributes when a lens reads them, and the stored paths
+    the path lenses leave out, cached per (repository, fingerprint, head, lenses, stored
+    and pruned commit counts): new rows, a new head or a rewrite is a new key.
+
+    Race: chunks may be written meanwhile. The counts are read before the paths are
+    classified, so the paths cover at least the rows counted; a chunk that commits after
+    the classification can show its new paths unfiltered in that one answer, and the next
+    request, seeing the new count, classifies again. Two requests may classify one key
+    at once: both compute the same answer."""
+    from dashboard.models import CommitCount
+
     names = frozenset(exclude)
     attributes = Attributes()
     if names & set(ATTRIBUTES):
         attributes = read_attributes(repo, fingerprint)
+    paths: tuple[str, ...] = ()
+    wanted = tuple(lens for lens in PATH_LENSES if lens in names)
+    if wanted:
+        counts = (
+            CommitCount.objects.filter(repository_id=repo.pk, fingerprint=fingerprint)
+            .values_list("commits", "pruned")
+            .first()
+        )
+        key = (repo.pk, fingerprint, repo.head, wanted, counts, attributes.source)
+        with _CACHE_LOCK:
+            hit = _PATHS.get(key)
+        if hit is None:
+            hit = classify(repo.pk, fingerprint, wanted, attributes)
+            with _CACHE_LOCK:
+                if len(_PATHS) >= _CACHE_LIMIT:
+                    _PATHS.clear()
+                _PATHS[key] = hit
+        paths = hit
     return Lens(
         exclude=names,
         bot_patterns=tuple(settings.BOT_AUTHORS),
         identities=identity_map(settings.IDENTITY_MAP),
         attributes=attributes,
+        paths=paths,
     )

@@ -21,9 +21,11 @@ from dashboard.analytics.lenses import (
     Lens,
     UnknownLens,
     build_lens,
+    classify,
     is_bot,
     parse_exclude,
     read_attributes,
+    rules_sql,
 )
 from dashboard.analytics.ownership import file_ownership
 from dashboard.analytics.people import author_activity, authors, file_history
@@ -72,11 +74,11 @@ SAMPLE_PATHS = [
 ]
 
 
-def _sql_matches(lens: Lens, paths: list[str]) -> set[str]:
-    sql, params = lens.excluded_sql("t.p")
+def _sql_matches(lens: str, paths: list[str]) -> set[str]:
+    sql = rules_sql(lens, "t.p")
     rows = " UNION ALL ".join("SELECT %s AS p" for _ in paths)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT t.p FROM ({rows}) t WHERE {sql}", [*paths, *params])
+        cursor.execute(f"SELECT t.p FROM ({rows}) t WHERE {sql}", paths)
         return {r[0] for r in cursor.fetchall()}
 
 
@@ -93,8 +95,8 @@ def test_each_rule_is_the_same_in_sql_python_and_git(tmp_path: Path) -> None:
         python = {p for p in SAMPLE_PATHS if any(r.matches(p) for r in rules)}
         listed = repo.git("ls-files", "-z", "--", *(f":(glob){r.glob()}" for r in rules))
         assert python == set(filter(None, listed.split("\0"))), lens
-        assert _sql_matches(Lens(exclude=frozenset({lens})), SAMPLE_PATHS) == python, lens
-    assert _sql_matches(Lens(exclude=frozenset({"vendored"})), SAMPLE_PATHS) == {
+        assert _sql_matches(lens, SAMPLE_PATHS) == python, lens
+    assert _sql_matches("vendored", SAMPLE_PATHS) == {
         "node_modules/a/index.js",
         "web/node_modules/b.js",
         "src/vendor/lib.c",
@@ -102,14 +104,29 @@ def test_each_rule_is_the_same_in_sql_python_and_git(tmp_path: Path) -> None:
     }
 
 
-@pytest.mark.django_db
-def test_attributes_add_to_and_take_out_of_a_lens() -> None:
-    paths = ["gen/a.c", "keep/gen.pb.go", "x.pb.go", "src/b.c"]
+@pytest.mark.django_db(transaction=True)
+def test_attributes_add_to_and_take_out_of_a_lens(tmp_path: Path) -> None:
+    repo = analysed(build_lenses(tmp_path / "origin"))
+    fp = Scope.of(repo, Window()).fingerprint
+    assert classify(repo.pk, fp, ["generated"], Attributes()) == ("api/svc.pb.go",)
     attributes = Attributes(
-        "h", marked={"generated": ("gen/a.c",)}, unmarked={"generated": ("keep/gen.pb.go",)}
+        "h", marked={"generated": ("build/out.js",)}, unmarked={"generated": ("api/svc.pb.go",)}
     )
-    lens = Lens(exclude=frozenset({"generated"}), attributes=attributes)
-    assert _sql_matches(lens, paths) == {"gen/a.c", "x.pb.go"}
+    assert classify(repo.pk, fp, ["generated"], attributes) == ("build/out.js",)
+    assert classify(repo.pk, fp, ["lock", "minified"], attributes) == (
+        "package-lock.json",
+        "static/app.min.js",
+        "yarn.lock",
+    )
+    lens = build_lens({"generated", "vendored"}, repo, fp)
+    assert lens.paths == (
+        "api/svc.pb.go",
+        "build/out.js",
+        "node_modules/left-pad/index.js",
+        "node_modules/left-pad/package.json",
+        "vendor/lib/x.go",
+    )
+    assert build_lens({"bots"}, repo, fp).paths == ()
 
 
 def test_unknown_lenses_are_refused_by_name() -> None:
