@@ -68,6 +68,22 @@ def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
     return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
 
 
+def paired(plain: Callable[[], Any], lensed: Callable[[], Any], rounds: int) -> dict[str, float]:
+    """Both variants timed in alternation (so a change of load hits both alike): their
+    medians in ms and the lensed one's ratio to the plain one."""
+    plain()
+    lensed()
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(rounds):
+        for fn, times in ((plain, a), (lensed, b)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+    pm, lm = statistics.median(a), statistics.median(b)
+    return {"plain_ms": round(pm, 1), "lensed_ms": round(lm, 1), "ratio": round(lm / pm, 2)}
+
+
 def git_log(origin: Path, args: list[str]) -> Callable[[], None]:
     def run() -> None:
         subprocess.run(
@@ -191,6 +207,21 @@ def main() -> None:
                 .filter(**_bounds(window))
                 .count(),
                 **{name: timed(fn, args.rounds) for name, fn in views.items()},
+            }
+        if args.exclude:  # the lens's cost: each view with and without it, alternating
+            whole = windows["whole history"]
+            plain_scope = analytics.Scope.of(repo, whole, fp)
+            lensed_scope = analytics.Scope.of(repo, whole, fp, lens)
+            out["lens_cost (whole history)"] = {
+                name: paired(lambda f=f: f(plain_scope), lambda f=f: f(lensed_scope), args.rounds)
+                for name, f in {
+                    "coupling (files)": analytics.file_coupling,
+                    "ownership (files)": analytics.file_ownership,
+                    "knowledge at risk": analytics.knowledge_at_risk,
+                    "age (directories)": analytics.directory_age,
+                    "hotspots (files)": analytics.file_hotspots,
+                    "authors": analytics.authors,
+                }.items()
             }
         if args.pydriller:
             out["pydriller"] = pydriller_side_by_side(origin, repo, args.pydriller)
