@@ -256,3 +256,30 @@ def test_the_identity_map_joins_addresses(tmp_path: Path, settings) -> None:
     people = {r["author"]: r["commits"] for r in body["authors"]}
     assert DEE[1] not in people and people[CY[1]] == 1  # one commit, credited once
     assert body["provenance"]["lenses"]["identity_map"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_configured_bot_patterns_and_their_git_author_filter(tmp_path: Path, settings) -> None:
+    settings.BOT_AUTHORS = ["ADA*", "*@nowhere.example"]
+    origin = build_lenses(tmp_path / "origin")
+    repo = analysed(origin)
+    body = report("hotspots", repo, parse_params({"exclude": "bots", "limit": "1000"}))
+    assert body["provenance"]["lenses"]["bot_patterns"] == ["*[bot]*", "ADA*", "*@nowhere.example"]
+    kept = [c for c in git_log(origin) if not is_bot(*_identity(origin, c.sha), ["ADA*"])]
+    assert {c.author for c in kept} == {BOB[1]}  # Ada (by name) and the bot are left out
+    want: dict[str, list[int]] = {}
+    for c in kept:
+        for path, (a, d) in c.files.items():
+            row = want.setdefault(path, [0, 0])
+            row[0] += 1
+            row[1] += a + d
+    got = {r["path"]: [r["revs"], r["churn"]] for r in body["files"]}
+    assert got == want
+    # The reproduce command's --perl-regexp author filter selects the same commits.
+    words = shlex.split(body["provenance"]["command"])
+    assert {c.sha for c in git_log(origin, *words[5:])} == {c.sha for c in kept}
+
+
+def _identity(origin: GitRepo, sha: str) -> tuple[str, str]:
+    name, email = origin.git("log", "-1", "--format=%aN%x00%aE", sha).strip().split("\0")
+    return name, email
