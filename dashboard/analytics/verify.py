@@ -84,6 +84,33 @@ def _numstat(raw: bytes) -> list[tuple[str, int, int, bool]]:
     return sorted(rows)
 
 
+#: The fields of a stored file row, in the order ``_numstat`` gives them after the path.
+ROW_FIELDS = ("added", "deleted", "binary")
+
+
+def differences(
+    want: list[tuple[str, int, int, bool]], have: list[tuple[str, int, int, bool]]
+) -> list[dict[str, Any]]:
+    """Each difference between git's rows (``want``) and the stored ones (``have``) of
+    one commit, by path and field: ``{path, field, git, stored}``, where ``field`` is
+    ``added``, ``deleted`` or ``binary``, or ``row`` for a file only one side has (its
+    values ``None`` on the other)."""
+    by_git = {r[0]: r for r in want}
+    by_db = {r[0]: r for r in have}
+    out: list[dict[str, Any]] = []
+    for path in sorted(by_git.keys() | by_db.keys()):
+        g, d = by_git.get(path), by_db.get(path)
+        if g is None or d is None:
+            git_row = list(g[1:]) if g else None
+            stored_row = list(d[1:]) if d else None
+            out.append({"path": path, "field": "row", "git": git_row, "stored": stored_row})
+            continue
+        for i, name in enumerate(ROW_FIELDS, start=1):
+            if g[i] != d[i]:
+                out.append({"path": path, "field": name, "git": g[i], "stored": d[i]})
+    return out
+
+
 def verify_repository(
     repo: Repository, *, sample: int = 500, seed: int | None = None, fingerprint: str | None = None
 ) -> dict[str, Any]:
@@ -118,7 +145,8 @@ def verify_repository(
             only_stored = sorted(set(have) - set(want))
             mismatches.append(
                 {"sha": c.sha, "git": [list(r) for r in only_git][:20],
-                 "stored": [list(r) for r in only_stored][:20]}
+                 "stored": [list(r) for r in only_stored][:20],
+                 "fields": differences(want, have)[:20]}
             )  # fmt: skip
     totals = _totals(repo, fp, mirror, config)
     return {

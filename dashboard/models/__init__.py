@@ -24,6 +24,7 @@ from dashboard.models.repositories import (
     Repository,
     RepositoryView,
     Summary,
+    Verification,
 )
 from dashboard.models.rollouts import (
     AnalyzerVersion,
@@ -53,5 +54,6 @@ __all__ = [
     "RolloutEvent",
     "RolloutNotification",
     "Summary",
+    "Verification",
     "WorkerBeat",
 ]
