@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dashboard.analytics.integrity import (
         badge_text,
         clear_mismatch,
+        open_mismatch_count,
         open_mismatches,
         run_verification,
         schedule_verifications,
@@ -93,6 +94,7 @@ __all__ = [
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
+    "open_mismatch_count",
     "open_mismatches",
     "parse_params",
     "parse_window",
@@ -111,6 +113,7 @@ __all__ = [
 _SURFACE: dict[str, str] = {
     "badge_text": "dashboard.analytics.integrity",
     "clear_mismatch": "dashboard.analytics.integrity",
+    "open_mismatch_count": "dashboard.analytics.integrity",
     "open_mismatches": "dashboard.analytics.integrity",
     "run_verification": "dashboard.analytics.integrity",
     "schedule_verifications": "dashboard.analytics.integrity",

@@ -32,6 +32,7 @@ __all__ = [
     "badge_text",
     "clear_mismatch",
     "job_id",
+    "open_mismatch_count",
     "open_mismatches",
     "record_result",
     "run_verification",
@@ -321,6 +322,11 @@ def open_mismatches(*, limit: int = 100) -> list[dict[str, Any]]:
     ]
 
 
+def open_mismatch_count() -> int:
+    """How many mismatches the integrity group holds (the live view's figure)."""
+    return Verification.objects.filter(state=Verification.State.MISMATCH).count()
+
+
 def clear_mismatch(verification_id: int, *, user: Any, reason: str | None = None) -> bool:
     """Close an open mismatch and serve its results again; audited. The mismatches it
     cleared are remembered: a later pass finding only those flags them without opening
@@ -370,7 +376,7 @@ def verification_metrics() -> dict[str, float]:
     return {
         "sampled": float(totals["sampled"] or 0),
         "mismatches": float(totals["mismatches"] or 0),
-        "open": float(Verification.objects.filter(state=Verification.State.MISMATCH).count()),
+        "open": float(open_mismatch_count()),
         "withheld": float(Verification.objects.filter(withheld=True).count()),
         "unverified": float(served.filter(checked_at__isnull=True).count()),
         "oldest_age": (timezone.now() - oldest).total_seconds() if oldest else 0.0,

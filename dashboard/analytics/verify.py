@@ -1,8 +1,8 @@
 """One verification pass (docs/analytics.md#verification): stored results re-derived through
 a path independent of the analysis. A random sample of a repository's stored commits is
-diffed again one commit at a time (``git diff-tree --numstat`` against the first parent,
-where the analysis streams one ``git log`` over many commits), and the repository's non-merge
-totals are counted again at the stored head with ``git rev-list`` and ``git log``; every
+diffed again commit by commit (``git diff-tree --stdin --numstat``, each commit against its
+first parent, where the analysis streams one ``git log`` over a range), and the repository's
+non-merge totals are counted again at the stored head with ``git rev-list`` and ``git log``; every
 difference names its commit. Read-only: it writes nothing, so it can run beside analysis.
 
 Race: a sync may fetch into the mirror while this runs. It reads objects by sha and the stored
@@ -28,17 +28,16 @@ from dashboard.repositories import current_fingerprint
 from workers import git
 from workers.analysis import AnalyzerConfig
 
-EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
-
 
 class CannotVerify(RuntimeError):
     """No mirror on this host, or git refused to read it; the message says which."""
 
 
-def _git(mirror: Path, args: list[str]) -> bytes:
+def _git(mirror: Path, args: list[str], stdin: bytes | None = None) -> bytes:
     try:
         done = subprocess.run(
             git.command(["--git-dir", str(mirror), *args]),
+            input=stdin,
             env=git.hardened_env(),
             capture_output=True,
             timeout=600,
@@ -82,6 +81,49 @@ def _numstat(raw: bytes) -> list[tuple[str, int, int, bool]]:
         binary = added == "-"
         rows.append((path, 0 if binary else int(added), 0 if binary else int(deleted), binary))
     return sorted(rows)
+
+
+#: Commits one ``git diff-tree --stdin`` process re-derives (bounds its output in memory).
+BATCH = 1000
+
+
+def _rederive(
+    mirror: Path, config: AnalyzerConfig, commits: list[Commit]
+) -> dict[str, list[tuple[str, int, int, bool]]]:
+    """Each commit's rows as git prints them now: ``git diff-tree --stdin`` fed one line
+    per commit, ``<sha> <first parent>`` (a root commit alone, diffed against the empty
+    tree by ``--root``), so every commit is diffed on its own against its first parent,
+    where the analysis streams one ``git log`` over a range. ``--always`` prints the
+    header of a commit with an empty diff too; with ``-z`` a header is a field without a
+    tab that is not one of the two paths following a rename's entry."""
+    out: dict[str, list[tuple[str, int, int, bool]]] = {}
+    for lo in range(0, len(commits), BATCH):
+        lines = "".join(
+            f"{c.sha} {c.parent_list()[0]}\n" if c.parent_list() else f"{c.sha}\n"
+            for c in commits[lo : lo + BATCH]
+        )
+        raw = _git(
+            mirror,
+            ["diff-tree", "--stdin", "--root", "--always", "-r", "-z", "--numstat",
+             "--no-ext-diff", "--no-textconv", *_diff_args(config), *_pathspecs(config)],
+            stdin=lines.encode(),
+        )  # fmt: skip
+        sha, body, paths_due = "", bytearray(), 0
+        for field in raw.split(b"\0"):
+            text = field.lstrip(b"\n")
+            if paths_due:  # a rename's old or new path
+                body += field + b"\0"
+                paths_due -= 1
+            elif b"\t" in text:  # added, deleted, path (empty for a rename)
+                body += field + b"\0"
+                paths_due = 2 if text.endswith(b"\t") else 0
+            elif text:  # the next commit's header
+                if sha:
+                    out[sha] = _numstat(bytes(body))
+                sha, body = text.decode(), bytearray()
+        if sha:
+            out[sha] = _numstat(bytes(body))
+    return out
 
 
 #: The fields of a stored file row, in the order ``_numstat`` gives them after the path.
@@ -131,15 +173,10 @@ def verify_repository(
         commit_id__in=chosen
     ).values_list("commit_id", "path", "added", "deleted", "binary"):
         rows[cid].append((path, added, deleted, binary))
+    derived = _rederive(mirror, config, list(commits.values()))
     mismatches = []
     for cid, c in sorted(commits.items()):
-        base = (c.parent_list() or [EMPTY_TREE])[0]
-        raw = _git(
-            mirror,
-            ["diff-tree", "-r", "-z", "--numstat", "--no-ext-diff", "--no-textconv",
-             *_diff_args(config), base, c.sha, *_pathspecs(config)],
-        )  # fmt: skip
-        want, have = _numstat(raw), sorted(rows[cid])
+        want, have = derived.get(c.sha, []), sorted(rows[cid])
         if want != have:
             only_git = sorted(set(want) - set(have))
             only_stored = sorted(set(have) - set(want))

@@ -17,9 +17,9 @@ from django.test import Client
 from django.urls import URLPattern, get_resolver
 from jsonschema import Draft202012Validator
 
+from dashboard.analytics.integrity import run_verification
 from dashboard.api.openapi import DOCUMENT, PATHS, SCHEMAS
 from dashboard.infra import queues
-from dashboard.analytics.integrity import run_verification
 from dashboard.models import ApiToken, FileChange, JobRun, Repository, Verification
 from dashboard.repositories import current_fingerprint
 from tests.conftest import run_workers
