@@ -440,10 +440,11 @@ def test_the_repository_page_reads_its_row_count_and_chunks_in_one_query(
 ) -> None:
     """The warm repository page makes 8 queries — session, user, the served
     fingerprint, the row with its stored-commit count and chunk counts, its verification
-    (docs/analytics.md#verification), the summary, the commits, the recent runs — was 12 (the fingerprint read twice, the count and the
-    chunks' GROUP BY apart from the row), then 8 with the view count's write (now
-    counted in memory and written in batches: ``dashboard.repositories.view_counts``). The status it
-    shows is ``repository_status``'s, exactly."""
+    (docs/analytics.md#verification), the summary, the commits, the recent runs — was 12
+    (the fingerprint read twice, the count and the chunks' GROUP BY apart from the row),
+    then 8 with the view count's write (now counted in memory and written in batches:
+    ``dashboard.repositories.view_counts``). The status it shows is ``repository_status``'s,
+    exactly."""
     for i in range(3):
         git_repo.commit(f"c{i}", {"f.py": f"{i}\n"})
     repo, _ = submit_repository(url=str(git_repo.path))
