@@ -24,8 +24,9 @@ from django.utils import timezone
 from dashboard import infra
 from dashboard.accounts import record_audit
 from dashboard.analytics.verify import CannotVerify, verify_repository
+from dashboard.infra import publish_event
 from dashboard.models import Repository, Verification
-from dashboard.repositories import current_fingerprint
+from dashboard.repositories import current_fingerprint, repository_status
 
 __all__ = [
     "VERIFY_FUNC",
@@ -214,7 +215,17 @@ def record_result(
         mismatches_total=F("mismatches_total") + count,
     )
     row.refresh_from_db()
+    _publish(row.repository_id)
     return row
+
+
+def _publish(repo_id: int) -> None:
+    """Tell the repository's watchers and the operators: the page swaps in its badge
+    and results (withheld or served again), the live ops view its integrity count."""
+    repo = Repository.objects.filter(pk=repo_id).first()
+    if repo is not None:
+        payload = {"repo": repo_id, **repository_status(repo), "integrity": True}
+        publish_event("repo.changed", payload, repo_id=repo_id)
 
 
 def _served_row(repo: Repository) -> Verification | None:
@@ -349,6 +360,8 @@ def clear_mismatch(verification_id: int, *, user: Any, reason: str | None = None
         cleared_at=timezone.now(),
         accepted=keys,
     )
+    if cleared:
+        _publish(row.repository_id)
     record_audit(
         user=user,
         action="integrity.clear",

@@ -610,6 +610,7 @@
         progress: total ? Math.min(100, Math.round(1000 * ev.analyzed / total) / 10) : 0 });
     } else if (ev.type === "repo.changed") {
       renderRepo({ ...r, ...ev });
+      if (ev.integrity) swapResults();  // a verification's badge, or results withheld
       refreshSoon();
     } else {
       refreshSoon();  // holders and reasons to wait

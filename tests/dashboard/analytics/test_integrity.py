@@ -26,6 +26,7 @@ from dashboard.analytics.integrity import (
     withheld_reason,
 )
 from dashboard.infra import queues
+from dashboard.infra.events import repo_group
 from dashboard.models import ApiToken, AuditEntry, FileChange, Repository, Verification
 from dashboard.operations.prometheus import metrics_text
 from dashboard.operations.reconciler import reconcile
@@ -33,6 +34,7 @@ from dashboard.repositories import current_fingerprint
 from tests.conftest import run_workers
 from tests.support.analytics_history import analysed, build
 from tests.support.gitrepo import GitRepo
+from tests.support.live_tap import Tap
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,7 +158,9 @@ def test_withhold_hides_results_until_an_audited_clear(tmp_path: Path, settings:
     row = FileChange.objects.filter(repository=repo, path="handbook/guide.md").order_by("id")[3]
     FileChange.objects.filter(pk=row.pk).update(deleted=row.deleted + 5)
     schedule_verifications()
+    tap = Tap(repo_group(repo.pk))  # the repository page's watchers
     run_verification(repo.pk, fp)
+    tap.until(lambda evs: any(e["type"] == "repo.changed" and e.get("integrity") for e in evs))
     sha = row.commit.sha
     reason = f"results withheld: integrity mismatch in commit {sha} (deleted of handbook/guide.md)"
     assert withheld_reason(repo) == reason
