@@ -337,7 +337,7 @@ class Verification(models.Model):
     accepted = models.JSONField(default=list)  # "sha:path:field" keys an admin cleared
     withheld = models.BooleanField(default=False)
     checked_at = models.DateTimeField(null=True, blank=True)
-    next_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    next_at = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)  # a pass in flight since
     cleared_by = models.CharField(max_length=150, blank=True, default="")
     cleared_at = models.DateTimeField(null=True, blank=True)
@@ -350,4 +350,8 @@ class Verification(models.Model):
                 fields=["repository", "fingerprint"], name="verification_repo_fp_unique"
             )
         ]
-        indexes = [models.Index(fields=["state"], name="verification_state_idx")]
+        indexes = [
+            models.Index(fields=["state"], name="verification_state_idx"),  # the group
+            # each reconciler round's due passes (docs/analytics.md#the-scheduled-verifier)
+            models.Index(fields=["fingerprint", "next_at"], name="verification_due_idx"),
+        ]
