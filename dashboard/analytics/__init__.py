@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dashboard.analytics.integrity import (
         badge_text,
         clear_mismatch,
+        mismatch_text,
         open_mismatch_count,
         open_mismatches,
         run_verification,
@@ -94,6 +95,7 @@ __all__ = [
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
+    "mismatch_text",
     "open_mismatch_count",
     "open_mismatches",
     "parse_params",
@@ -113,6 +115,7 @@ __all__ = [
 _SURFACE: dict[str, str] = {
     "badge_text": "dashboard.analytics.integrity",
     "clear_mismatch": "dashboard.analytics.integrity",
+    "mismatch_text": "dashboard.analytics.integrity",
     "open_mismatch_count": "dashboard.analytics.integrity",
     "open_mismatches": "dashboard.analytics.integrity",
     "run_verification": "dashboard.analytics.integrity",

@@ -33,6 +33,7 @@ __all__ = [
     "badge_text",
     "clear_mismatch",
     "job_id",
+    "mismatch_text",
     "open_mismatch_count",
     "open_mismatches",
     "record_result",
@@ -239,10 +240,11 @@ def withheld_reason(repo: Repository) -> str | None:
     row = _served_row(repo)
     if row is None or not row.withheld or row.generation != repo.generation:
         return None
-    return "results withheld: integrity mismatch " + _where(row.mismatches)
+    return "results withheld: integrity mismatch " + mismatch_text(row.mismatches)
 
 
-def _where(entries: list[dict[str, Any]]) -> str:
+def mismatch_text(entries: list[dict[str, Any]]) -> str:
+    """Where the first mismatch is: ``in commit X (added of path)``, ``in the totals (…)``."""
     first = entries[0] if entries else {"sha": "", "field": "", "path": ""}
     if not first["sha"]:
         return f"in the totals ({first['field'].removeprefix('totals.')})"
@@ -276,7 +278,7 @@ def verification_status_of(row: Verification, repo: Repository | None = None) ->
         "next_at": row.next_at.isoformat() if row.next_at else None,
         "in_flight": row.enqueued_at is not None,
         "withheld": withheld,
-        "reason": ("results withheld: integrity mismatch " + _where(row.mismatches))
+        "reason": ("results withheld: integrity mismatch " + mismatch_text(row.mismatches))
         if withheld
         else None,
         "cleared_by": row.cleared_by or None,
@@ -367,7 +369,7 @@ def clear_mismatch(verification_id: int, *, user: Any, reason: str | None = None
         action="integrity.clear",
         target=f"repository {row.repository.name} (#{row.repository_id}), "
         f"version {row.fingerprint[:12]}",
-        outcome=("cleared: " + _where(row.mismatches).removeprefix("in "))
+        outcome=("cleared: " + mismatch_text(row.mismatches).removeprefix("in "))
         if cleared
         else "nothing to clear: no open mismatch",
         detail={"verification": row.pk, "mismatches": row.mismatches[:10]},

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import Client
 from rq import Queue
 from rq.job import Job, JobStatus
@@ -150,7 +152,9 @@ def test_the_schedule_keeps_at_most_one_pass_per_repository(tmp_path: Path, sett
     assert verification_metrics()["sampled"] == 32.0
 
 
-def test_withhold_hides_results_until_an_audited_clear(tmp_path: Path, settings: Any) -> None:
+def test_withhold_hides_results_until_an_audited_clear(
+    tmp_path: Path, settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     repo = analysed(build(tmp_path / "origin"))
     settings.VERIFY_INTERVAL = 3600.0
     settings.VERIFY_ON_MISMATCH = "withhold"
@@ -181,8 +185,13 @@ def test_withhold_hides_results_until_an_audited_clear(tmp_path: Path, settings:
     listed = api.get("/api/integrity").json()
     assert listed["open"] == 1 and listed["mismatches"][0]["repository"]["id"] == repo.pk
     assert sha in pages.get("/dead-letters/").content.decode()  # beside the dead letters
-    # the clear: audited, results served again; a second one has nothing to clear
     ver = Verification.objects.get(repository=repo)
+    call_command("verify", "--open")
+    assert capsys.readouterr().out == (
+        f"#{ver.pk} {repo.name}: integrity mismatch: 32 commits sampled, 1 mismatch, just now; "
+        f"in commit {sha} (deleted of handbook/guide.md); results withheld\n"
+    )
+    # the clear: audited, results served again; a second one has nothing to clear
     assert api.post(f"/api/integrity/{ver.pk}/clear").json() == {"cleared": True, "id": ver.pk}
     assert api.post(f"/api/integrity/{ver.pk}/clear").status_code == 409
     entries = list(AuditEntry.objects.filter(action="integrity.clear").order_by("id"))
@@ -204,7 +213,12 @@ def test_withhold_hides_results_until_an_audited_clear(tmp_path: Path, settings:
     Repository.objects.filter(pk=repo.pk).update(generation=repo.generation + 1)
     repo.refresh_from_db()
     assert withheld_reason(repo) is None
-    assert clear_mismatch(ver.pk, user="cli") is True
+    call_command("verify", "--clear", str(ver.pk))
+    assert capsys.readouterr().out == f"cleared integrity mismatch #{ver.pk}\n"
+    with pytest.raises(CommandError, match=f"no open integrity mismatch #{ver.pk}"):
+        call_command("verify", "--clear", str(ver.pk))
+    assert AuditEntry.objects.filter(action="integrity.clear").order_by("id").last().actor == "cli"
+    assert clear_mismatch(ver.pk, user="cli") is False
 
 
 def test_flag_policy_and_the_badge_on_the_pages(tmp_path: Path, settings: Any) -> None:
