@@ -359,6 +359,15 @@ REFRESH_INTERVAL = env_float("GITWARD_REFRESH_INTERVAL", 0.0, minimum=0.0)
 REFRESH_MIN = env_float("GITWARD_REFRESH_MIN", 300.0, minimum=1.0)
 REFRESH_MAX = env_float("GITWARD_REFRESH_MAX", 86400.0, minimum=1.0)
 REFRESH_BATCH = env_int("GITWARD_REFRESH_BATCH", 50, minimum=1)
+#: The scheduled verifier (docs/analytics.md#verification): seconds between two passes
+#: of one repository (0: off), commits re-derived per pass, repositories one reconciler
+#: round enqueues, and what a mismatch does (``flag`` it, or also ``withhold`` results).
+VERIFY_INTERVAL = env_float("GITWARD_VERIFY_INTERVAL", 3600.0, minimum=0.0)
+VERIFY_SAMPLE = env_int("GITWARD_VERIFY_SAMPLE", 500, minimum=1)
+VERIFY_BATCH = env_int("GITWARD_VERIFY_BATCH", 20, minimum=1)
+VERIFY_ON_MISMATCH = env_str("GITWARD_VERIFY_ON_MISMATCH", "flag").strip().lower()
+if VERIFY_ON_MISMATCH not in {"flag", "withhold"}:
+    raise _invalid("GITWARD_VERIFY_ON_MISMATCH", "flag or withhold", VERIFY_ON_MISMATCH)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
 #: The analytics' bots lens and identity map (docs/analytics.md#lenses).

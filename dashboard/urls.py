@@ -81,6 +81,12 @@ urlpatterns = [
     path("api/versions/<str:fingerprint>/retire", api.version_retire, name="api-version-retire"),
     path("api/runs/<id:run_id>", api.run_detail, name="api-run"),
     path("api/runs/<id:run_id>/cancel", api.run_cancel, name="api-run-cancel"),
+    path("api/integrity", api.integrity, name="api-integrity"),
+    path(
+        "api/integrity/<id:verification_id>/clear",
+        api.integrity_clear,
+        name="api-integrity-clear",
+    ),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
     path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),

@@ -116,8 +116,67 @@ SCHEMAS: dict[str, Any] = {
             "created_at": TIME,
             "analyzed_at": TIME_OR_NULL,
         },
-        {"summary": {"type": ["object", "null"]}},
+        {
+            "summary": {"type": ["object", "null"]},
+            "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
+            "withheld": STR_OR_NULL,
+        },
     ),
+    "Verification": _obj(
+        {
+            "state": {"enum": ["pending", "ok", "mismatch", "cleared"]},
+            "fingerprint": {"type": "string"},
+            "head": STR_OR_NULL,
+            "sampled": COUNT,
+            "mismatches": COUNT,
+            "details": {"type": "array", "items": _ref("IntegrityMismatch")},
+            "checked_at": TIME_OR_NULL,
+            "age_seconds": {"type": ["number", "null"], "minimum": 0},
+            "next_at": TIME_OR_NULL,
+            "in_flight": {"type": "boolean"},
+            "withheld": {"type": "boolean"},
+            "reason": STR_OR_NULL,
+            "cleared_by": STR_OR_NULL,
+            "cleared_at": TIME_OR_NULL,
+            "policy": {"enum": ["flag", "withhold"]},
+            "badge": {"type": "string", "description": "the line the pages show"},
+        }
+    ),
+    "IntegrityMismatch": _obj(
+        {
+            "sha": {"type": "string", "description": "the commit; empty for the totals"},
+            "path": {"type": "string"},
+            "field": {"type": "string", "description": "added, deleted, binary, row, totals.*"},
+            "git": {},
+            "stored": {},
+        }
+    ),
+    "IntegrityGroup": _obj(
+        {
+            "open": COUNT,
+            "mismatches": {
+                "type": "array",
+                "items": {
+                    "allOf": [
+                        _ref("Verification"),
+                        _obj(
+                            {
+                                "id": ID,
+                                "repository": _obj(
+                                    {
+                                        "id": ID,
+                                        "name": {"type": "string"},
+                                        "url": {"type": "string"},
+                                    }
+                                ),
+                            }
+                        ),
+                    ]
+                },
+            },
+        }
+    ),
+    "IntegrityCleared": _obj({"cleared": {"type": "boolean"}, "id": ID}),
     "FileChange": _obj(
         {
             "path": {"type": "string"},
@@ -429,7 +488,8 @@ def _report(kind: str, required: dict[str, Any], **more: Any) -> dict[str, Any]:
                 "computed_at": TIME,
                 "provenance": _ref("AnalyticsProvenance"),
                 **required,
-            }
+            },
+            {"verification": {"oneOf": [_ref("Verification"), {"type": "null"}]}},
         ),
         **more,
     }
@@ -729,8 +789,8 @@ def _analysis(
     }
     return {
         "get": _op(
-            summary,
-            _responses({"200": ok}),
+            summary + " A 409 while the results are withheld (docs/analytics.md#verification).",
+            _responses({"200": ok}, "409"),
             parameters=[
                 _REPO,
                 *parameters,
@@ -781,8 +841,8 @@ PATHS: dict[str, Any] = {
     },
     "/api/repos/{repo_id}/commits": {
         "get": _op(
-            "Its analysed commits, newest first, cursor-paginated.",
-            _responses({"200": _ok(_ref("CommitPage"), "one page")}),
+            "Its analysed commits, newest first, cursor-paginated (409 while withheld).",
+            _responses({"200": _ok(_ref("CommitPage"), "one page")}, "409"),
             parameters=[
                 _REPO,
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
@@ -1006,6 +1066,21 @@ PATHS: dict[str, Any] = {
             "Retire a drained or warm-failed version (staff + rollback_rollout; audited).",
             _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
             parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
+            requestBody=_body(_ref("Reason")),
+        )
+    },
+    "/api/integrity": {
+        "get": _op(
+            "The integrity group: open verification mismatches. " + _OPERATORS,
+            _responses({"200": _ok(_ref("IntegrityGroup"), "the open mismatches")}),
+        )
+    },
+    "/api/integrity/{verification_id}/clear": {
+        "post": _op(
+            "Clear an open mismatch and serve its results again "
+            "(dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("IntegrityCleared"), "cleared")}, "409"),
+            parameters=[_path("verification_id", ID)],
             requestBody=_body(_ref("Reason")),
         )
     },

@@ -25,6 +25,7 @@ from dashboard.models.repositories import (
     Repository,
     RepositoryView,
     Summary,
+    Verification,
 )
 from dashboard.models.rollouts import (
     AnalyzerVersion,
@@ -55,5 +56,6 @@ __all__ = [
     "RolloutEvent",
     "RolloutNotification",
     "Summary",
+    "Verification",
     "WorkerBeat",
 ]
