@@ -11,6 +11,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 
 from dashboard.analytics.lenses import (
@@ -45,6 +46,7 @@ from tests.support.analytics_history import (
     lens_totals,
 )
 from tests.support.gitrepo import GitRepo
+from workers import git
 
 SAMPLE_PATHS = [
     "node_modules/a/index.js",
@@ -168,6 +170,8 @@ def test_attributes_are_read_by_git_at_the_head(tmp_path: Path) -> None:
     assert got.marked == {"generated": ("build/out.js",)} and got.unmarked == {}
     assert got.head == repo.head and got.source == f".gitattributes at {repo.head[:12]}"
     assert read_attributes(repo, fp) is got  # cached per head
+    mirror = git.mirror_path(Path(django_settings.WORKSPACE), repo.pk)
+    assert not (mirror / "index").exists()  # the head's tree went to a throw-away index
     # A path no commit stored is asked of git as well (patterns, not files, decide).
     assert read_attributes(repo, fp, ["build/new/x.js", "src/a.js"]).marked == {
         "generated": ("build/new/x.js",)
