@@ -353,18 +353,24 @@ def read_attributes(repo: Any, fingerprint: str, paths: Iterable[str] | None = N
     return found
 
 
+def _mentions_linguist(mirror: Path, head: str) -> bool:
+    """Whether any ``.gitattributes`` of the head's tree (the first 1,000) names a
+    ``linguist-`` attribute: most do not, and then no path needs asking."""
+    names = _git(mirror, ["ls-tree", "-r", "-z", "--name-only", head]).split(b"\0")
+    found = [n for n in names if n == b".gitattributes" or n.endswith(b"/.gitattributes")]
+    for name in found[:1000]:
+        spec = f"{head}:{name.decode('utf-8', 'surrogateescape')}"
+        if b"linguist-" in _git(mirror, ["cat-file", "blob", spec]):
+            return True
+    return False
+
+
 def _check_attr(
     repo: Any, fingerprint: str, mirror: Path, paths: Iterable[str] | None
 ) -> Attributes:
     head = repo.head
     try:
-        names = _git(mirror, ["ls-tree", "-r", "-z", "--name-only", head]).split(b"\0")
-        attr_files = [n for n in names if n == b".gitattributes" or n.endswith(b"/.gitattributes")]
-        if not any(
-            b"linguist-"
-            in _git(mirror, ["cat-file", "blob", f"{head}:{n.decode('utf-8', 'surrogateescape')}"])
-            for n in attr_files[:1000]
-        ):
+        if not _mentions_linguist(mirror, head):
             return Attributes(head, source=f".gitattributes at {head[:12]}: no linguist attributes")
         if paths is None:
             from dashboard.models import FileChange

@@ -287,3 +287,13 @@ def test_configured_bot_patterns_and_their_git_author_filter(tmp_path: Path, set
 def _identity(origin: GitRepo, sha: str) -> tuple[str, str]:
     name, email = origin.git("log", "-1", "--format=%aN%x00%aE", sha).strip().split("\0")
     return name, email
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_head_without_linguist_attributes_asks_git_about_no_path(tmp_path: Path) -> None:
+    from tests.support.analytics_history import build
+
+    repo = analysed(build(tmp_path / "origin"))
+    got = read_attributes(repo, Scope.of(repo, Window()).fingerprint)
+    assert got.marked == {} and got.unmarked == {}
+    assert got.source == f".gitattributes at {repo.head[:12]}: no linguist attributes"
