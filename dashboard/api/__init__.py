@@ -27,6 +27,7 @@ from dashboard.api.repos import repo_cancel, repo_commits, repo_detail, repos
 from dashboard.api.rollouts import (
     rollout_action,
     rollout_detail,
+    rollout_pins,
     rollouts_collection,
     rollouts_freeze,
     version_retire,
@@ -62,6 +63,7 @@ __all__ = [
     "repos",
     "rollout_action",
     "rollout_detail",
+    "rollout_pins",
     "rollouts_collection",
     "rollouts_freeze",
     "run_cancel",

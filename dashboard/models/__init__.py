@@ -30,7 +30,9 @@ from dashboard.models.rollouts import (
     FreezeSwitch,
     Rollout,
     RolloutEvent,
+    RolloutMeasurement,
     RolloutNotification,
+    RolloutPin,
 )
 
 __all__ = [
@@ -51,7 +53,9 @@ __all__ = [
     "RepositoryView",
     "Rollout",
     "RolloutEvent",
+    "RolloutMeasurement",
     "RolloutNotification",
+    "RolloutPin",
     "Summary",
     "WorkerBeat",
 ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.models import Rollout, RolloutEvent
+from dashboard.rollouts.checks import measurements
+from dashboard.rollouts.pins import pinned
 from dashboard.rollouts.waiting import waiting
 from dashboard.versions import physical_queue
 
@@ -47,6 +49,10 @@ def describe_rollout(ro: Rollout, *, timeline: bool = False) -> dict[str, Any]:
         "finished_at": ro.finished_at.isoformat() if ro.finished_at else None,
         # What it waits for and until when, while active (docs/rollouts.md#waiting-reason).
         "waiting": waiting(ro),
+        # Each step's check and gate measurements, and its pinned repositories
+        # (docs/rollouts.md#checks-and-gates, docs/rollouts.md#pinning).
+        "measurements": measurements(ro),
+        "pins": pinned(ro),
     }
     if timeline:
         out["timeline"] = [
