@@ -76,18 +76,8 @@ urlpatterns = [
     path("api/rollouts", api.rollouts_collection, name="api-rollouts"),
     path("api/rollouts/freeze", api.rollouts_freeze, name="api-rollouts-freeze"),
     path("api/rollouts/<id:rollout_id>", api.rollout_detail, name="api-rollout"),
-    path(
-        "api/rollouts/<id:rollout_id>/pin",
-        api.rollout_pins,
-        {"verb": "pin"},
-        name="api-rollout-pin",
-    ),
-    path(
-        "api/rollouts/<id:rollout_id>/unpin",
-        api.rollout_pins,
-        {"verb": "unpin"},
-        name="api-rollout-unpin",
-    ),
+    path("api/rollouts/<id:rollout_id>/pin", api.rollout_pin, name="api-rollout-pin"),
+    path("api/rollouts/<id:rollout_id>/unpin", api.rollout_unpin, name="api-rollout-unpin"),
     path(
         "api/rollouts/<id:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"
     ),

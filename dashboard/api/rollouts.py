@@ -326,7 +326,18 @@ def rollouts_freeze(request: HttpRequest) -> HttpResponse:
 
 
 @api_view(("POST",))
-def rollout_pins(request: HttpRequest, rollout_id: int, verb: str) -> HttpResponse:
+def rollout_pin(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """``POST /api/rollouts/<id>/pin`` (:func:`_pins`)."""
+    return _pins(request, rollout_id, "pin")
+
+
+@api_view(("POST",))
+def rollout_unpin(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """``POST /api/rollouts/<id>/unpin`` (:func:`_pins`)."""
+    return _pins(request, rollout_id, "unpin")
+
+
+def _pins(request: HttpRequest, rollout_id: int, verb: str) -> HttpResponse:
     """``POST /api/rollouts/<id>/pin`` / ``…/unpin`` ``{"repositories": [ids]}`` → 200
     ``{"rollout", "pinned": [ids], "pins": [...]}``: pinned repositories always route to
     the rollout's ramping version (docs/rollouts.md#pinning). Staff +

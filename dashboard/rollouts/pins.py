@@ -41,6 +41,8 @@ def _ids(repositories: Iterable[Any]) -> list[int]:
         raise RolloutError('"repositories" must be a list of repository ids') from None
     if not ids:
         raise RolloutError('"repositories" must name at least one repository id')
+    if not all(0 < i < 2**63 for i in ids):
+        raise RolloutError('"repositories" must be repository ids (positive integers)')
     if len(ids) > MAX_PINS:
         raise RolloutError(f"at most {MAX_PINS} repositories per request")
     return ids

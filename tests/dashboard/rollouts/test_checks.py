@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
@@ -203,6 +204,16 @@ def test_a_failing_check_fails_the_step_and_its_measurements_are_shown(
     )  # fmt: skip
     assert errors["counts"] == {"success": 0, "failure": 2, "inconclusive": 0}
     assert [m["message"] for m in errors["latest"]] == ["0.2: result > 0.05"] * 2
+    # …and on the Rollouts page, in the rollout's Checks and gates table.
+    viewer = User.objects.create_user("vic", password="pw-vic-123", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
+    client.force_login(viewer)
+    page = client.get(f"/rollouts/{ro.pk}/").content.decode()
+    row = page[page.index('<tr data-check="errors" data-outcome="failure">') :]
+    row = row[: row.index("</tr>")]
+    for cell in ("<td>10%</td>", "<td>0.2</td>", "<code>failure: result &gt; 0.05</code>",
+                 "0 / 2 / 0", "0.2: result &gt; 0.05"):  # fmt: skip
+        assert cell in row, (cell, row)
 
 
 def test_a_dry_run_check_that_fails_is_recorded_but_does_not_block(
