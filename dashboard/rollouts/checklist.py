@@ -178,6 +178,19 @@ def rollout_checklist(rollout: Rollout) -> str:
         if not released or released[-1].action == "lock.released"
         else item(released[-1], "Deploy lock **lost** (lease ran out)")
     )
+    measured = measurements(ro)
+    if measured:  # docs/rollouts.md#checks-and-gates: each step's checks and gates
+        lines += ["", "## Checks and gates", ""]
+        for step in measured:
+            for kind in ("checks", "gates"):
+                for m in step[kind]:
+                    dry = " (dry run)" if m["dry_run"] else ""
+                    c = m["counts"]
+                    lines.append(
+                        f"- step {step['percent']}%: {kind[:-1]} {_md(m['name'])}{dry}: "
+                        f"{m['outcome']} — {_md(m['message'])} ({c['success']} passed, "
+                        f"{c['failure']} failed, {c['inconclusive']} inconclusive)"
+                    )
     lines += ["", "## Rollback steps taken", ""]
     lines += [_rollback_line(e) for e in rollback] or ["- none"]
     lines += [

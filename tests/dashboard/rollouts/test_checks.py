@@ -21,7 +21,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent, RolloutMeasurement
-from dashboard.rollouts import checks, start, waiting
+from dashboard.rollouts import checks, rollout_checklist, start, waiting
 from dashboard.rollouts.conditions import validate_gate
 from dashboard.rollouts.driver import RolloutDriver
 from dashboard.rollouts.notifications import verify
@@ -204,6 +204,12 @@ def test_a_failing_check_fails_the_step_and_its_measurements_are_shown(
     )  # fmt: skip
     assert errors["counts"] == {"success": 0, "failure": 2, "inconclusive": 0}
     assert [m["message"] for m in errors["latest"]] == ["0.2: result > 0.05"] * 2
+    # …in the release checklist…
+    checklist = rollout_checklist(ro)
+    assert (
+        "## Checks and gates\n\n- step 10%: check errors: failure — 0.2: result &gt; 0.05 "
+        "(0 passed, 2 failed, 0 inconclusive)\n"
+    ) in checklist
     # …and on the Rollouts page, in the rollout's Checks and gates table.
     viewer = User.objects.create_user("vic", password="pw-vic-123", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
@@ -241,6 +247,12 @@ def test_a_dry_run_check_that_fails_is_recorded_but_does_not_block(
     assert [(c["name"], c["dry_run"], c["outcome"], c["value"]) for c in step0["checks"]] == [
         ("latency", True, "failure", 9.0), ("errors", False, "success", 0.01),
     ]  # fmt: skip
+    call_command("rollout", "status")
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if ln.startswith("step ")] == [
+        "step 10% check latency (dry run): failure 9: not result < 2",
+        "step 10% check errors: success 0.01: result <= 0.05",
+    ]
 
 
 @pytest.mark.parametrize("policy", ["pause", "fail"])
