@@ -16,12 +16,14 @@ import math
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from dashboard import rollouts as _rollouts
 from dashboard.infra import env_bool, env_float, env_int, env_list, env_str
 from workers.runtime import FORM as SENTINEL_FORM
 from workers.runtime import is_sentinel_url, parse_failpoints, parse_sentinel_url
@@ -482,6 +484,36 @@ FREEZE_WINDOWS = _freeze_windows("GITWARD_FREEZE_WINDOWS", env_str("GITWARD_FREE
 ROLLOUT_WEBHOOKS = _webhooks("GITWARD_ROLLOUT_WEBHOOKS", env_str("GITWARD_ROLLOUT_WEBHOOKS", ""))
 #: Seconds one webhook delivery may take (connect and answer).
 WEBHOOK_TIMEOUT = env_float("GITWARD_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
+
+
+def _specs(
+    name: str, raw: str, validate: Callable[[object], dict[str, object]]
+) -> list[dict[str, object]]:
+    """``GITWARD_ROLLOUT_CHECKS`` / ``GITWARD_ROLLOUT_GATES``: a JSON list of specs, each
+    checked by ``dashboard.rollouts.conditions`` (docs/rollouts.md#checks-and-gates)."""
+    out = []
+    for item in _json_objects(name, raw):
+        try:
+            out.append(validate(item))
+        except ValueError as exc:
+            raise _invalid(name, "a list of valid specs", str(exc)) from None
+    return out
+
+
+#: Prometheus's base URL for the rollouts' PromQL checks (``/api/v1/query`` is appended).
+PROMETHEUS_URL = env_str("GITWARD_PROMETHEUS_URL", "").rstrip("/")
+if PROMETHEUS_URL and urlsplit(PROMETHEUS_URL).scheme not in {"http", "https"}:
+    raise _invalid("GITWARD_PROMETHEUS_URL", "an http(s) URL", PROMETHEUS_URL[:80])
+#: Seconds one Prometheus query may take before the measurement is inconclusive.
+PROMETHEUS_TIMEOUT = env_float("GITWARD_PROMETHEUS_TIMEOUT", 5.0, minimum=0.1)
+ROLLOUT_CHECKS = _specs(
+    "GITWARD_ROLLOUT_CHECKS",
+    env_str("GITWARD_ROLLOUT_CHECKS", ""),
+    _rollouts.validate_check,
+)
+ROLLOUT_GATES = _specs(
+    "GITWARD_ROLLOUT_GATES", env_str("GITWARD_ROLLOUT_GATES", ""), _rollouts.validate_gate
+)
 
 # ---------------------------------------------------------------------------- fault injection
 # workers/runtime/failpoints.py reads these at call time (it imports no Django, and a test arms a

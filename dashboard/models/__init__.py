@@ -31,7 +31,9 @@ from dashboard.models.rollouts import (
     FreezeSwitch,
     Rollout,
     RolloutEvent,
+    RolloutMeasurement,
     RolloutNotification,
+    RolloutPin,
 )
 
 __all__ = [
@@ -52,7 +54,9 @@ __all__ = [
     "RepositoryView",
     "Rollout",
     "RolloutEvent",
+    "RolloutMeasurement",
     "RolloutNotification",
+    "RolloutPin",
     "Summary",
     "Verification",
     "WorkerBeat",
