@@ -47,6 +47,7 @@ from workers.analysis import (
 )
 from workers.git import (
     GitError,
+    HostBusy,
     ProcessGroups,
     RepositoryUnavailable,
     Runner,
@@ -354,6 +355,12 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         except BaseException:
             runs.flush_phases(attempt)  # marked phases are stored with success otherwise
             raise
+    except HostBusy as exc:
+        # the remote git host's limit or backoff (docs/scheduling.md#per-host-fetch-limits):
+        # deferred like a held lock, no attempt spent, the reason on the run
+        delay = round(exc.retry_after + random.uniform(0, 0.25), 3)
+        runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s: {exc.reason}")
+        return f"deferred {delay:.1f}s: {exc.reason}"
     except LockNotAcquired as exc:
         delay = _lock_wait(exc)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
@@ -437,16 +444,26 @@ def _fetch(repo: Repository, remote: Remote, groups: ProcessGroups, lock: Lock) 
     the caller holds the Redis mirror lock, whose lease is checked before every
     destructive step. Returns the fetched head and the mirror's path."""
     workspace = Path(settings.WORKSPACE)
-    head = update_mirror(
-        workspace=workspace,
-        repo_id=repo.pk,
-        git_url=remote.git_url(),
-        branch=repo.branch,
-        runner=Runner(groups=groups),
-        timeout=settings.GIT_TIMEOUT,
-        pinned=pins_for(remote),
-        check=lock.check,
-    )
+    host = (remote.host or "").strip("[]").lower()
+    gate = runs.fetch_gate() if host else None
+    try:
+        head = update_mirror(
+            workspace=workspace,
+            repo_id=repo.pk,
+            git_url=remote.git_url(),
+            branch=repo.branch,
+            runner=Runner(groups=groups),
+            timeout=settings.GIT_TIMEOUT,
+            pinned=pins_for(remote),
+            check=lock.check,
+            # per-git-host fetch limits (docs/scheduling.md#per-host-fetch-limits)
+            fetch_slot=(lambda: gate.slot(host)) if gate is not None else None,
+        )
+    except RepositoryUnavailable:
+        runs.forget_mirror(repo.pk)  # a refused mirror (too large) is not kept
+        raise
+    # mirror affinity: this host now holds the mirror (docs/scheduling.md#mirror-affinity)
+    runs.record_mirror(repo.pk)
     return head, mirror_path(workspace, repo.pk)
 
 
