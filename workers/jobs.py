@@ -359,6 +359,7 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         # the remote git host's limit or backoff (docs/scheduling.md#per-host-fetch-limits):
         # deferred like a held lock, no attempt spent, the reason on the run
         delay = round(exc.retry_after + random.uniform(0, 0.25), 3)
+        observability.count_fetch_host_deferral(exc.host, why=exc.why)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s: {exc.reason}")
         return f"deferred {delay:.1f}s: {exc.reason}"
     except LockNotAcquired as exc:

@@ -125,8 +125,10 @@ class HostBusy(LockNotAcquired):
     """No slot (or no token, or the host asked us to back off) for the whole wait: the
     job defers its attempt by ``retry_after`` seconds, spending none."""
 
-    def __init__(self, host: str, reason: str, retry_after: float) -> None:
+    def __init__(self, host: str, reason: str, retry_after: float, why: str = "limit") -> None:
         super().__init__([f"{PREFIX}{host}"], {"host": reason}, attempts=1)
+        #: ``limit`` (every slot taken), ``rate`` (no token) or ``backoff`` (refused)
+        self.why = why
         self.host = host
         self.reason = reason
         self.retry_after = retry_after
@@ -381,7 +383,8 @@ class FetchGate:
                 reason = wait_reason(self.conn, host, self.limits) or (
                     f"host {host} token bucket empty" if why == "rate" else f"host limit {host}"
                 )
-                raise HostBusy(host, reason, max(pause, 0.5))
+                kind = {"full": "limit", "rate": "rate"}.get(why, "backoff")
+                raise HostBusy(host, reason, max(pause, 0.5), kind)
             time.sleep(max(0.01, min(pause, 0.25, self.wait - waited)))
         held = FetchSlot(self, host, holder)
         try:
@@ -396,6 +399,7 @@ class FetchGate:
                 host,
                 f"host {host} refused with a rate limit; backing off until {shown} UTC",
                 max(0.5, until - time.time()),
+                "backoff",
             ) from exc
         finally:
             held.release()

@@ -91,6 +91,7 @@ def test_a_full_host_raises_host_busy_with_the_reason(conn: redis.Redis) -> None
         with pytest.raises(HostBusy) as caught, gate.slot("h"):
             pass
     assert caught.value.reason == "host limit h 1/1"
+    assert caught.value.why == "limit"
     assert caught.value.retry_after > 0
     assert wait_reason(conn, "h", gate.limits) is None
     assert known_hosts(conn) == ["h"]
@@ -234,6 +235,7 @@ def test_a_rate_limited_fetch_backs_the_host_off(conn: redis.Redis) -> None:
     with pytest.raises(HostBusy) as caught, gate.slot("h"):
         raise RateLimited("429", retry_after=None, returncode=128, stderr="")
     assert "refused with a rate limit" in caught.value.reason
+    assert caught.value.why == "backoff"
     assert 30 < caught.value.retry_after <= 40
     assert host_status(conn, "h", {}).in_use == 0
     assert host_status(conn, "h", {}).backoff_until is not None
