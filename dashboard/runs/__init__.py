@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         mirror_hosts,
         move_overdue,
         physical_queue,
+        placement_reason,
         record_mirror,
     )
     from dashboard.runs.attempts import (
@@ -111,6 +112,7 @@ __all__ = [
     "move_overdue",
     "new_bulk",
     "physical_queue",
+    "placement_reason",
     "record_lock",
     "record_mirror",
     "repository_name",
@@ -137,6 +139,7 @@ _SURFACE: dict[str, str] = {
     "mirror_hosts": "dashboard.runs.affinity",
     "move_overdue": "dashboard.runs.affinity",
     "physical_queue": "dashboard.runs.affinity",
+    "placement_reason": "dashboard.runs.affinity",
     "record_mirror": "dashboard.runs.affinity",
     "fetch_gate": "dashboard.runs.fetch_limits",
     "fetch_wait_reason": "dashboard.runs.fetch_limits",

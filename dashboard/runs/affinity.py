@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -44,6 +44,7 @@ __all__ = [
     "mirror_hosts",
     "move_overdue",
     "physical_queue",
+    "placement_reason",
     "record_mirror",
 ]
 
@@ -135,6 +136,27 @@ def physical_queue(run: JobRun, *, delay: float = 0.0) -> str:
     except Exception:  # the enqueue itself will report a queue server that is down
         return run.queue
     return host_queue(run.queue, min(hosts, key=lambda h: (loads[h], h)))
+
+
+def placement_reason(run: JobRun) -> str | None:
+    """Why a queued run's job waits where it is, for "why is this waiting": ``on worker
+    host h1's queue (it holds the mirror); any host from 14:05:10 UTC``; None when its job
+    is not on a host queue (or the queue server does not answer)."""
+    try:
+        conn: Any = infra.connection()
+        origin, stamp = conn.hmget(f"rq:job:{run.rq_id()}", ["origin", "enqueued_at"])
+    except Exception:
+        return None
+    name = origin.decode() if isinstance(origin, bytes) else str(origin or "")
+    if HOST_QUEUE_MARK not in name:
+        return None
+    host = name.split(HOST_QUEUE_MARK, 1)[1]
+    reason = f"on worker host {host}'s queue (it holds the mirror)"
+    if stamp:
+        text = stamp.decode() if isinstance(stamp, bytes) else str(stamp)
+        at = utcparse(text).replace(tzinfo=UTC) + timedelta(seconds=settings.AFFINITY_WAIT)
+        reason += f"; any host from {at:%H:%M:%S} UTC"
+    return reason
 
 
 def move_overdue(queue_names: list[str], *, wait: float | None = None) -> int:

@@ -28,6 +28,7 @@ from django.test import Client
 from dashboard.infra import queues
 from dashboard.models import JobAttempt, JobRun, Repository
 from dashboard.repositories.lifecycle import submit_repository
+from tests.support.checked_threads import CheckedThread
 from tests.support.gitrepo import GitRepo
 from tests.system.test_multihost import (
     database_url,
@@ -153,10 +154,11 @@ class Handler(BaseHTTPRequestHandler):
 def git_server(tmp_path: Path) -> Iterator[GitServer]:
     server = GitServer(tmp_path / "served", delay=0.4)
     (tmp_path / "served").mkdir()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = CheckedThread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
     server.shutdown()
+    thread.join()
     server.server_close()
 
 

@@ -328,6 +328,7 @@ def sync_mirror(
     def fetch_checked(git_dir: Path) -> None:
         try:
             with fetch_slot() if fetch_slot is not None else contextlib.nullcontext():
+                check()  # the lease may have lapsed while waiting for the slot
                 _fetch(fetcher, git_dir, git_url, branch, timeout, pin_args)
         except GitError as exc:
             if "exceeded the limit" in str(exc) and not isinstance(exc, RepositoryUnavailable):

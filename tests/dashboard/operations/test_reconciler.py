@@ -168,9 +168,10 @@ def test_a_job_that_ended_without_its_run_moving_on_is_enqueued_again(
     assert queues.connection().hget(Job.key_for(run.rq_id()), "status") == b"queued"
 
 
-def test_a_chunk_waiting_on_a_worker_hosts_queue_is_not_stale(tmp_path: Path) -> None:
+def test_a_chunk_waiting_on_a_worker_hosts_queue_is_not_stale(settings: object) -> None:
     """Mirror affinity (docs/scheduling.md#mirror-affinity): a job on ``<queue>@host:<id>``
     is in a queue; only once it is in none is it enqueued again, and then only once."""
+    settings.AFFINITY_WAIT = 10.0  # type: ignore[attr-defined]  # the harness turns it off
     run = a_chunk_run(a_repo())
     affinity.record_mirror(run.repository_id, "h1")
     affinity.beat_host("h1")

@@ -14,6 +14,11 @@ from tests.dashboard.runs.test_attempts import a_chunk_run, a_repo, a_sync_run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _affinity_on(settings: object) -> None:
+    settings.AFFINITY_WAIT = 10.0  # type: ignore[attr-defined]  # the harness turns it off
+
+
 def test_a_chunk_goes_to_a_live_host_holding_its_mirror(settings: object) -> None:
     repo = a_repo()
     run = a_chunk_run(repo)
@@ -72,6 +77,9 @@ def test_an_overdue_job_moves_once_to_the_shared_queue() -> None:
     conn = queues.connection()
     host_key = f"rq:queue:{run.queue}@host:h1"
     assert conn.lrange(host_key, 0, -1) == [run.rq_id().encode()]
+    reason = affinity.placement_reason(run)
+    assert reason is not None
+    assert reason.startswith("on worker host h1's queue (it holds the mirror); any host from ")
     assert affinity.move_overdue([run.queue], wait=3600) == 0  # not waited long enough
     assert affinity.move_overdue(["sync"], wait=0) == 0  # not a queue these workers serve
     assert affinity.move_overdue([run.queue], wait=0) == 1
@@ -79,6 +87,7 @@ def test_an_overdue_job_moves_once_to_the_shared_queue() -> None:
     assert conn.llen(host_key) == 0
     assert conn.lrange(f"rq:queue:{run.queue}", 0, -1) == [run.rq_id().encode()]
     assert Job.fetch(run.rq_id(), connection=conn).origin == run.queue
+    assert affinity.placement_reason(run) is None
 
 
 def test_a_dead_hosts_jobs_move_at_once() -> None:

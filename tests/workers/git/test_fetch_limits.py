@@ -15,6 +15,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.checked_threads import CheckedThread
 from workers.git.fetch_errors import RateLimited, rate_limited
 from workers.git.fetch_limits import (
     FetchGate,
@@ -75,7 +76,7 @@ def test_cap_is_never_exceeded_by_concurrent_holders(conn: redis.Redis) -> None:
             with guard:
                 inside -= 1
 
-    threads = [threading.Thread(target=fetch) for _ in range(12)]
+    threads = [CheckedThread(target=fetch) for _ in range(12)]
     for t in threads:
         t.start()
     for t in threads:
@@ -102,7 +103,7 @@ def test_waiters_are_counted_while_they_wait(conn: redis.Redis) -> None:
     seen: list[int] = []
     texts: list[str] = []
     with gate.slot("h"):
-        waiter = threading.Thread(target=_enter_refused, args=(gate, "h"))
+        waiter = CheckedThread(target=_enter_refused, args=(gate, "h"))
         waiter.start()
         deadline = time.monotonic() + 5
         while not seen or seen[-1] == 0:
