@@ -385,7 +385,9 @@ def _refuse(attempt: runs.Attempt, exc: VersionNotLoaded, *, origin: str) -> str
     start that way): a permanent failure, so it is dead-lettered, never retried
     three times on the wrong analyzer."""
     own = queue_name(attempt.run.fingerprint)
-    if origin and origin != own:
+    # a worker host's queue of its own version is its own version's queue
+    # (docs/scheduling.md#mirror-affinity)
+    if origin and runs.base_queue(origin) != own:
         runs.reroute_attempt(attempt, queue=own, reason=f"misrouted from {origin}: {exc}")
         return f"handed back to {own}"
     runs.fail_attempt(attempt, exc, permanent=True, reason=str(exc))
