@@ -176,6 +176,11 @@ def drop_rq_job(run: JobRun, *, conn: Any = None) -> None:
     conn = conn if conn is not None else infra.connection()
     q = infra.queue(run.queue)
     conn.lrem(q.key, 0, run.rq_id())
+    # and off the worker host's queue it may wait on (docs/scheduling.md#mirror-affinity)
+    origin = conn.hget(Job.key_for(run.rq_id()), "origin")
+    origin = origin.decode() if isinstance(origin, bytes) else origin
+    if origin and origin != run.queue:
+        conn.lrem(infra.queue(origin).key, 0, run.rq_id())
     ScheduledJobRegistry(queue=q).remove(run.rq_id())
     conn.delete(Job.key_for(run.rq_id()))
 

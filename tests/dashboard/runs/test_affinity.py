@@ -99,3 +99,14 @@ def test_a_dead_hosts_jobs_move_at_once() -> None:
     queues.connection().delete("gitward:host-alive:h1")  # its heartbeats stopped
     assert affinity.move_overdue([run.queue], wait=3600) == 1
     assert JobRun.objects.get(pk=run.pk).state == JobRun.State.QUEUED
+
+
+def test_a_cancelled_chunk_leaves_the_host_queue_it_waited_on() -> None:
+    repo = a_repo()
+    run = a_chunk_run(repo)
+    affinity.record_mirror(repo.pk, "h1")
+    affinity.beat_host("h1")
+    assert attempts.enqueue_run(run)
+    assert attempts.cancel_runs(fingerprint=run.fingerprint, reason="test") == 1
+    assert queues.connection().llen(f"rq:queue:{run.queue}@host:h1") == 0
+    assert not Job.exists(run.rq_id(), connection=queues.connection())
