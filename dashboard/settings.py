@@ -15,6 +15,7 @@ import json
 import math
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from dashboard import rollouts as _rollouts
 from dashboard.infra import env_bool, env_float, env_int, env_list, env_str
+from workers.git import parse_limits
 from workers.runtime import FORM as SENTINEL_FORM
 from workers.runtime import is_sentinel_url, parse_failpoints, parse_sentinel_url
 
@@ -342,6 +344,26 @@ INLINE_CHUNK = env_bool("GITWARD_INLINE_CHUNK", True)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
+
+# ---------------------------------------------------------------------------- scheduling
+#: This worker host's name for scheduling (docs/scheduling.md): the per-host queues of
+#: mirror affinity and the host recorded on each attempt. Default: the machine's name.
+HOST_ID = env_str("GITWARD_HOST_ID", "") or socket.gethostname()
+try:
+    #: Per-git-host fetch limits (docs/scheduling.md#per-host-fetch-limits).
+    FETCH_LIMITS = parse_limits(env_str("GITWARD_FETCH_LIMITS", ""))
+except ValueError as _exc:
+    raise _invalid(
+        "GITWARD_FETCH_LIMITS",
+        'a JSON object like {"github.com": {"concurrency": 4, "rate": 2, "burst": 10}}',
+        str(_exc),
+    ) from None
+FETCH_SLOT_WAIT = env_float("GITWARD_FETCH_SLOT_WAIT", 10.0, minimum=0.0)
+FETCH_SLOT_LEASE = env_float("GITWARD_FETCH_SLOT_LEASE", 60.0, minimum=1.0)
+FETCH_BACKOFF = env_float("GITWARD_FETCH_BACKOFF", 60.0, minimum=0.0)
+#: Seconds a chunk waits on the queue of a worker host holding its mirror before any
+#: host may take it (docs/scheduling.md#mirror-affinity); 0: no affinity.
+AFFINITY_WAIT = env_float("GITWARD_AFFINITY_WAIT", 10.0, minimum=0.0)
 #: Seconds a stopping worker (SIGTERM) may spend finishing its job before it hands the
 #: job back (workers/pool.py). The deployment files allow this plus Pool.STOP_MARGIN.
 WORKER_GRACE_DEFAULT = 60.0
