@@ -48,6 +48,7 @@ from workers.analysis import (
 )
 from workers.git import (
     GitError,
+    HostBusy,
     ProcessGroups,
     RepositoryUnavailable,
     Runner,
@@ -377,6 +378,13 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         except BaseException:
             runs.flush_phases(attempt)  # marked phases are stored with success otherwise
             raise
+    except HostBusy as exc:
+        # the remote git host's limit or backoff (docs/scheduling.md#per-host-fetch-limits):
+        # deferred like a held lock, no attempt spent, the reason on the run
+        delay = round(exc.retry_after + random.uniform(0, 0.25), 3)
+        observability.count_fetch_host_deferral(exc.host, why=exc.why)
+        runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s: {exc.reason}")
+        return f"deferred {delay:.1f}s: {exc.reason}"
     except LockNotAcquired as exc:
         delay = _lock_wait(exc)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
@@ -400,7 +408,9 @@ def _refuse(attempt: runs.Attempt, exc: VersionNotLoaded, *, origin: str) -> str
     start that way): a permanent failure, so it is dead-lettered, never retried
     three times on the wrong analyzer."""
     own = queue_name(attempt.run.fingerprint)
-    if origin and origin != own:
+    # a worker host's queue of its own version is its own version's queue
+    # (docs/scheduling.md#mirror-affinity)
+    if origin and runs.base_queue(origin) != own:
         runs.reroute_attempt(attempt, queue=own, reason=f"misrouted from {origin}: {exc}")
         return f"handed back to {own}"
     runs.fail_attempt(attempt, exc, permanent=True, reason=str(exc))
@@ -460,16 +470,26 @@ def _fetch(repo: Repository, remote: Remote, groups: ProcessGroups, lock: Lock) 
     the caller holds the Redis mirror lock, whose lease is checked before every
     destructive step. Returns the fetched head and the mirror's path."""
     workspace = Path(settings.WORKSPACE)
-    head = update_mirror(
-        workspace=workspace,
-        repo_id=repo.pk,
-        git_url=remote.git_url(),
-        branch=repo.branch,
-        runner=Runner(groups=groups),
-        timeout=settings.GIT_TIMEOUT,
-        pinned=pins_for(remote),
-        check=lock.check,
-    )
+    host = (remote.host or "").strip("[]").lower()
+    gate = runs.fetch_gate() if host else None
+    try:
+        head = update_mirror(
+            workspace=workspace,
+            repo_id=repo.pk,
+            git_url=remote.git_url(),
+            branch=repo.branch,
+            runner=Runner(groups=groups),
+            timeout=settings.GIT_TIMEOUT,
+            pinned=pins_for(remote),
+            check=lock.check,
+            # per-git-host fetch limits (docs/scheduling.md#per-host-fetch-limits)
+            fetch_slot=(lambda: gate.slot(host)) if gate is not None else None,
+        )
+    except RepositoryUnavailable:
+        runs.forget_mirror(repo.pk)  # a refused mirror (too large) is not kept
+        raise
+    # mirror affinity: this host now holds the mirror (docs/scheduling.md#mirror-affinity)
+    runs.record_mirror(repo.pk)
     return head, mirror_path(workspace, repo.pk)
 
 

@@ -28,6 +28,8 @@ from dashboard.api.repos import repo_cancel, repo_commits, repo_detail, repos
 from dashboard.api.rollouts import (
     rollout_action,
     rollout_detail,
+    rollout_pin,
+    rollout_unpin,
     rollouts_collection,
     rollouts_freeze,
     version_retire,
@@ -65,6 +67,8 @@ __all__ = [
     "repos",
     "rollout_action",
     "rollout_detail",
+    "rollout_pin",
+    "rollout_unpin",
     "rollouts_collection",
     "rollouts_freeze",
     "run_cancel",

@@ -366,7 +366,56 @@ SCHEMAS: dict[str, Any] = {
                 ]
             },
         },
-        {"timeline": {"type": "array", "items": {"type": "object"}}},
+        {
+            "timeline": {"type": "array", "items": {"type": "object"}},
+            # docs/rollouts.md#checks-and-gates: each step's check and gate measurements.
+            "measurements": {"type": "array", "items": _ref("StepMeasurements")},
+            # docs/rollouts.md#pinning
+            "pins": {"type": "array", "items": _ref("Pin")},
+        },
+    ),
+    "StepMeasurements": _obj(
+        {
+            "step_index": {"type": "integer"},
+            "percent": {"type": "integer"},
+            "checks": {"type": "array", "items": _ref("Measured")},
+            "gates": {"type": "array", "items": _ref("Measured")},
+        }
+    ),
+    "Measured": _obj(
+        {
+            "name": {"type": "string"},
+            "dry_run": {"type": "boolean"},
+            "outcome": {"enum": ["success", "failure", "inconclusive"]},
+            "value": {"type": ["number", "null"]},
+            "condition": {"type": "string"},
+            "message": {"type": "string"},
+            "counts": {"type": "object"},
+            "latest": {"type": "array", "items": {"type": "object"}},
+        }
+    ),
+    "Pin": _obj(
+        {
+            "repository": ID,
+            "url": {"type": "string"},
+            "pinned_by": {"type": "string"},
+            "pinned_at": TIME,
+        }
+    ),
+    "PinRequest": {
+        "type": "object",
+        "required": ["repositories"],
+        "additionalProperties": False,
+        "properties": {
+            "repositories": {"type": "array", "items": ID, "minItems": 1, "maxItems": 100}
+        },
+    },
+    "RolloutPins": _obj(
+        {
+            "rollout": ID,
+            "pinned": {"type": "array", "items": ID},
+            "pins": {"type": "array", "items": _ref("Pin")},
+        }
     ),
     "Rollouts": _obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}),
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
@@ -399,6 +448,8 @@ SCHEMAS: dict[str, Any] = {
                     "step_deadline": {"type": "number", "minimum": 0},
                     "on_inconclusive": {"enum": ["pause", "fail"]},
                     "shadow_commits": {"type": "number", "minimum": 0},
+                    # docs/rollouts.md#checks-and-gates
+                    "checks": {"type": "array", "items": {"type": "object"}},
                 },
             },
         },
@@ -1042,6 +1093,22 @@ PATHS: dict[str, Any] = {
             "One rollout with its timeline.",
             _responses({"200": _ok(_ref("Rollout"), "the rollout")}),
             parameters=[_path("rollout_id", ID)],
+        )
+    },
+    "/api/rollouts/{rollout_id}/pin": {
+        "post": _op(
+            "Pin repositories to the rollout's ramping version (staff + start_rollout; audited).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
+    "/api/rollouts/{rollout_id}/unpin": {
+        "post": _op(
+            "Unpin repositories from the rollout's ramping version (staff + start_rollout).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
         )
     },
     "/api/rollouts/{rollout_id}/{action}": {

@@ -32,7 +32,9 @@ from dashboard.models.rollouts import (
     FreezeSwitch,
     Rollout,
     RolloutEvent,
+    RolloutMeasurement,
     RolloutNotification,
+    RolloutPin,
 )
 
 __all__ = [
@@ -54,7 +56,9 @@ __all__ = [
     "RepositoryView",
     "Rollout",
     "RolloutEvent",
+    "RolloutMeasurement",
     "RolloutNotification",
+    "RolloutPin",
     "Summary",
     "Verification",
     "WorkerBeat",

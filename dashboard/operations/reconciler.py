@@ -37,7 +37,7 @@ BATCH = 1000
 #: ``Job.fetch_many`` reads each whole hash and builds a ``Job`` (five times slower on 1,000
 #: jobs, docs/operations.md#rq-internals) and fails the whole batch on a hash that has no
 #: ``data`` field. The names are pinned by tests/dashboard/operations/test_rq_internals.py.
-JOB_FIELDS = ("status", "enqueued_at", "worker_name")
+JOB_FIELDS = ("status", "enqueued_at", "worker_name", "origin")
 
 
 def reconcile() -> dict[str, int]:
@@ -171,6 +171,9 @@ def _requeue_stale() -> tuple[int, int]:
             if _stale(run, fields, conn, live, in_queue):
                 q = infra.queue(run.queue)
                 conn.lrem(q.key, 0, run.rq_id())  # never two copies of one attempt
+                origin = fields[3].decode() if fields[3] else ""
+                if origin and origin != run.queue:  # a worker host's queue (mirror affinity)
+                    conn.lrem(infra.queue(origin).key, 0, run.rq_id())
                 ScheduledJobRegistry(queue=q).remove(run.rq_id())
                 conn.delete(Job.key_for(run.rq_id()))  # the stale hash, if any
                 if enqueue_run(run):
@@ -198,7 +201,7 @@ def _stale(
     live: set[str],
     cache: dict[str, set[str]],
 ) -> bool:
-    status, enqueued_at, worker = (f.decode() if f else None for f in fields)
+    status, enqueued_at, worker, origin = (f.decode() if f else None for f in fields)
     if status is None:
         return True  # missing: Redis lost it
     if status in _ENDED:
@@ -214,7 +217,9 @@ def _stale(
     if age < GRACE_SECONDS:
         return False
     if status == JobStatus.QUEUED.value:
-        return run.rq_id() not in _queued_ids(conn, run.queue, cache)
+        # the queue it was put on: a chunk may wait on a worker host's queue first
+        # (docs/scheduling.md#mirror-affinity)
+        return run.rq_id() not in _queued_ids(conn, origin or run.queue, cache)
     if status == JobStatus.STARTED.value:
         return worker not in live
     if status == JobStatus.SCHEDULED.value:

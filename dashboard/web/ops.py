@@ -5,7 +5,7 @@ socket itself (the overview sends users without it to their repositories instead
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -22,7 +22,7 @@ from dashboard.models import Repository
 from dashboard.operations import day_series
 from dashboard.repositories import repository_rows
 from dashboard.rollouts import canary_offers, permitted, transition_marks
-from dashboard.runs import group_page
+from dashboard.runs import group_page, host_statuses
 from dashboard.web.charts import day_charts, sparklines
 from dashboard.web.list_params import positive_int, query_prefix
 from dashboard.web.page_cache import FRESH_HEADER, reusable
@@ -105,7 +105,31 @@ def locks(request: HttpRequest) -> HttpResponse:
 @login_required
 @reusable
 def workers(request: HttpRequest) -> HttpResponse:
-    return _ops_page(request, "workers.html")
+    return _ops_page(request, "workers.html", fetch_hosts=_fetch_hosts())
+
+
+def _fetch_hosts() -> list[dict[str, Any]] | None:
+    """The Git hosts table: each limited host's fetch slots, waiters and backoff
+    (docs/scheduling.md#per-host-fetch-limits); None while the queue server is down."""
+    try:
+        statuses = host_statuses()
+    except Exception:  # the page's banner says the queue server is down
+        return None
+    return [
+        {
+            "host": s.host,
+            "in_use": s.in_use,
+            "limit": s.limit.concurrency,
+            "rate": s.limit.rate,
+            "burst": s.limit.burst,
+            "waiting": s.waiting,
+            "backoff_until": (
+                datetime.fromtimestamp(s.backoff_until, UTC) if s.backoff_until else None
+            ),
+            "text": s.text(),
+        }
+        for s in statuses
+    ]
 
 
 @login_required

@@ -210,6 +210,10 @@ def test_real_responses_of_every_operation_validate(
            rollout_id=rollout_id, action="abort")  # fmt: skip
     a.call("post", "/api/rollouts/{rollout_id}/{action}", rollout_id=rollout_id,
            action="takeover")  # fmt: skip
+    # docs/rollouts.md#pinning: the rollout is not ramping (409), a bad body (400)
+    a.call("post", "/api/rollouts/{rollout_id}/pin", {"repositories": [1]}, rollout_id=rollout_id)
+    a.call("post", "/api/rollouts/{rollout_id}/unpin", {"repositories": "1"},
+           rollout_id=rollout_id)  # fmt: skip
     fingerprint = started.json()["rollout"]["version"]["fingerprint"]
     a.call("post", "/api/versions/{fingerprint}/retire", {"reason": "done"},
            fingerprint=fingerprint[:12])  # fmt: skip

@@ -492,3 +492,26 @@ def test_the_combined_status_equals_repository_status(git_repo: GitRepo) -> None
         "queued": 1, "running": 1, "done": 3, "failed": 1, "dropped": 1}  # fmt: skip
     assert repository_with_status(repo.pk, fingerprint="other")[1]["commits_analyzed"] == 7  # type: ignore[index]
     assert repository_with_status(10**9) is None
+
+
+def test_the_workers_page_shows_each_git_hosts_fetch_slots_waiters_and_backoff(
+    operator: Client, settings: object
+) -> None:
+    """docs/scheduling.md#per-host-fetch-limits: "github.com 1/1" while a fetch holds the
+    only slot, and a backoff's end."""
+    from dashboard.infra import queues
+    from dashboard.runs.fetch_limits import fetch_gate
+    from workers.git import HostLimit, back_off
+
+    settings.FETCH_LIMITS = {"github.com": HostLimit(concurrency=1)}  # type: ignore[attr-defined]
+    settings.SNAPSHOT_TTL = 0  # type: ignore[attr-defined]
+    back_off(queues.connection(), "gitlab.com", 60)
+    with fetch_gate().slot("github.com"):
+        page = operator.get("/workers/").content.decode()
+    rows = {
+        host: " ".join(text_of(row).split())
+        for host, row in re.findall(r'<tr data-host="([^"]+)"[^>]*>(.*?)</tr>', page, re.S)
+    }
+    assert set(rows) == {"github.com", "gitlab.com"}
+    assert rows["github.com"] == "github.com 1/1 0 — —"
+    assert rows["gitlab.com"].startswith("gitlab.com 0/4 0 — until ")

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('dashboard', '0016_verification'),
+        ('dashboard', '0017_rollout_checks_pins'),
     ]
 
     operations = [
