@@ -8,10 +8,12 @@ JSON errors).  ``dashboard/urls.py`` routes to the names re-exported here.
 from __future__ import annotations
 
 from dashboard.api.analytics import (
+    export,
     repo_age,
     repo_author,
     repo_authors,
     repo_coupling,
+    repo_export,
     repo_files,
     repo_hotspots,
     repo_ownership,
@@ -43,6 +45,7 @@ __all__ = [
     "dlq_discard",
     "dlq_group",
     "dlq_retry",
+    "export",
     "integrity",
     "integrity_clear",
     "lock_release",
@@ -59,6 +62,7 @@ __all__ = [
     "repo_commits",
     "repo_coupling",
     "repo_detail",
+    "repo_export",
     "repo_files",
     "repo_hook_secret",
     "repo_hotspots",

@@ -1,8 +1,9 @@
 """A repository's analyses over the API (docs/api.md#analytics): ``GET
 /api/repos/<id>/hotspots``, ``/coupling``, ``/ownership``, ``/age``, ``/authors``,
 ``/authors/<identity>`` and ``/files?path=P``, each with ``since``/``until``/``last``,
-``exclude`` (the lenses, docs/analytics.md#lenses) and its own parameters; thin over
-``dashboard.analytics``."""
+``exclude`` (the lenses, docs/analytics.md#lenses) and its own parameters; and the bulk
+export of the stored rows, ``GET /api/repos/<id>/export`` and ``GET /api/export?repos=…``
+(docs/analytics.md#export); thin over ``dashboard.analytics``."""
 
 from __future__ import annotations
 
@@ -40,23 +41,23 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
         fmt = request.GET.get("format") or "json"
         if fmt == "json":
             return JsonResponse(body)
-        if fmt != "csv":
-            return error("format must be json or csv", 400)
-        return _csv(body, request.GET.get("table") or "")
+        if fmt not in analytics.FORMATS:
+            return error("format must be json, csv or ndjson", 400)
+        return _table(body, request.GET.get("table") or "", fmt)
 
     view.__name__ = view.__qualname__ = f"repo_{kind}"
     return view
 
 
-def _csv(body: dict[str, Any], table: str) -> HttpResponse:
-    """One table of the report as CSV (docs/api.md#analytics), streamed row by row."""
+def _table(body: dict[str, Any], table: str, fmt: str) -> HttpResponse:
+    """One table of the report as CSV or NDJSON (docs/api.md#analytics), streamed row by
+    row."""
     found = analytics.tables(body)
     if table not in found:
         return error(f"table must be one of {', '.join(found)}", 400)
-    response = StreamingHttpResponse(
-        analytics.csv_lines(found[table]), content_type="text/csv; charset=utf-8"
-    )
-    name = f"{body['name']}-{body['analysis']}-{table}.csv".replace('"', "")
+    lines = analytics.csv_lines if fmt == "csv" else analytics.ndjson_lines
+    response = StreamingHttpResponse(lines(found[table]), content_type=analytics.content_type(fmt))
+    name = f"{body['name']}-{body['analysis']}-{table}.{fmt}".replace('"', "")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
@@ -69,3 +70,47 @@ repo_authors = _analysis("authors")
 repo_author = _analysis("authors")
 repo_author.__name__ = repo_author.__qualname__ = "repo_author"
 repo_files = _analysis("files")
+
+
+def _export_response(request: HttpRequest, repos: list[Repository]) -> HttpResponse:
+    """The export of ``repos`` (docs/api.md#export): every parameter and repository is
+    checked before the first byte, then the rows are streamed batch by batch."""
+    values: dict[str, Any] = {k: request.GET.get(k) for k in request.GET}
+    if "exclude" in request.GET:
+        values["exclude"] = ",".join(request.GET.getlist("exclude"))
+    try:
+        export = analytics.parse_export(values)
+    except analytics.BadParameter as exc:
+        return error(str(exc), 400)
+    for repo in repos:
+        if withheld := analytics.withheld_reason(repo):
+            return error(f"{repo.name}: {withheld}", 409)  # docs/analytics.md#verification
+    response = StreamingHttpResponse(
+        analytics.export_lines(repos, export), content_type=analytics.content_type(export.format)
+    )
+    response["Content-Disposition"] = f'attachment; filename="{export.filename(repos)}"'
+    return response
+
+
+@api_view(("GET",))
+def repo_export(request: HttpRequest, repo_id: int) -> HttpResponse:
+    """``GET /api/repos/<id>/export?what=commits|files&format=csv|ndjson``."""
+    repo = Repository.objects.filter(pk=repo_id).first()
+    if repo is None:
+        return error("repository not found", 404)
+    return _export_response(request, [repo])
+
+
+@api_view(("GET",))
+def export(request: HttpRequest) -> HttpResponse:
+    """``GET /api/export?repos=1,2,3&what=…&format=…``: the repositories in the order
+    given, each row naming its repository; an unknown id is a 404 before any row."""
+    try:
+        ids = analytics.parse_repository_ids(request.GET.get("repos"))
+    except analytics.BadParameter as exc:
+        return error(str(exc), 400)
+    found = Repository.objects.in_bulk(ids)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        return error(f"repository {missing[0]} not found", 404)
+    return _export_response(request, [found[i] for i in ids])

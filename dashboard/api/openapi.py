@@ -28,6 +28,7 @@ TIME = {"type": "string", "format": "date-time"}
 TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
 STR_OR_NULL = {"type": ["string", "null"]}
 CSV = "text/csv"
+NDJSON = "application/x-ndjson"
 COUNT = {"type": "integer", "minimum": 0}
 DATE_OR_NULL = {"type": ["string", "null"], "format": "date"}
 
@@ -821,22 +822,46 @@ _THRESHOLDS = [
 ]
 
 
+#: A streamed text answer (docs/api.md#export): CSV or NDJSON, whose rows are not
+#: validated as JSON (the tests parse them).
+_STREAMED = {
+    CSV: {
+        "schema": {"type": "string", "description": "a header row, then the rows (empty: no row)"}
+    },
+    NDJSON: {"schema": {"type": "string", "description": "one JSON object per line, per row"}},
+}
+
+_EXPORT = [
+    {
+        **_query("what", {"enum": list(analytics.WHATS)}, "every commit, or every file change row"),
+        "required": True,
+    },
+    _query("format", {"enum": list(analytics.FORMATS), "default": "csv"}, "csv or ndjson"),
+    *(p for p in _WINDOW if p["name"] != "limit"),
+]
+
+
+def _export(summary: str, *parameters: dict[str, Any]) -> dict[str, Any]:
+    """``GET`` of an export (docs/api.md#export): the rows streamed as CSV or NDJSON."""
+    ok = {"description": "every row, streamed (Content-Disposition names the file)",
+          "content": _STREAMED}  # fmt: skip
+    return {
+        "get": _op(
+            summary + " A 409 while the results are withheld (docs/analytics.md#verification).",
+            _responses({"200": ok}, "409"),
+            parameters=[*parameters, *_EXPORT],
+        )
+    }
+
+
 def _analysis(
     summary: str, report: str, tables: list[str], *parameters: dict[str, Any]
 ) -> dict[str, Any]:
     """``GET`` of one analysis (docs/api.md#analytics): the JSON report, or with
-    ``format=csv&table=T`` one of its ``tables`` as CSV."""
+    ``format=csv&table=T`` (``ndjson``) one of its ``tables`` as CSV (NDJSON)."""
     ok = {
-        "description": "the report (format=json), or one table of it (format=csv)",
-        "content": {
-            JSON: {"schema": _ref(report)},
-            CSV: {
-                "schema": {
-                    "type": "string",
-                    "description": "a header row, then the rows (empty: no row)",
-                }
-            },
-        },
+        "description": "the report (format=json), or one table of it (format=csv or ndjson)",
+        "content": {JSON: {"schema": _ref(report)}, **_STREAMED},
     }
     return {
         "get": _op(
@@ -846,11 +871,15 @@ def _analysis(
                 _REPO,
                 *parameters,
                 *_WINDOW,
-                _query("format", {"enum": ["json", "csv"], "default": "json"}, "json or csv"),
+                _query(
+                    "format",
+                    {"enum": ["json", "csv", "ndjson"], "default": "json"},
+                    "json, csv or ndjson",
+                ),
                 _query(
                     "table",
                     {"enum": tables},
-                    "with format=csv: the table (whichever the "
+                    "with format=csv or ndjson: the table (whichever the "
                     "report has; at_risk: one row per inactive author and file)",
                 ),
             ],
@@ -964,6 +993,21 @@ PATHS: dict[str, Any] = {
             "required": True,
         },
         *_THRESHOLDS,
+    ),
+    "/api/repos/{repo_id}/export": _export(
+        "Every stored commit or file change row of the head, streamed as CSV or NDJSON.",
+        _REPO,
+    ),
+    "/api/export": _export(
+        "The export of several repositories (404 for an unknown one, before any row).",
+        {
+            **_query(
+                "repos",
+                {"type": "string", "pattern": r"^[0-9]+(,[0-9]+)*$", "maxLength": 2100},
+                f"repository ids, comma-separated (at most {analytics.MAX_REPOSITORIES})",
+            ),
+            "required": True,
+        },
     ),
     "/api/repos/{repo_id}/cancel": {
         "post": _op(

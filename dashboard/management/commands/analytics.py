@@ -1,8 +1,10 @@
 """``manage.py analytics hotspots|coupling|ownership|age|authors|files REPO [--since D]
 [--until D] [--last 30|90|365] [--depth N] [--limit N] [--path P] [--author EMAIL]
 [--min-revs N] [--min-shared-revs N] [--min-coupling N] [--max-changeset-size N]
-[--inactive-days N] [--exclude LENS[,LENS]] [--json | --csv TABLE]`` — REPO is an id or a
-URL (docs/analytics.md)."""
+[--inactive-days N] [--exclude LENS[,LENS]] [--json | --csv TABLE | --ndjson TABLE]``, and
+``manage.py analytics export REPO [REPO...] --what commits|files [--format csv|ndjson]
+[--since D] [--until D] [--exclude LENS] [-o FILE]`` streaming every stored row
+(docs/analytics.md#export) — REPO is an id or a URL (docs/analytics.md)."""
 
 from __future__ import annotations
 
@@ -130,12 +132,13 @@ def render(body: dict[str, Any]) -> str:
 class Command(BaseCommand):
     help = (
         "Print one analysis of a repository (hotspots, coupling, ownership, age, authors, "
-        "a file's history) in a window."
+        "a file's history) in a window; or export every stored commit or file row "
+        "of one or more repositories."
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("analysis", choices=analytics.KINDS)
-        parser.add_argument("repo", help="repository id or URL")
+        parser.add_argument("analysis", choices=(*analytics.KINDS, "export"))
+        parser.add_argument("repo", nargs="+", help="repository id or URL (export: one or more)")
         parser.add_argument("--since", help="first day (YYYY-MM-DD, UTC)")
         parser.add_argument("--until", help="last day (YYYY-MM-DD, UTC)")
         parser.add_argument("--last", help="the last 30, 90 or 365 days (ending at --until)")
@@ -153,24 +156,62 @@ class Command(BaseCommand):
         )
         parser.add_argument("--json", action="store_true", help="the report as one JSON object")
         parser.add_argument("--csv", metavar="TABLE", help="one table of the report as CSV")
+        parser.add_argument("--ndjson", metavar="TABLE", help="one table of the report as NDJSON")
+        parser.add_argument(
+            "--what", help=f"export: {' or '.join(analytics.WHATS)} (every commit, or file row)"
+        )
+        parser.add_argument("--format", default="csv", help="export: csv or ndjson")
+        parser.add_argument("-o", "--output", metavar="FILE", help="export: write to FILE")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            repo = resolve_repository(options["repo"])
-        except Repository.DoesNotExist:
-            raise CommandError(f"no repository {options['repo']!r}") from None
+        repos = []
+        for ref in options["repo"]:
+            try:
+                repos.append(resolve_repository(ref))
+            except Repository.DoesNotExist:
+                raise CommandError(f"no repository {ref!r}") from None
+        if options["analysis"] == "export":
+            self.export(repos, options)
+            return
+        if len(repos) != 1:
+            raise CommandError(f"{options['analysis']} takes one repository")
+        repo = repos[0]
         try:
             params = analytics.parse_params(options)
             body = analytics.report(options["analysis"], repo, params)
         except (analytics.BadParameter, analytics.NotFound) as exc:
             raise CommandError(str(exc)) from None
-        if options["csv"]:
+        table = options["csv"] or options["ndjson"]
+        if table:
             found = analytics.tables(body)
-            if options["csv"] not in found:
-                raise CommandError(f"--csv must be one of {', '.join(found)}")
-            for line in analytics.csv_lines(found[options["csv"]]):
+            if table not in found:
+                flag = "--csv" if options["csv"] else "--ndjson"
+                raise CommandError(f"{flag} must be one of {', '.join(found)}")
+            lines = analytics.csv_lines if options["csv"] else analytics.ndjson_lines
+            for line in lines(found[table]):
                 self.stdout.write(line, ending="")
         elif options["json"]:
             self.stdout.write(json.dumps(body, ensure_ascii=False))
         else:
             self.stdout.write(render(body))
+
+    def export(self, repos: list[Repository], options: dict[str, Any]) -> None:
+        """Every stored row of ``repos`` to stdout or ``--output``, batch by batch."""
+        try:
+            export = analytics.parse_export(options)
+        except analytics.BadParameter as exc:
+            raise CommandError(str(exc)) from None
+        for repo in repos:
+            if withheld := analytics.withheld_reason(repo):
+                raise CommandError(f"{repo.name}: {withheld}")
+        chunks = analytics.export_lines(repos, export)
+        if not options["output"]:
+            for chunk in chunks:
+                self.stdout.write(chunk, ending="")
+            return
+        try:
+            with open(options["output"], "w", encoding="utf-8", newline="") as out:
+                for chunk in chunks:
+                    out.write(chunk)
+        except OSError as exc:
+            raise CommandError(f"cannot write {options['output']}: {exc.strerror}") from None

@@ -59,7 +59,7 @@ class Checked:
                 path, json.dumps(body or {}), content_type="application/json", **self.auth
             )
         kind = res["Content-Type"].split(";")[0]
-        if kind == "text/csv":  # an analysis's table, streamed
+        if kind in ("text/csv", "application/x-ndjson"):  # a table or an export, streamed
             body: Any = b"".join(res.streaming_content).decode()
         else:
             body = res.json()
@@ -300,6 +300,21 @@ def call_every_analysis(a: Checked, repo_id: int, origin: GitRepo) -> None:
         res = a.call("get", base + template, repo_id=repo_id, identity="cy@example.com",
                      query={"format": "csv", "table": table, "path": "core/b.py"})  # fmt: skip
         assert res.status_code == 200 and res["Content-Type"].startswith("text/csv")
+    res = a.call("get", base + "hotspots", repo_id=repo_id,
+                 query={"format": "ndjson", "table": "directories"})  # fmt: skip
+    assert res.status_code == 200 and res["Content-Type"].startswith("application/x-ndjson")
+    for what, fmt in (("commits", "csv"), ("files", "ndjson")):
+        res = a.call("get", base + "export", repo_id=repo_id, query={"what": what, "format": fmt})
+        assert res.status_code == 200
+        res = a.call("get", "/api/export", query={"repos": str(repo_id), "what": what,
+                                                  "format": fmt, "exclude": "bots"})  # fmt: skip
+        assert res.status_code == 200
+    assert a.call("get", base + "export", repo_id=repo_id, query={}).status_code == 400
+    assert a.call("get", base + "export", repo_id=repo_id + 1000,
+                  query={"what": "files"}).status_code == 404  # fmt: skip
+    assert a.call("get", "/api/export", query={"repos": "x"}).status_code == 400
+    assert a.call("get", "/api/export", query={"repos": str(repo_id + 1000),
+                                               "what": "files"}).status_code == 404  # fmt: skip
     for template, query in (
         ("hotspots", {"since": "2024-02-30"}),
         ("coupling", {"min_coupling": "101"}),
