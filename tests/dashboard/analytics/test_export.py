@@ -342,3 +342,33 @@ def test_memory_stays_flat_as_the_rows_grow(client: tuple[Client, dict[str, str]
     assert large / small < 1.5, (small, large)
     assert small < 50_000 * 200  # well under the whole result (~200 bytes a row)
     assert BATCH < 50_000
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("what", ["files", "commits"])
+def test_each_batch_is_a_range_of_the_primary_key_on_sqlite(what: str) -> None:
+    """The batch query's plan (SQLite's EXPLAIN QUERY PLAN): driven by the id range and
+    ordered by it, no sort of the repository's rows per batch (which would make an export
+    quadratic in its rows)."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's planner costs the LIMIT itself (bench/export.py)")
+    repo = Repository.objects.create(url="https://example.com/plan.git", status="ready")
+    seen: list[tuple[str, list[Any]]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        list(export_lines([repo], parse_export({"what": what, "exclude": "bots"})))
+    batch = [(s, p) for s, p in seen if f"ORDER BY {what[0]}.id LIMIT" in s]
+    assert len(batch) == 1
+    sql, params = batch[0]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        plan = [row[-1] for row in cursor.fetchall()]
+    table = "f" if what == "files" else "c"
+    assert plan[0].startswith(f"SEARCH {table} USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)")
+    assert not any("TEMP B-TREE" in step for step in plan), plan

@@ -164,7 +164,7 @@ def test_csv_export_of_each_table(client: Client, token: str, tmp_path: Path) ->
         "error": "table must be one of files, directories"
     }
     res = get(client, f"{base}/age?format=xml", token)
-    assert res.status_code == 400 and res.json() == {"error": "format must be json or csv"}
+    assert res.status_code == 400 and res.json() == {"error": "format must be json, csv or ndjson"}
 
 
 def test_a_repository_with_no_commit_yet_has_empty_tables(client: Client, token: str) -> None:
