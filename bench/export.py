@@ -98,7 +98,7 @@ def insert(rows: int) -> tuple[Any, float]:
     ids = list(Commit.objects.filter(repository=repo).order_by("id").values_list("id", flat=True))
     table = FileChange._meta.db_table
     sql = (
-        f"INSERT INTO {table} (commit_id, repository_id, fingerprint, path, added, deleted, "  # noqa: S608
+        f"INSERT INTO {table} (commit_id, repository_id, fingerprint, path, added, deleted, "
         "binary, language) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
     )
     with transaction.atomic(), connection.cursor() as cursor:
