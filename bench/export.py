@@ -9,7 +9,8 @@ emptied first). Then each export is consumed chunk by chunk (each chunk dropped,
 socket would), timed without tracing, with the process's resident memory sampled at every
 chunk (peak RSS during the export, and its growth over the RSS before it); then once more
 under ``tracemalloc`` for the peak of Python allocations. One export also goes through the
-API view (the Django test client: authentication, the streaming response). Prints JSON with
+API view (the Django test client: authentication, the streaming response), and, as the
+anchor, the files export read as one batch (the whole result at once). Prints JSON with
 the load average before and after (the machine is shared); nothing is asserted.
 
     .venv/bin/python bench/export.py [--rows 1000000] [--database-url postgres://postgres@127.0.0.1:5432/gw_export_bench]
@@ -99,7 +100,7 @@ def insert(rows: int) -> tuple[Any, float]:
     table = FileChange._meta.db_table
     sql = (
         f"INSERT INTO {table} (commit_id, repository_id, fingerprint, path, added, deleted, "
-        "binary, language) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        '"binary", language) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)'
     )
     with transaction.atomic(), connection.cursor() as cursor:
         batch: list[tuple[Any, ...]] = []
@@ -209,6 +210,11 @@ def main() -> None:
         out[f"{what} {fmt}"] = measure(repo, what, fmt)
         print(f"{what} {fmt}: {out[f'{what} {fmt}']}", file=sys.stderr, flush=True)
     out["files csv through the API"] = through_the_api(repo)
+    # The contrast: the same export read as one batch (the whole result at once).
+    import dashboard.analytics.export as module
+
+    module.BATCH = args.rows + 1
+    out["anchor: files csv in one batch"] = measure(repo, "files", "csv")
     out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=2))
 

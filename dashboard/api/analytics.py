@@ -7,9 +7,11 @@ export of the stored rows, ``GET /api/repos/<id>/export`` and ``GET /api/export?
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from dashboard import analytics
@@ -43,20 +45,41 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
             return JsonResponse(body)
         if fmt not in analytics.FORMATS:
             return error("format must be json, csv or ndjson", 400)
-        return _table(body, request.GET.get("table") or "", fmt)
+        return _table(request, body, request.GET.get("table") or "", fmt)
 
     view.__name__ = view.__qualname__ = f"repo_{kind}"
     return view
 
 
-def _table(body: dict[str, Any], table: str, fmt: str) -> HttpResponse:
+def _streaming(request: HttpRequest, chunks: Iterator[str], fmt: str) -> StreamingHttpResponse:
+    """A response streaming ``chunks`` as it is read. Under ASGI (the uvicorn server,
+    docs/operations.md) Django reads a synchronous iterator whole into a list before the
+    first byte, so there the chunks go through an asynchronous one, each produced in the
+    request's own thread (``thread_sensitive``: the thread that holds its database
+    connection, so every batch query runs on it, one after the other)."""
+    content: Iterator[str] | AsyncIterator[str] = chunks
+    if isinstance(request, ASGIRequest):
+        content = _one_at_a_time(chunks)
+    return StreamingHttpResponse(content, content_type=analytics.content_type(fmt))
+
+
+async def _one_at_a_time(chunks: Iterator[str]) -> AsyncIterator[str]:
+    def following() -> str | None:
+        return next(chunks, None)
+
+    step = sync_to_async(following, thread_sensitive=True)
+    while (chunk := await step()) is not None:
+        yield chunk
+
+
+def _table(request: HttpRequest, body: dict[str, Any], table: str, fmt: str) -> HttpResponse:
     """One table of the report as CSV or NDJSON (docs/api.md#analytics), streamed row by
     row."""
     found = analytics.tables(body)
     if table not in found:
         return error(f"table must be one of {', '.join(found)}", 400)
     lines = analytics.csv_lines if fmt == "csv" else analytics.ndjson_lines
-    response = StreamingHttpResponse(lines(found[table]), content_type=analytics.content_type(fmt))
+    response = _streaming(request, lines(found[table]), fmt)
     name = f"{body['name']}-{body['analysis']}-{table}.{fmt}".replace('"', "")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
@@ -85,9 +108,7 @@ def _export_response(request: HttpRequest, repos: list[Repository]) -> HttpRespo
     for repo in repos:
         if withheld := analytics.withheld_reason(repo):
             return error(f"{repo.name}: {withheld}", 409)  # docs/analytics.md#verification
-    response = StreamingHttpResponse(
-        analytics.export_lines(repos, export), content_type=analytics.content_type(export.format)
-    )
+    response = _streaming(request, analytics.export_lines(repos, export), export.format)
     response["Content-Disposition"] = f'attachment; filename="{export.filename(repos)}"'
     return response
 

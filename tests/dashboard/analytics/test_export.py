@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from dashboard.analytics.export import (
@@ -189,6 +190,31 @@ def streamed(res: Any) -> str:
     return b"".join(res.streaming_content).decode()
 
 
+def through_asgi(url: str, query: dict[str, str], auth: dict[str, str]) -> tuple[int, int]:
+    """``url`` through Django's ASGI handler (as uvicorn serves it), the response's
+    async stream consumed chunk by chunk: the lines it held, and the peak of Python
+    memory allocated meanwhile."""
+    headers = {"Authorization": auth["HTTP_AUTHORIZATION"]}
+
+    async def go() -> int:
+        res = await AsyncClient().get(url, query, headers=headers)
+        assert res.status_code == 200 and res.is_async
+        lines = 0
+        async for chunk in res.streaming_content:
+            lines += chunk.count(b"\n")
+        return lines
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        lines = async_to_sync(go)()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return lines, peak
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_api_streams_one_repository_several_and_report_tables(
     tmp_path: Path, client: tuple[Client, dict[str, str]]
@@ -206,6 +232,10 @@ def test_the_api_streams_one_repository_several_and_report_tables(
     assert res["Content-Type"].startswith("text/csv")
     shas = [r["sha"] for r in rows_of(streamed(res), "csv")]
     assert set(shas) == {c.sha for c in git_log(lensed_origin, *LENS_GIT["bots"])}
+
+    # Under ASGI (uvicorn) the same rows come through an async stream.
+    lines, _ = through_asgi(f"/api/repos/{planted.pk}/export", {"what": "files"}, auth)
+    assert lines == 1 + len(exported([planted], what="files"))
 
     # Several repositories, in the order asked, each row naming its own.
     res = c.get(
@@ -332,15 +362,21 @@ def test_memory_stays_flat_as_the_rows_grow(client: tuple[Client, dict[str, str]
         committer_email="a@example.com", committed_at=now, subject="synthetic",
     )  # fmt: skip
     _add_rows(repo, commit, 50_000)
+    url, query = f"/api/repos/{repo.pk}/export", {"what": "files"}
     _peak_consuming(c, auth, repo)  # warm-up: imports and first-use caches are not rows
+    through_asgi(url, query, auth)
     small_rows, small = _peak_consuming(c, auth, repo)
+    small_lines, small_asgi = through_asgi(url, query, auth)
     _add_rows(repo, commit, 150_000)
     large_rows, large = _peak_consuming(c, auth, repo)
+    large_lines, large_asgi = through_asgi(url, query, auth)
     assert (small_rows, large_rows) == (50_000, 200_000)
-    # One batch is what an export holds: the peak does not grow with the rows (a
-    # whole-result read would hold 4 times as much at 200,000).
+    assert (small_lines, large_lines) == (50_001, 200_001)
+    # One batch is what an export holds, under WSGI and ASGI alike: the peak does not
+    # grow with the rows (a whole-result read would hold 4 times as much at 200,000).
     assert large / small < 1.5, (small, large)
-    assert small < 50_000 * 200  # well under the whole result (~200 bytes a row)
+    assert large_asgi / small_asgi < 1.5, (small_asgi, large_asgi)
+    assert max(small, small_asgi) < 50_000 * 200  # well under the whole result
     assert BATCH < 50_000
 
 
