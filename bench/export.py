@@ -3,12 +3,13 @@ memory it holds while streaming ``--rows`` synthetic file rows (default 1,000,00
 their commits, as CSV and as NDJSON.
 
 The rows are inserted directly (``executemany``, 20 files a commit, under the served
-fingerprint) into a fresh database: SQLite under a temporary directory by default, or
-``--database-url`` (PostgreSQL; the database is created when missing and its tables
-emptied first). Then each export is consumed chunk by chunk (each chunk dropped, as a
-socket would), timed without tracing, with the process's resident memory sampled at every
-chunk (peak RSS during the export, and its growth over the RSS before it); then once more
-under ``tracemalloc`` for the peak of Python allocations. One export also goes through the
+fingerprint) by a child process, so this one's memory is the export's alone, into a
+fresh database: SQLite under a temporary directory by default, or ``--database-url``
+(PostgreSQL; the database is created when missing, its repositories deleted first).
+Then each export is consumed chunk by chunk (each chunk dropped, as a socket would),
+timed without tracing, with the process's resident memory sampled at every chunk (peak
+RSS during the export, and its growth over the RSS before it); then once more under
+``tracemalloc`` for the peak of Python allocations. One export also goes through the
 API view (the Django test client: authentication, the streaming response), and, as the
 anchor, the files export read as one batch (the whole result at once). Prints JSON with
 the load average before and after (the machine is shared); nothing is asserted.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -191,20 +193,37 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--database-url", default="")
+    parser.add_argument("--insert-into", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.insert_into:  # the child: insert, print the seconds and the repository's id
+        setup_django(Path(args.insert_into), args.database_url)
+        repo, seconds = insert(args.rows)
+        print(json.dumps({"repo": repo.pk, "seconds": seconds}))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-export-"))
     if args.database_url:
         ensure_database(args.database_url)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    # The rows are inserted by a child process, so this one's memory holds nothing of
+    # the insertion and its RSS growth is the export's own.
+    child = subprocess.run(
+        [sys.executable, __file__, "--rows", str(args.rows), "--insert-into", str(tmp),
+         "--database-url", args.database_url],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    inserted = json.loads(child.stdout.strip().splitlines()[-1])
     setup_django(tmp, args.database_url)
     from django.db import connection
+
+    from dashboard.models import Repository
 
     out: dict[str, Any] = {
         "database": connection.vendor,
         "rows": args.rows,
-        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "load_average_before": load_before,
+        "insert_s": round(inserted["seconds"], 1),
     }
-    repo, seconds = insert(args.rows)
-    out["insert_s"] = round(seconds, 1)
+    repo = Repository.objects.get(pk=inserted["repo"])
     for what, fmt in (("files", "csv"), ("files", "ndjson"), ("commits", "csv"),
                       ("commits", "ndjson")):  # fmt: skip
         out[f"{what} {fmt}"] = measure(repo, what, fmt)
