@@ -307,7 +307,11 @@ SCHEMAS: dict[str, Any] = {
                 ]
             },
         },
-        {"timeline": {"type": "array", "items": {"type": "object"}}},
+        {
+            "timeline": {"type": "array", "items": {"type": "object"}},
+            # docs/rollouts.md#result-contract: {} until the first check.
+            "contract": {"type": "object"},
+        },
     ),
     "Rollouts": _obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}),
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),

@@ -317,6 +317,10 @@ class Command(BaseCommand):
             "deploy_lock": describe_lock(lock) if lock else None,
             "frozen": rollouts.rollout_freeze(active) if active else None,
         }
+        # The queue's latest rollout, also once it ended: a rollout the result contract
+        # rolled back names its offending commits there (docs/rollouts.md#result-contract).
+        last = Rollout.objects.filter(queue=o["queue"]).order_by("-pk").first()
+        data["latest"] = describe_rollout(last) if last else None
         if o["json"]:
             self.stdout.write(json.dumps(data))
             return
@@ -337,6 +341,10 @@ class Command(BaseCommand):
         if waits and not data["frozen"]:  # docs/rollouts.md#waiting-reason (a freeze: above)
             until = f" (until {waits['until']})" if waits["until"] else ""
             self.stdout.write(f"waiting: {waits['reason']}{until}")
+        result = (data["latest"] or {}).get("contract") or {}
+        if result:
+            latest = data["latest"]["id"]
+            self.stdout.write(f"result contract (rollout {latest}): {result['summary']}")
 
     def do_promote(self, o: dict[str, Any]) -> None:
         ro = rollouts.request_action(rollout=o["id"], action="promote", actor=o["actor"])
