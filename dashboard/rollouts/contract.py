@@ -24,7 +24,6 @@ of every paired result (the same commit stored under both versions) against it.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from dashboard import versions
@@ -58,8 +58,6 @@ __all__ = [
 BATCH = 2000
 #: Violations kept on the rollout (the count of offending commits is kept whole).
 KEEP = 50
-#: Seconds between two checks of a verified or ramping rollout (warming checks each tick).
-INTERVAL = 2.0
 
 
 @dataclass(frozen=True)
@@ -279,10 +277,13 @@ class _Progress:
     """What this process checked of one rollout's new version (its commit ids)."""
 
     seen: set[int] = field(default_factory=set)
+    #: Stored under the new version, not yet under the previous one: looked at again.
+    unpaired: set[int] = field(default_factory=set)
+    #: The newest commit id looked at.
+    top: int = 0
     changed: int = 0
     asked_git: int = 0
     renames: int = 0
-    checked_at: float = 0.0
 
 
 # One driver checks a rollout, from its own thread: a dict entry is only touched by the
@@ -353,6 +354,18 @@ def check_rollout(ro: Rollout, *, token: int, phase: str) -> dict[str, Any]:
     exp = expectation_for(ro)
     progress = _progress(ro)
     new_fp, old_fp = ro.version.fingerprint, ro.previous.fingerprint
+    # One aggregate first: nothing stored since the last look (same count, same newest
+    # id) means nothing to check. A row written late with a lower id (its transaction
+    # committed after a newer one) raises the count; a re-analysed commit gets a new,
+    # higher id: either way the scan below runs.
+    seen_now = Commit.objects.filter(fingerprint=new_fp).aggregate(n=Count("id"), top=Max("id"))
+    if (
+        ro.contract
+        and not progress.unpaired
+        and seen_now["n"] == len(progress.seen)
+        and (seen_now["top"] or 0) == progress.top
+    ):
+        return dict(ro.contract)
     fresh = [
         (pk, repo, sha)
         for pk, repo, sha in Commit.objects.filter(fingerprint=new_fp)
@@ -377,10 +390,11 @@ def check_rollout(ro: Rollout, *, token: int, phase: str) -> dict[str, Any]:
     # An unpaired commit (the previous version has not stored it yet) is looked at again
     # on the next call: only paired ones count as seen.
     progress.seen.update(after[k][0] for k in pairs)
+    progress.unpaired = {after[k][0] for k in after if k not in pairs}
+    progress.top = max([progress.top, *(pk for pk, _, _ in fresh)])
     progress.changed += len(changed)
     progress.asked_git += len(ask)
     progress.renames += len(renamed)
-    progress.checked_at = time.monotonic()
     old_state = dict(ro.contract or {})
     known = {(v["repository"], v["sha"]) for v in old_state.get("violations") or []}
     violations = list(old_state.get("violations") or [])
@@ -395,7 +409,7 @@ def check_rollout(ro: Rollout, *, token: int, phase: str) -> dict[str, Any]:
         "changed": progress.changed,
         "asked_git": progress.asked_git,
         "renames": progress.renames,
-        "unpaired": len(after) - len(pairs),
+        "unpaired": len(progress.unpaired),
         "violating": violating,
         "violations": violations[:KEEP],
         "summary": _summary(ok, len(progress.seen), progress.changed, violations, violating),
@@ -443,13 +457,11 @@ def judge_warming(ro: Rollout, verdict: dict[str, Any], *, token: int) -> dict[s
 
 
 def broken(ro: Rollout, *, token: int, actor: Any) -> bool:
-    """Check a verified or ramping rollout (at most every :data:`INTERVAL` seconds); a
-    broken contract rolls it back at once through ``abort_in_place`` — the path a
-    failing canary takes — with the reason naming the offending commits. True if it
-    was rolled back."""
+    """Check a verified or ramping rollout (each driver tick; one aggregate query when
+    nothing new was stored); a broken contract rolls it back at once through
+    ``abort_in_place`` — the path a failing canary takes — with the reason naming the
+    offending commits. True if it was rolled back."""
     if ro.previous is None:
-        return False
-    if time.monotonic() - _progress(ro).checked_at < INTERVAL:
         return False
     percent = ro.steps[ro.step_index] if ro.version.state == "ramping" and ro.steps else None
     phase = f"step {percent}%" if percent is not None else "verified"

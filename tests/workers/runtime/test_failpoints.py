@@ -116,3 +116,21 @@ def test_sleep_pauses_then_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GITWARD_FAILPOINTS", "s=sleep:2.5")
     failpoint("s")
     assert slept == [2.5]
+
+
+def test_perturb_picks_one_key_in_n_and_only_for_its_tag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.runtime.failpoints import perturbs
+
+    keys = [f"{i:040x}" for i in range(4000)]
+    assert not any(perturbs("analyze.perturb", "fp1", k) for k in keys)  # unset
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.perturb#fp1=perturb:200")
+    assert parse_failpoints("analyze.perturb#fp1=perturb:200") == {
+        "analyze.perturb#fp1": "perturb:200"
+    }
+    chosen = [k for k in keys if perturbs("analyze.perturb", "fp1", k)]
+    assert 5 <= len(chosen) <= 40  # about 1 in 200 of 4000
+    assert chosen == [k for k in keys if perturbs("analyze.perturb", "fp1", k)]  # the same keys
+    assert not any(perturbs("analyze.perturb", "fp2", k) for k in keys)  # another version
+    failpoint("analyze.perturb", "fp1")  # a perturb point does nothing to the process
+    with pytest.raises(ValueError, match="malformed"):
+        parse_failpoints("analyze.perturb=perturb:0")
