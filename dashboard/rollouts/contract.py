@@ -366,13 +366,13 @@ def check_rollout(ro: Rollout, *, token: int, phase: str) -> dict[str, Any]:
         and (seen_now["top"] or 0) == progress.top
     ):
         return dict(ro.contract)
-    fresh = [
-        (pk, repo, sha)
-        for pk, repo, sha in Commit.objects.filter(fingerprint=new_fp)
+    stored = list(
+        Commit.objects.filter(fingerprint=new_fp)
         .order_by("id")
         .values_list("id", "repository_id", "sha")
-        if pk not in progress.seen
-    ][:BATCH]
+    )
+    progress.seen &= {pk for pk, _, _ in stored}  # rows deleted meanwhile (re-analysed)
+    fresh = [row for row in stored if row[0] not in progress.seen][:BATCH]
     after = _rows(new_fp, [(repo, sha) for _, repo, sha in fresh])
     before = _rows(old_fp, list(after))
     pairs = {k: (before[k][1], after[k][1]) for k in after if k in before}

@@ -146,6 +146,11 @@ def test_a_version_that_silently_changes_insertions_is_stopped_by_the_contract(
         assert 'data-field="contract"' in html
         for sha in named:
             assert f'<tr data-sha="{sha}">' in html
+        api = client.get(f"/api/rollouts/{ro.pk}").json()
+        assert api["contract"]["ok"] is False
+        assert [(v["sha"], v["fields"]) for v in api["contract"]["violations"]] == [
+            (v["sha"], ["insertions"]) for v in ro.contract["violations"]
+        ]
     finally:
         stop.set()
         supervisor.join(timeout=10)

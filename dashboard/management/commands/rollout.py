@@ -334,6 +334,10 @@ class Command(BaseCommand):
                 f"rollout {active.pk} {active.state}: {active.version.fp12} by "
                 f"{active.started_by}; lock {data['deploy_lock'] or 'not held'}"
             )
+        result = (data["latest"] or {}).get("contract") or {}
+        if result:
+            latest = data["latest"]["id"]
+            self.stdout.write(f"result contract (rollout {latest}): {result['summary']}")
         if data["frozen"]:
             held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
             self.stdout.write(f"frozen: {data['frozen']['message']}{held}")
@@ -341,10 +345,6 @@ class Command(BaseCommand):
         if waits and not data["frozen"]:  # docs/rollouts.md#waiting-reason (a freeze: above)
             until = f" (until {waits['until']})" if waits["until"] else ""
             self.stdout.write(f"waiting: {waits['reason']}{until}")
-        result = (data["latest"] or {}).get("contract") or {}
-        if result:
-            latest = data["latest"]["id"]
-            self.stdout.write(f"result contract (rollout {latest}): {result['summary']}")
 
     def do_promote(self, o: dict[str, Any]) -> None:
         ro = rollouts.request_action(rollout=o["id"], action="promote", actor=o["actor"])
