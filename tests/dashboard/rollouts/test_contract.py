@@ -436,3 +436,31 @@ def test_a_taken_over_driver_writes_no_contract(tmp_path: Path) -> None:
     stale = int(driver.token or 0) - 1
     contract.check_rollout(ro, token=stale, phase="warming")
     assert Rollout.objects.get(pk=ro.pk).contract == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_driver_rolls_a_manual_ramp_step_back_by_itself(tmp_path: Path) -> None:
+    """No operator acts: the driver's own tick checks the step and rolls it back."""
+    repo, origin = analysed(tmp_path, "r")
+    ro, driver = start({"detect_renames": True}, steps=[50, 100])  # manual steps
+    token = int(driver.token or 0)
+    verify(ro, driver)
+    steps.set_ramp(rollout=ro, percent=50, token=token, actor="alice")
+    shas = origin.shas()
+    analyse_as(ro.version, repo, shas)
+    renamed = renames_in(origin.path)
+    plain = next(s for s in shas if s not in renamed)  # a commit with no rename
+    FileChange.objects.filter(fingerprint=ro.version.fingerprint, commit__sha=plain).update(
+        path="elsewhere.txt"
+    )
+    assert driver.tick() is True  # still active: rolling back, draining
+    ro = Rollout.objects.select_related("version").get(pk=ro.pk)
+    assert ro.state == Rollout.State.ROLLING_BACK
+    assert [(v["sha"], v["fields"], v["phase"]) for v in ro.contract["violations"]] == [
+        (plain, ["files"], "step 50%")
+    ]
+    # the rename commits changed too and git explained them; git was asked about the
+    # changed commits only (the renames and the perturbed one, which it did not explain)
+    assert ro.contract["changed"] == len(renamed) + 1
+    assert ro.contract["asked_git"] == len(renamed) + 1
+    assert ro.contract["renames"] == len(renamed)
