@@ -464,3 +464,27 @@ def test_the_driver_rolls_a_manual_ramp_step_back_by_itself(tmp_path: Path) -> N
     assert ro.contract["changed"] == len(renamed) + 1
     assert ro.contract["asked_git"] == len(renamed) + 1
     assert ro.contract["renames"] == len(renamed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_code_version_is_held_to_what_its_code_declares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declaration is read from the analysis package this process runs, only when it
+    is the new version's code; another code version declares nothing."""
+    import workers.analysis
+
+    ro, _driver = start({"ignore_whitespace": True})
+    AnalyzerVersion.objects.filter(pk=ro.version_id).update(code_version="2")
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    assert ro.previous is not None and ro.previous.code_version == "1"
+    # this process runs code version 1: version 2's declaration is unknown here
+    assert contract.expectation_for(ro) == Expectation(whitespace="lower", code_changed=True)
+    monkeypatch.setattr(workers.analysis, "CODE_VERSION", "2")
+    monkeypatch.setattr(workers.analysis, "DECLARED_EFFECT", frozenset({"binary"}))
+    assert contract.expectation_for(ro) == Expectation(
+        whitespace="lower", code_changed=True, declared=frozenset({"binary"})
+    )
+    assert contract.expectation_for(ro).describe()[-1] == (
+        "the new code version may change binary (declared)"
+    )
