@@ -116,8 +116,67 @@ SCHEMAS: dict[str, Any] = {
             "created_at": TIME,
             "analyzed_at": TIME_OR_NULL,
         },
-        {"summary": {"type": ["object", "null"]}},
+        {
+            "summary": {"type": ["object", "null"]},
+            "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
+            "withheld": STR_OR_NULL,
+        },
     ),
+    "Verification": _obj(
+        {
+            "state": {"enum": ["pending", "ok", "mismatch", "cleared"]},
+            "fingerprint": {"type": "string"},
+            "head": STR_OR_NULL,
+            "sampled": COUNT,
+            "mismatches": COUNT,
+            "details": {"type": "array", "items": _ref("IntegrityMismatch")},
+            "checked_at": TIME_OR_NULL,
+            "age_seconds": {"type": ["number", "null"], "minimum": 0},
+            "next_at": TIME_OR_NULL,
+            "in_flight": {"type": "boolean"},
+            "withheld": {"type": "boolean"},
+            "reason": STR_OR_NULL,
+            "cleared_by": STR_OR_NULL,
+            "cleared_at": TIME_OR_NULL,
+            "policy": {"enum": ["flag", "withhold"]},
+            "badge": {"type": "string", "description": "the line the pages show"},
+        }
+    ),
+    "IntegrityMismatch": _obj(
+        {
+            "sha": {"type": "string", "description": "the commit; empty for the totals"},
+            "path": {"type": "string"},
+            "field": {"type": "string", "description": "added, deleted, binary, row, totals.*"},
+            "git": {},
+            "stored": {},
+        }
+    ),
+    "IntegrityGroup": _obj(
+        {
+            "open": COUNT,
+            "mismatches": {
+                "type": "array",
+                "items": {
+                    "allOf": [
+                        _ref("Verification"),
+                        _obj(
+                            {
+                                "id": ID,
+                                "repository": _obj(
+                                    {
+                                        "id": ID,
+                                        "name": {"type": "string"},
+                                        "url": {"type": "string"},
+                                    }
+                                ),
+                            }
+                        ),
+                    ]
+                },
+            },
+        }
+    ),
+    "IntegrityCleared": _obj({"cleared": {"type": "boolean"}, "id": ID}),
     "FileChange": _obj(
         {
             "path": {"type": "string"},
@@ -311,7 +370,54 @@ SCHEMAS: dict[str, Any] = {
             "timeline": {"type": "array", "items": {"type": "object"}},
             # docs/rollouts.md#result-contract: {} until the first check.
             "contract": {"type": "object"},
+            # docs/rollouts.md#checks-and-gates: each step's check and gate measurements.
+            "measurements": {"type": "array", "items": _ref("StepMeasurements")},
+            # docs/rollouts.md#pinning
+            "pins": {"type": "array", "items": _ref("Pin")},
         },
+    ),
+    "StepMeasurements": _obj(
+        {
+            "step_index": {"type": "integer"},
+            "percent": {"type": "integer"},
+            "checks": {"type": "array", "items": _ref("Measured")},
+            "gates": {"type": "array", "items": _ref("Measured")},
+        }
+    ),
+    "Measured": _obj(
+        {
+            "name": {"type": "string"},
+            "dry_run": {"type": "boolean"},
+            "outcome": {"enum": ["success", "failure", "inconclusive"]},
+            "value": {"type": ["number", "null"]},
+            "condition": {"type": "string"},
+            "message": {"type": "string"},
+            "counts": {"type": "object"},
+            "latest": {"type": "array", "items": {"type": "object"}},
+        }
+    ),
+    "Pin": _obj(
+        {
+            "repository": ID,
+            "url": {"type": "string"},
+            "pinned_by": {"type": "string"},
+            "pinned_at": TIME,
+        }
+    ),
+    "PinRequest": {
+        "type": "object",
+        "required": ["repositories"],
+        "additionalProperties": False,
+        "properties": {
+            "repositories": {"type": "array", "items": ID, "minItems": 1, "maxItems": 100}
+        },
+    },
+    "RolloutPins": _obj(
+        {
+            "rollout": ID,
+            "pinned": {"type": "array", "items": ID},
+            "pins": {"type": "array", "items": _ref("Pin")},
+        }
     ),
     "Rollouts": _obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}),
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
@@ -344,6 +450,8 @@ SCHEMAS: dict[str, Any] = {
                     "step_deadline": {"type": "number", "minimum": 0},
                     "on_inconclusive": {"enum": ["pause", "fail"]},
                     "shadow_commits": {"type": "number", "minimum": 0},
+                    # docs/rollouts.md#checks-and-gates
+                    "checks": {"type": "array", "items": {"type": "object"}},
                 },
             },
         },
@@ -432,7 +540,8 @@ def _report(kind: str, required: dict[str, Any], **more: Any) -> dict[str, Any]:
                 "computed_at": TIME,
                 "provenance": _ref("AnalyticsProvenance"),
                 **required,
-            }
+            },
+            {"verification": {"oneOf": [_ref("Verification"), {"type": "null"}]}},
         ),
         **more,
     }
@@ -712,8 +821,8 @@ def _analysis(
     }
     return {
         "get": _op(
-            summary,
-            _responses({"200": ok}),
+            summary + " A 409 while the results are withheld (docs/analytics.md#verification).",
+            _responses({"200": ok}, "409"),
             parameters=[
                 _REPO,
                 *parameters,
@@ -764,8 +873,8 @@ PATHS: dict[str, Any] = {
     },
     "/api/repos/{repo_id}/commits": {
         "get": _op(
-            "Its analysed commits, newest first, cursor-paginated.",
-            _responses({"200": _ok(_ref("CommitPage"), "one page")}),
+            "Its analysed commits, newest first, cursor-paginated (409 while withheld).",
+            _responses({"200": _ok(_ref("CommitPage"), "one page")}, "409"),
             parameters=[
                 _REPO,
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
@@ -967,6 +1076,22 @@ PATHS: dict[str, Any] = {
             parameters=[_path("rollout_id", ID)],
         )
     },
+    "/api/rollouts/{rollout_id}/pin": {
+        "post": _op(
+            "Pin repositories to the rollout's ramping version (staff + start_rollout; audited).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
+    "/api/rollouts/{rollout_id}/unpin": {
+        "post": _op(
+            "Unpin repositories from the rollout's ramping version (staff + start_rollout).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
     "/api/rollouts/{rollout_id}/{action}": {
         "post": _op(
             "Promote, roll back, abort or take over a rollout (audited).",
@@ -989,6 +1114,21 @@ PATHS: dict[str, Any] = {
             "Retire a drained or warm-failed version (staff + rollback_rollout; audited).",
             _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
             parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
+            requestBody=_body(_ref("Reason")),
+        )
+    },
+    "/api/integrity": {
+        "get": _op(
+            "The integrity group: open verification mismatches. " + _OPERATORS,
+            _responses({"200": _ok(_ref("IntegrityGroup"), "the open mismatches")}),
+        )
+    },
+    "/api/integrity/{verification_id}/clear": {
+        "post": _op(
+            "Clear an open mismatch and serve its results again "
+            "(dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("IntegrityCleared"), "cleared")}, "409"),
+            parameters=[_path("verification_id", ID)],
             requestBody=_body(_ref("Reason")),
         )
     },

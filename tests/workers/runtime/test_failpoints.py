@@ -119,7 +119,7 @@ def test_sleep_pauses_then_returns(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_perturb_picks_one_key_in_n_and_only_for_its_tag(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.runtime.failpoints import perturbs
+    from workers.runtime.failpoints import altered, perturbs
 
     keys = [f"{i:040x}" for i in range(4000)]
     assert not any(perturbs("analyze.perturb", "fp1", k) for k in keys)  # unset
@@ -132,5 +132,22 @@ def test_perturb_picks_one_key_in_n_and_only_for_its_tag(monkeypatch: pytest.Mon
     assert chosen == [k for k in keys if perturbs("analyze.perturb", "fp1", k)]  # the same keys
     assert not any(perturbs("analyze.perturb", "fp2", k) for k in keys)  # another version
     failpoint("analyze.perturb", "fp1")  # a perturb point does nothing to the process
+    assert altered("analyze.perturb", "fp1") is False  # nor does it alter anything
     with pytest.raises(ValueError, match="malformed"):
         parse_failpoints("analyze.perturb=perturb:0")
+
+
+def test_alter_is_the_callers_to_act_on_once_per_claim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from workers.runtime.failpoints import altered
+
+    assert altered("analyze.alter_row") is False  # unset
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.alter_row#poison=alter,other=raise")
+    assert altered("analyze.alter_row", "healthy") is False  # armed for another tag
+    assert altered("analyze.alter_row", "poison") is True
+    failpoint("analyze.alter_row", "poison")  # ``failpoint`` leaves an ``alter`` alone
+    with pytest.raises(FailpointError):
+        altered("other")  # any other action acts as failpoint does
+    monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
+    assert [altered("analyze.alter_row", "poison") for _ in range(3)] == [True, False, False]

@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("dashboard", "0015_fleet_push_webhooks_refresh")]
+    dependencies = [("dashboard", "0017_rollout_checks_pins")]
 
     operations = [
         migrations.AddField(
