@@ -368,6 +368,8 @@ SCHEMAS: dict[str, Any] = {
         },
         {
             "timeline": {"type": "array", "items": {"type": "object"}},
+            # docs/rollouts.md#result-contract: {} until the first check.
+            "contract": {"type": "object"},
             # docs/rollouts.md#checks-and-gates: each step's check and gate measurements.
             "measurements": {"type": "array", "items": _ref("StepMeasurements")},
             # docs/rollouts.md#pinning

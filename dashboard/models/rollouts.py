@@ -122,6 +122,9 @@ class Rollout(models.Model):
     warm_set = models.JSONField(default=dict)
     verdict = models.JSONField(default=dict)
     diff = models.JSONField(default=dict)
+    #: The result contract's state (docs/rollouts.md#result-contract): what the change may
+    #: do, what was checked, and the commits and fields it could not explain.
+    contract = models.JSONField(default=dict, blank=True)
     outcome = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

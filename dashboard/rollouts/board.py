@@ -41,7 +41,8 @@ from dashboard.versions import RETIRABLE
 
 __all__ = [
     "DESTRUCTIVE", "NEWLY_CURRENT", "PERMISSION", "VERBS", "Action", "actions_for",
-    "canary_offers", "checklist_blocks", "config_text", "dead_letter_offers", "holder_alive",
+    "canary_offers", "checklist_blocks", "config_text", "contract_view", "dead_letter_offers",
+    "holder_alive",
     "label", "live_snapshot", "perform", "permitted", "retire", "rollout_view",
     "rollouts_page", "suspect_rollouts", "version_rows",
 ]  # fmt: skip
@@ -160,6 +161,8 @@ def verdict_view(ro: Rollout) -> dict[str, Any] | None:
         "errors": f"{verdict.get('errors', '?')} errors",
         "fingerprint": f"{verdict.get('foreign_rows', '?')} rows with another fingerprint",
         "workers": f"{len(verdict.get('workers') or [])} worker(s) report the new fingerprint",
+        "contract": "result contract "
+        + str((verdict.get("contract") or {}).get("summary", "checked")),
     }
     checks = [
         {"name": k, "ok": bool(v), "text": names.get(k, k)}
@@ -169,6 +172,20 @@ def verdict_view(ro: Rollout) -> dict[str, Any] | None:
         "ok": verdict.get("ok") is True,
         "summary": verdict.get("summary", ""),
         "checks": checks,
+    }
+
+
+def contract_view(ro: Rollout) -> dict[str, Any] | None:
+    """The result contract's state (docs/rollouts.md#result-contract): what may change,
+    what was checked, and each offending commit with its fields."""
+    contract = ro.contract or {}
+    if not contract:
+        return None
+    return {
+        "ok": contract.get("ok", True) is True,
+        "summary": contract.get("summary", ""),
+        "expected": contract.get("expected") or [],
+        "violations": contract.get("violations") or [],
     }
 
 
@@ -192,6 +209,7 @@ def rollout_view(ro: Rollout) -> dict[str, Any]:
         "progress": progress_view(ro),
         "verdict": verdict_view(ro),
         "diff": diff_view(ro),
+        "contract": contract_view(ro),
         "timeline": timeline(ro),
         "actions": actions_for(ro, alive=alive),
         # Changes no rollout.* event announces (warming writes commits; the diff and a

@@ -6,23 +6,29 @@ from __future__ import annotations
 
 from workers.analysis.analyzer import (
     CODE_VERSION,
+    DECLARED_EFFECT,
     DEFAULT,
+    EFFECT_FIELDS,
     AnalyzerConfig,
     InvalidConfig,
     VersionNotLoaded,
     config_for,
+    path_excluded,
     queue_name,
 )
 from workers.analysis.chunks import chunk_key, chunk_target, iter_chunks
-from workers.analysis.history import list_commits, stream_commits
-from workers.analysis.numstat import CommitRecord, CommitTooLarge
+from workers.analysis.history import list_commits, renamed_commits, stream_commits
+from workers.analysis.numstat import CommitRecord, CommitTooLarge, HistoryError
 
 __all__ = [
     "CODE_VERSION",
+    "DECLARED_EFFECT",
     "DEFAULT",
+    "EFFECT_FIELDS",
     "AnalyzerConfig",
     "CommitRecord",
     "CommitTooLarge",
+    "HistoryError",
     "InvalidConfig",
     "VersionNotLoaded",
     "chunk_key",
@@ -30,6 +36,8 @@ __all__ = [
     "config_for",
     "iter_chunks",
     "list_commits",
+    "path_excluded",
     "queue_name",
+    "renamed_commits",
     "stream_commits",
 ]

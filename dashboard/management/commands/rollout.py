@@ -352,6 +352,10 @@ class Command(BaseCommand):
             "deploy_lock": describe_lock(lock) if lock else None,
             "frozen": rollouts.rollout_freeze(active) if active else None,
         }
+        # The queue's latest rollout, also once it ended: a rollout the result contract
+        # rolled back names its offending commits there (docs/rollouts.md#result-contract).
+        last = Rollout.objects.filter(queue=o["queue"]).order_by("-pk").first()
+        data["latest"] = describe_rollout(last) if last else None
         if o["json"]:
             self.stdout.write(json.dumps(data))
             return
@@ -365,6 +369,10 @@ class Command(BaseCommand):
                 f"rollout {active.pk} {active.state}: {active.version.fp12} by "
                 f"{active.started_by}; lock {data['deploy_lock'] or 'not held'}"
             )
+        result = (data["latest"] or {}).get("contract") or {}
+        if result:
+            latest = data["latest"]["id"]
+            self.stdout.write(f"result contract (rollout {latest}): {result['summary']}")
         if data["frozen"]:
             held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
             self.stdout.write(f"frozen: {data['frozen']['message']}{held}")

@@ -470,3 +470,36 @@ def test_an_analyze_job_refuses_a_chunk_of_a_version_its_worker_has_not_loaded(
     assert "not loaded by this worker" in attempt.error and foreign in attempt.error
     assert not Commit.objects.filter(repository=repo, fingerprint=foreign).exists()
     assert Commit.objects.filter(repository=repo, fingerprint=DEFAULT_FINGERPRINT).count() == 3
+
+
+# ---------------------------------------------------------------------------- path_excluded
+
+EXCLUDE_PATHS = [
+    "top.js", "a.min.js", "README.md", "vendor/y.js", "vendor/a/b/x.js", "vendor/a/c.py",
+    "docs/guide/intro.md", "docs/x", "web/js/app.min.js", "web/css/site.css", "src/a.py",
+    "src/ab.py", "src/sub/a.py", "vendors/z.js", "b[1].txt",
+]  # fmt: skip
+EXCLUDE_PATTERNS = [
+    "vendor/*", "vendor", "vendor/", "vendor/**", "*.js", "**/*.js", "vendor/a", "vendor/a*",
+    "vendor/*/b", "vend*", "**/b", "vendor/**/x.js", "**", "v?ndor/y.js", "[tv]op.js",
+    "[!t]op.js", "**/*.min.js", "docs", "*.md", "**/*.md", "web/*/app.min.js", "src/?.py",
+    "src/**/a.py", "src/*", "b\\[1].txt", "a**.js",
+]  # fmt: skip
+
+
+def test_path_excluded_matches_as_git_does(tmp_path: Path) -> None:
+    """Every pattern against every path, compared with what ``git log --numstat --
+    :(exclude,glob)PATTERN`` keeps of one commit adding them all."""
+    from tests.support.gitrepo import GitRepo
+    from workers.analysis.analyzer import path_excluded
+
+    repo = GitRepo.create(tmp_path / "r")
+    repo.commit("all", {p: "x\n" for p in EXCLUDE_PATHS})
+    for pattern in EXCLUDE_PATTERNS:
+        out = repo.git(
+            "log", "-1", "--sparse", "--numstat", "--format=", "-z", "--",
+            f":(exclude,glob){pattern}",
+        )  # fmt: skip
+        kept = {field.split("\t")[-1] for field in out.strip("\n\0").split("\0") if field}
+        ours = {p for p in EXCLUDE_PATHS if not path_excluded(p, [pattern])}
+        assert ours == kept, pattern
