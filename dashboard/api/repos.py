@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, json_body, rate_limited
+from dashboard.infra import QueueUnavailable
 from dashboard.models import Repository
 from dashboard.repositories import (
     EXISTING,
@@ -17,7 +18,7 @@ from dashboard.repositories import (
     repository_summary,
     user_submission,
 )
-from dashboard.runs import CancelRefused, cancel_repository
+from dashboard.runs import CancelRefused, cancel_repository, repository_waiting
 from workers.remotes import InvalidRemote
 
 
@@ -51,6 +52,10 @@ def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
     if repo is None:
         return error("repository not found", 404)
     body = repository_status(repo)
+    try:
+        body["waiting"] = repository_waiting(repo)
+    except QueueUnavailable:  # the queue is unknown while its server is down
+        body["waiting"] = None
     if request.GET.get("summary") in {"1", "true"}:
         fp = current_fingerprint()
         stored = body["commits_analyzed"] if body["fingerprint"] == fp else None

@@ -34,7 +34,7 @@ from django.utils import timezone
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from dashboard import infra
+from dashboard import infra, runs
 from dashboard.accounts import record_audit
 from dashboard.models import JobRun, Repository
 from dashboard.repositories.lifecycle import current_fingerprint, refresh_repository
@@ -212,7 +212,9 @@ def sync_after_push(repo_id: int, step: int = 0) -> str:
         or (sync.started_at is not None and sync.started_at >= repo.pushed_at)
     ):
         return f"covered by {sync.job_id}"
-    if refresh_repository(repo_id=repo_id, fingerprint=current_fingerprint()):
+    if refresh_repository(
+        repo_id=repo_id, fingerprint=current_fingerprint(), priority=runs.REFRESH
+    ):
         return "sync queued"
     nxt = job_id(repo_id, f"g{repo.generation}-{step + 1}")
     infra.enqueue_unique(infra.queue(infra.MAINTENANCE_QUEUE), PUSH_FUNC, repo_id, step + 1,

@@ -1,5 +1,6 @@
-"""Job runs: attempts, retries, the dead-letter queue and its counts.
-See docs/lifecycle.md."""
+"""Job runs: attempts, retries, the dead-letter queue and its counts, the dispatcher
+(fairness and scheduling classes) and why a run waits.
+See docs/lifecycle.md and docs/scheduling.md."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
         is_run_job,
         mark_phase,
         record_lock,
+        release_all_parked,
+        release_parked,
         repository_name,
         reroute_attempt,
         running_runs_of,
@@ -55,14 +58,36 @@ if TYPE_CHECKING:
         run_dict,
         start_bulk,
     )
+    from dashboard.runs.dispatch import (
+        CATCH_UP,
+        CLASS_NAMES,
+        INTERACTIVE,
+        REFRESH,
+        VERIFICATION,
+        run_class,
+        weight_of,
+    )
+    from dashboard.runs.waiting import (
+        REASON_PROVIDERS,
+        WaitContext,
+        repository_waiting,
+        run_waiting,
+    )
 
 __all__ = [
     "CANCELLABLE",
     "CANCEL_REPO_PERMISSION",
     "CANCEL_RUN_PERMISSION",
+    "CATCH_UP",
+    "CLASS_NAMES",
+    "INTERACTIVE",
+    "REASON_PROVIDERS",
+    "REFRESH",
+    "VERIFICATION",
     "Attempt",
     "CancelRefused",
     "Cancelled",
+    "WaitContext",
     "act_now",
     "begin_attempt",
     "cancel_filtered",
@@ -89,16 +114,22 @@ __all__ = [
     "mark_phase",
     "new_bulk",
     "record_lock",
+    "release_all_parked",
+    "release_parked",
     "repository_name",
+    "repository_waiting",
     "reroute_attempt",
     "run_bulk",
+    "run_class",
     "run_dict",
+    "run_waiting",
     "running_runs_of",
     "search_runs",
     "start_bulk",
     "succeed_attempt",
     "sweep_closed_queues",
     "sweep_queue",
+    "weight_of",
 ]
 
 #: Each public name and the module that defines it. A module loads when one of its names is
@@ -106,6 +137,17 @@ __all__ = [
 #: ready, and a name is read from its module each time: a test that patches the module is
 #: seen here too. See docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "CATCH_UP": "dashboard.runs.dispatch",
+    "CLASS_NAMES": "dashboard.runs.dispatch",
+    "INTERACTIVE": "dashboard.runs.dispatch",
+    "REFRESH": "dashboard.runs.dispatch",
+    "VERIFICATION": "dashboard.runs.dispatch",
+    "run_class": "dashboard.runs.dispatch",
+    "weight_of": "dashboard.runs.dispatch",
+    "REASON_PROVIDERS": "dashboard.runs.waiting",
+    "WaitContext": "dashboard.runs.waiting",
+    "repository_waiting": "dashboard.runs.waiting",
+    "run_waiting": "dashboard.runs.waiting",
     "CANCELLABLE": "dashboard.runs.cancels",
     "CANCEL_REPO_PERMISSION": "dashboard.runs.cancels",
     "CANCEL_RUN_PERMISSION": "dashboard.runs.cancels",
@@ -142,6 +184,8 @@ _SURFACE: dict[str, str] = {
     "mark_phase": "dashboard.runs.attempts",
     "record_lock": "dashboard.runs.attempts",
     "repository_name": "dashboard.runs.attempts",
+    "release_all_parked": "dashboard.runs.attempts",
+    "release_parked": "dashboard.runs.attempts",
     "reroute_attempt": "dashboard.runs.attempts",
     "running_runs_of": "dashboard.runs.attempts",
     "search_runs": "dashboard.runs.attempts",
