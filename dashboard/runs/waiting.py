@@ -129,12 +129,17 @@ def _in_line(ctx: WaitContext) -> str | None:
     same = {repo for repo, klass in ctx.ahead if klass == ctx.klass and repo != mine}
     urgent = sum(1 for _, klass in ctx.ahead if klass < ctx.klass)
     name = dispatch.CLASS_NAMES.get(ctx.klass, str(ctx.klass))
-    parts = [f"behind {len(same)} repositories in its class ({name})"] if same else []
+    parts = [f"behind {_count(len(same), 'repository', 'repositories')} in its class ({name})"]
+    parts = parts if same else []
     if urgent:
-        parts.append(f"behind {urgent} more urgent jobs")
+        parts.append(f"behind {_count(urgent, 'more urgent job', 'more urgent jobs')}")
     if not parts and ctx.index is not None:
         parts.append(f"next in its class ({name})")
     return ", ".join(parts) or None
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _missing(ctx: WaitContext) -> str | None:
