@@ -83,7 +83,7 @@ def test_a_more_urgent_class_ahead_is_named_and_counted(settings) -> None:
 
 def test_eta_is_position_over_the_measured_throughput(settings) -> None:
     settings.FAIR_WEIGHT = 2
-    repo, runs = repo_with_runs("big", 3)
+    _, runs = repo_with_runs("big", 3)
     enqueue_all(runs)
     assert answer(runs[0])["eta_seconds"] is None  # nothing finished: no estimate
     _, done = repo_with_runs("done", 30)
