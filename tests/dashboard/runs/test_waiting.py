@@ -131,3 +131,27 @@ def test_a_repository_in_progress_shows_its_first_run_and_its_last_ones_eta(sett
     Repository.objects.filter(pk=repo.pk).update(status=Repository.Status.READY)
     repo.refresh_from_db()
     assert waiting.repository_waiting(repo) is None
+
+
+def test_a_run_deferred_behind_a_lock_names_the_run_holding_it(settings, healthy_masters) -> None:
+    """The run's last attempt was deferred (another job holds its chunk's lock) and its
+    next attempt is scheduled: the reason names the holder's run and the lease left."""
+    from dashboard.locks import redlock
+
+    _, runs = repo_with_runs("r", 1)
+    _, others = repo_with_runs("holder", 1)
+    run = JobRun.objects.select_related("repository", "chunk").get(pk=runs[0].pk)
+    attempt = attempts.begin_attempt(run_id=run.pk, number=1, worker="w1")
+    assert attempt is not None
+    lock = redlock().acquire([run.chunk.lock_key()], ttl=30.0,
+                             holder={"job": others[0].rq_id(), "worker": "w2"})  # fmt: skip
+    try:
+        assert attempts.defer_attempt(attempt, delay=20.0, reason="lock held")
+        run = JobRun.objects.select_related("repository", "chunk").get(pk=run.pk)
+        found = waiting.run_waiting(run)
+        assert found is not None and found["position"] is None
+        reason = str(found["reason"])
+        assert reason.startswith(f"lock held by run {others[0].pk}, "), reason
+        assert reason.split(", ")[1].split(" s left")[0] in {"28", "29", "30"}
+    finally:
+        lock.release()
