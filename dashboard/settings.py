@@ -16,12 +16,14 @@ import math
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from dashboard import rollouts as _rollouts
 from dashboard.infra import env_bool, env_float, env_int, env_list, env_str
 from workers.runtime import FORM as SENTINEL_FORM
 from workers.runtime import is_sentinel_url, parse_failpoints, parse_sentinel_url
@@ -362,6 +364,15 @@ REFRESH_INTERVAL = env_float("GITWARD_REFRESH_INTERVAL", 0.0, minimum=0.0)
 REFRESH_MIN = env_float("GITWARD_REFRESH_MIN", 300.0, minimum=1.0)
 REFRESH_MAX = env_float("GITWARD_REFRESH_MAX", 86400.0, minimum=1.0)
 REFRESH_BATCH = env_int("GITWARD_REFRESH_BATCH", 50, minimum=1)
+#: The scheduled verifier (docs/analytics.md#verification): seconds between two passes
+#: of one repository (0: off), commits re-derived per pass, repositories one reconciler
+#: round enqueues, and what a mismatch does (``flag`` it, or also ``withhold`` results).
+VERIFY_INTERVAL = env_float("GITWARD_VERIFY_INTERVAL", 3600.0, minimum=0.0)
+VERIFY_SAMPLE = env_int("GITWARD_VERIFY_SAMPLE", 500, minimum=1)
+VERIFY_BATCH = env_int("GITWARD_VERIFY_BATCH", 20, minimum=1)
+VERIFY_ON_MISMATCH = env_str("GITWARD_VERIFY_ON_MISMATCH", "flag").strip().lower()
+if VERIFY_ON_MISMATCH not in {"flag", "withhold"}:
+    raise _invalid("GITWARD_VERIFY_ON_MISMATCH", "flag or withhold", VERIFY_ON_MISMATCH)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
 LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]
@@ -476,6 +487,36 @@ FREEZE_WINDOWS = _freeze_windows("GITWARD_FREEZE_WINDOWS", env_str("GITWARD_FREE
 ROLLOUT_WEBHOOKS = _webhooks("GITWARD_ROLLOUT_WEBHOOKS", env_str("GITWARD_ROLLOUT_WEBHOOKS", ""))
 #: Seconds one webhook delivery may take (connect and answer).
 WEBHOOK_TIMEOUT = env_float("GITWARD_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
+
+
+def _specs(
+    name: str, raw: str, validate: Callable[[object], dict[str, object]]
+) -> list[dict[str, object]]:
+    """``GITWARD_ROLLOUT_CHECKS`` / ``GITWARD_ROLLOUT_GATES``: a JSON list of specs, each
+    checked by ``dashboard.rollouts.conditions`` (docs/rollouts.md#checks-and-gates)."""
+    out = []
+    for item in _json_objects(name, raw):
+        try:
+            out.append(validate(item))
+        except ValueError as exc:
+            raise _invalid(name, "a list of valid specs", str(exc)) from None
+    return out
+
+
+#: Prometheus's base URL for the rollouts' PromQL checks (``/api/v1/query`` is appended).
+PROMETHEUS_URL = env_str("GITWARD_PROMETHEUS_URL", "").rstrip("/")
+if PROMETHEUS_URL and urlsplit(PROMETHEUS_URL).scheme not in {"http", "https"}:
+    raise _invalid("GITWARD_PROMETHEUS_URL", "an http(s) URL", PROMETHEUS_URL[:80])
+#: Seconds one Prometheus query may take before the measurement is inconclusive.
+PROMETHEUS_TIMEOUT = env_float("GITWARD_PROMETHEUS_TIMEOUT", 5.0, minimum=0.1)
+ROLLOUT_CHECKS = _specs(
+    "GITWARD_ROLLOUT_CHECKS",
+    env_str("GITWARD_ROLLOUT_CHECKS", ""),
+    _rollouts.validate_check,
+)
+ROLLOUT_GATES = _specs(
+    "GITWARD_ROLLOUT_GATES", env_str("GITWARD_ROLLOUT_GATES", ""), _rollouts.validate_gate
+)
 
 # ---------------------------------------------------------------------------- fault injection
 # workers/runtime/failpoints.py reads these at call time (it imports no Django, and a test arms a

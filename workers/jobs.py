@@ -25,7 +25,7 @@ from rq import get_current_job
 from rq.job import Job
 from rq.utils import import_attribute
 
-from dashboard import infra, locks, observability, repositories, rollouts, runs
+from dashboard import analytics, infra, locks, observability, repositories, rollouts, runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
     claim_sync,
@@ -38,6 +38,7 @@ from dashboard.runs import run_bulk
 from workers.analysis import (
     DEFAULT,
     AnalyzerConfig,
+    CommitRecord,
     CommitTooLarge,
     VersionNotLoaded,
     config_for,
@@ -57,7 +58,7 @@ from workers.git import (
 )
 from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.remotes import InvalidRemote, Remote
-from workers.runtime import failpoint
+from workers.runtime import altered, failpoint
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +328,32 @@ def _analyze(attempt: runs.Attempt) -> str:
         runs.mark_phase(attempt, analysed_at=timezone.now())
         lock.check()
         failpoint("analyze.before_write", repo.name)
+        if altered("analyze.alter_row", repo.name):
+            records = _alter_one_row(records)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     repositories.finish_chunk(chunk)
     return f"stored {written} commits"
+
+
+def _alter_one_row(records: list[CommitRecord]) -> list[CommitRecord]:
+    """The ``analyze.alter_row`` failpoint: the first file row of the chunk's first
+    non-merge commit that has one gets one line added more than git counted, as a bug
+    or a bit flip would store it; what the verifier must catch
+    (docs/analytics.md#verification)."""
+    for i, record in enumerate(records):
+        if record.files and not record.is_merge:
+            first = record.files[0]._replace(added=record.files[0].added + 1)
+            altered_record = record._replace(files=(first, *record.files[1:]))
+            return [*records[:i], altered_record, *records[i + 1 :]]
+    return records
+
+
+def verify_repository(repo_id: int, fingerprint: str) -> str:
+    """RQ entry point (queue ``maintenance``): one scheduled verification pass of a
+    repository's stored results (``analytics.run_verification``,
+    docs/analytics.md#verification)."""
+    return analytics.run_verification(repo_id, fingerprint)
 
 
 # ---------------------------------------------------------------------------- steps

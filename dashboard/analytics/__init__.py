@@ -23,6 +23,18 @@ if TYPE_CHECKING:
         directory_hotspots,
         file_hotspots,
     )
+    from dashboard.analytics.integrity import (
+        badge_text,
+        clear_mismatch,
+        mismatch_text,
+        open_mismatch_count,
+        open_mismatches,
+        run_verification,
+        schedule_verifications,
+        verification_metrics,
+        verification_status,
+        withheld_reason,
+    )
     from dashboard.analytics.ownership import (
         directory_ownership,
         file_ownership,
@@ -68,6 +80,8 @@ __all__ = [
     "Window",
     "author_activity",
     "authors",
+    "badge_text",
+    "clear_mismatch",
     "coupled_with",
     "csv_lines",
     "directory_age",
@@ -81,16 +95,34 @@ __all__ = [
     "file_hotspots",
     "file_ownership",
     "knowledge_at_risk",
+    "mismatch_text",
+    "open_mismatch_count",
+    "open_mismatches",
     "parse_params",
     "parse_window",
     "report",
+    "run_verification",
+    "schedule_verifications",
     "tables",
+    "verification_metrics",
+    "verification_status",
     "verify_repository",
+    "withheld_reason",
 ]
 
 #: Each public name and the module that defines it, loaded on first read (PEP 562); see
 #: docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "badge_text": "dashboard.analytics.integrity",
+    "clear_mismatch": "dashboard.analytics.integrity",
+    "mismatch_text": "dashboard.analytics.integrity",
+    "open_mismatch_count": "dashboard.analytics.integrity",
+    "open_mismatches": "dashboard.analytics.integrity",
+    "run_verification": "dashboard.analytics.integrity",
+    "schedule_verifications": "dashboard.analytics.integrity",
+    "verification_metrics": "dashboard.analytics.integrity",
+    "verification_status": "dashboard.analytics.integrity",
+    "withheld_reason": "dashboard.analytics.integrity",
     "CannotVerify": "dashboard.analytics.verify",
     "verify_repository": "dashboard.analytics.verify",
     "author_activity": "dashboard.analytics.people",

@@ -24,6 +24,8 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
         values = {k: request.GET.get(k) for k in request.GET}
         if identity is not None:
             values["author"] = identity
+        if withheld := analytics.withheld_reason(repo):
+            return error(withheld, 409)  # docs/analytics.md#verification
         try:
             params = analytics.parse_params(values)
             body = analytics.report(kind, repo, params)
@@ -31,6 +33,7 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
             return error(str(exc), 400)
         except analytics.NotFound as exc:
             return error(str(exc), 404)
+        body["verification"] = analytics.verification_status(repo)
         fmt = request.GET.get("format") or "json"
         if fmt == "json":
             return JsonResponse(body)

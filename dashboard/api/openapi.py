@@ -119,6 +119,8 @@ SCHEMAS: dict[str, Any] = {
         {
             "summary": {"type": ["object", "null"]},
             "waiting": {"oneOf": [_ref("Waiting"), {"type": "null"}]},
+            "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
+            "withheld": STR_OR_NULL,
         },
     ),
     "Waiting": _obj(
@@ -135,6 +137,61 @@ SCHEMAS: dict[str, Any] = {
         "in no line, e.g. a retry scheduled for later), an estimate from the queue's recent "
         "throughput, and what holds it. Null for a run or repository that waits for nothing."
     },
+    "Verification": _obj(
+        {
+            "state": {"enum": ["pending", "ok", "mismatch", "cleared"]},
+            "fingerprint": {"type": "string"},
+            "head": STR_OR_NULL,
+            "sampled": COUNT,
+            "mismatches": COUNT,
+            "details": {"type": "array", "items": _ref("IntegrityMismatch")},
+            "checked_at": TIME_OR_NULL,
+            "age_seconds": {"type": ["number", "null"], "minimum": 0},
+            "next_at": TIME_OR_NULL,
+            "in_flight": {"type": "boolean"},
+            "withheld": {"type": "boolean"},
+            "reason": STR_OR_NULL,
+            "cleared_by": STR_OR_NULL,
+            "cleared_at": TIME_OR_NULL,
+            "policy": {"enum": ["flag", "withhold"]},
+            "badge": {"type": "string", "description": "the line the pages show"},
+        }
+    ),
+    "IntegrityMismatch": _obj(
+        {
+            "sha": {"type": "string", "description": "the commit; empty for the totals"},
+            "path": {"type": "string"},
+            "field": {"type": "string", "description": "added, deleted, binary, row, totals.*"},
+            "git": {},
+            "stored": {},
+        }
+    ),
+    "IntegrityGroup": _obj(
+        {
+            "open": COUNT,
+            "mismatches": {
+                "type": "array",
+                "items": {
+                    "allOf": [
+                        _ref("Verification"),
+                        _obj(
+                            {
+                                "id": ID,
+                                "repository": _obj(
+                                    {
+                                        "id": ID,
+                                        "name": {"type": "string"},
+                                        "url": {"type": "string"},
+                                    }
+                                ),
+                            }
+                        ),
+                    ]
+                },
+            },
+        }
+    ),
+    "IntegrityCleared": _obj({"cleared": {"type": "boolean"}, "id": ID}),
     "FileChange": _obj(
         {
             "path": {"type": "string"},
@@ -325,7 +382,56 @@ SCHEMAS: dict[str, Any] = {
                 ]
             },
         },
-        {"timeline": {"type": "array", "items": {"type": "object"}}},
+        {
+            "timeline": {"type": "array", "items": {"type": "object"}},
+            # docs/rollouts.md#checks-and-gates: each step's check and gate measurements.
+            "measurements": {"type": "array", "items": _ref("StepMeasurements")},
+            # docs/rollouts.md#pinning
+            "pins": {"type": "array", "items": _ref("Pin")},
+        },
+    ),
+    "StepMeasurements": _obj(
+        {
+            "step_index": {"type": "integer"},
+            "percent": {"type": "integer"},
+            "checks": {"type": "array", "items": _ref("Measured")},
+            "gates": {"type": "array", "items": _ref("Measured")},
+        }
+    ),
+    "Measured": _obj(
+        {
+            "name": {"type": "string"},
+            "dry_run": {"type": "boolean"},
+            "outcome": {"enum": ["success", "failure", "inconclusive"]},
+            "value": {"type": ["number", "null"]},
+            "condition": {"type": "string"},
+            "message": {"type": "string"},
+            "counts": {"type": "object"},
+            "latest": {"type": "array", "items": {"type": "object"}},
+        }
+    ),
+    "Pin": _obj(
+        {
+            "repository": ID,
+            "url": {"type": "string"},
+            "pinned_by": {"type": "string"},
+            "pinned_at": TIME,
+        }
+    ),
+    "PinRequest": {
+        "type": "object",
+        "required": ["repositories"],
+        "additionalProperties": False,
+        "properties": {
+            "repositories": {"type": "array", "items": ID, "minItems": 1, "maxItems": 100}
+        },
+    },
+    "RolloutPins": _obj(
+        {
+            "rollout": ID,
+            "pinned": {"type": "array", "items": ID},
+            "pins": {"type": "array", "items": _ref("Pin")},
+        }
     ),
     "Rollouts": _obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}),
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
@@ -358,6 +464,8 @@ SCHEMAS: dict[str, Any] = {
                     "step_deadline": {"type": "number", "minimum": 0},
                     "on_inconclusive": {"enum": ["pause", "fail"]},
                     "shadow_commits": {"type": "number", "minimum": 0},
+                    # docs/rollouts.md#checks-and-gates
+                    "checks": {"type": "array", "items": {"type": "object"}},
                 },
             },
         },
@@ -446,7 +554,8 @@ def _report(kind: str, required: dict[str, Any], **more: Any) -> dict[str, Any]:
                 "computed_at": TIME,
                 "provenance": _ref("AnalyticsProvenance"),
                 **required,
-            }
+            },
+            {"verification": {"oneOf": [_ref("Verification"), {"type": "null"}]}},
         ),
         **more,
     }
@@ -726,8 +835,8 @@ def _analysis(
     }
     return {
         "get": _op(
-            summary,
-            _responses({"200": ok}),
+            summary + " A 409 while the results are withheld (docs/analytics.md#verification).",
+            _responses({"200": ok}, "409"),
             parameters=[
                 _REPO,
                 *parameters,
@@ -778,8 +887,8 @@ PATHS: dict[str, Any] = {
     },
     "/api/repos/{repo_id}/commits": {
         "get": _op(
-            "Its analysed commits, newest first, cursor-paginated.",
-            _responses({"200": _ok(_ref("CommitPage"), "one page")}),
+            "Its analysed commits, newest first, cursor-paginated (409 while withheld).",
+            _responses({"200": _ok(_ref("CommitPage"), "one page")}, "409"),
             parameters=[
                 _REPO,
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
@@ -981,6 +1090,22 @@ PATHS: dict[str, Any] = {
             parameters=[_path("rollout_id", ID)],
         )
     },
+    "/api/rollouts/{rollout_id}/pin": {
+        "post": _op(
+            "Pin repositories to the rollout's ramping version (staff + start_rollout; audited).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
+    "/api/rollouts/{rollout_id}/unpin": {
+        "post": _op(
+            "Unpin repositories from the rollout's ramping version (staff + start_rollout).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
     "/api/rollouts/{rollout_id}/{action}": {
         "post": _op(
             "Promote, roll back, abort or take over a rollout (audited).",
@@ -1003,6 +1128,21 @@ PATHS: dict[str, Any] = {
             "Retire a drained or warm-failed version (staff + rollback_rollout; audited).",
             _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
             parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
+            requestBody=_body(_ref("Reason")),
+        )
+    },
+    "/api/integrity": {
+        "get": _op(
+            "The integrity group: open verification mismatches. " + _OPERATORS,
+            _responses({"200": _ok(_ref("IntegrityGroup"), "the open mismatches")}),
+        )
+    },
+    "/api/integrity/{verification_id}/clear": {
+        "post": _op(
+            "Clear an open mismatch and serve its results again "
+            "(dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("IntegrityCleared"), "cleared")}, "409"),
+            parameters=[_path("verification_id", ID)],
             requestBody=_body(_ref("Reason")),
         )
     },

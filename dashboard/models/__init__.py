@@ -24,13 +24,16 @@ from dashboard.models.repositories import (
     Repository,
     RepositoryView,
     Summary,
+    Verification,
 )
 from dashboard.models.rollouts import (
     AnalyzerVersion,
     FreezeSwitch,
     Rollout,
     RolloutEvent,
+    RolloutMeasurement,
     RolloutNotification,
+    RolloutPin,
 )
 
 __all__ = [
@@ -51,7 +54,10 @@ __all__ = [
     "RepositoryView",
     "Rollout",
     "RolloutEvent",
+    "RolloutMeasurement",
     "RolloutNotification",
+    "RolloutPin",
     "Summary",
+    "Verification",
     "WorkerBeat",
 ]

@@ -41,7 +41,7 @@ from rq import Queue
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
-from dashboard import infra, locks, observability, rollouts
+from dashboard import analytics, infra, locks, observability, rollouts
 from dashboard import runs as dashboard_runs
 from dashboard.infra import dropped_events
 from dashboard.models import (
@@ -101,6 +101,7 @@ class GitwardCollector(Collector):
         yield from _masters()
         yield from _rollouts()
         yield from _release_gates()
+        yield from _verification()
 
 
 # ---------------------------------------------------------------------------- from Redis
@@ -395,3 +396,36 @@ def _release_gates() -> Iterator[Metric]:
     for endpoint in settings.ROLLOUT_WEBHOOKS:
         pending.add_metric([endpoint["name"]], counts.get(endpoint["name"], 0))
     yield pending
+
+
+def _verification() -> Iterator[Metric]:
+    """The scheduled verifier (docs/analytics.md#verification): commits re-derived and
+    mismatches found (running totals kept on the rows), open mismatches and withheld
+    versions, and the age of the stalest verification of a ready repository."""
+    m = analytics.verification_metrics()
+    yield CounterMetricFamily(
+        "gitward_verify_sampled", "Stored commits re-derived by the verifier.", value=m["sampled"]
+    )
+    yield CounterMetricFamily(
+        "gitward_verify_mismatches",
+        "Mismatches the verifier found (commits, and the totals, per pass).",
+        value=m["mismatches"],
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_open_mismatches",
+        "Verification mismatches open in the integrity group.",
+        value=m["open"],
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_withheld", "Versions whose results are withheld.", value=m["withheld"]
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_unverified",
+        "Ready repositories scheduled but not verified yet under the served version.",
+        value=m["unverified"],
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_last_age_seconds",
+        "Seconds since the stalest last verification of a ready repository (served version).",
+        value=m["oldest_age"],
+    )

@@ -11,7 +11,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from dashboard import infra
+from dashboard import analytics, infra
 from dashboard.locks import live_worker_names, orphaned_runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
@@ -78,9 +78,13 @@ def reconcile() -> dict[str, int]:
        server down too.
     8. Repositories whose scheduled refresh is due are refreshed, a batch per round
        (``repositories.refresh_due``, docs/lifecycle.md#scheduled-refresh).
+    9. Repositories whose scheduled verification is due get a pass enqueued on the
+       maintenance queue, a batch per round, one in flight per repository
+       (``analytics.schedule_verifications``, docs/analytics.md#verification).
 
     With the queue server unreachable, steps 1 and 3 (database only) still run and
-    steps 2, 4, 5, 6 and 8 wait for the next round (``queue_unreachable: 1`` in the result): a run
+    steps 2, 4, 5, 6, 8 and 9 wait for the next round (``queue_unreachable: 1`` in the
+    result): a run
     submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
     missing and enqueues once the server is back.
 
@@ -104,6 +108,7 @@ def reconcile() -> dict[str, int]:
         drivers = reconcile_pending_drivers()
         caught_up = reconcile_catch_up()
         refreshed = refresh_due()["refreshed"]
+        verifications = analytics.schedule_verifications()["enqueued"]
         queue_down = 0
     except infra.QueueUnavailable as exc:
         # The database keeps every queued run; the next round (once the queue server
@@ -111,7 +116,7 @@ def reconcile() -> dict[str, int]:
         # and the catch-up (which read and edit the queues) wait for it too.
         log.warning("reconciler: %s; queued runs wait for it", exc)
         promoted = requeued = released = cancelled = swept = drained = drivers = 0
-        caught_up = refreshed = 0
+        caught_up = refreshed = verifications = 0
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
@@ -131,6 +136,7 @@ def reconcile() -> dict[str, int]:
         "drivers": drivers,
         "caught_up": caught_up,
         "refreshed": refreshed,
+        "verifications": verifications,
         "queue_unreachable": queue_down,
         "notified": notified["delivered"],
         "notify_failed": notified["failed"],

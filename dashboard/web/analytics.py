@@ -68,6 +68,10 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
         "error": None,
         "error_field": None,
     }
+    context["verification"] = analytics.verification_status(repo)
+    if context["verification"] and context["verification"]["withheld"]:
+        context["withheld"] = context["verification"]["reason"]  # docs/analytics.md#verification
+        return render(request, "analytics.html", context, status=409)
     if analysis == "files" and not values.get("path"):
         return render(request, "analytics.html", context)  # the form asks for a path
     try:

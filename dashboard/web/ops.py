@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from dashboard import analytics
 from dashboard.accounts import audit_actions, audit_page, run_links
 from dashboard.infra import RedisUnavailable
 from dashboard.live.snapshots import ops_snapshot, shared_part
@@ -35,6 +36,11 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
     socket = "/ws/ops/?dlq=groups" if template == "dead_letters.html" else "/ws/ops/"
     context: dict[str, Any] = {"live_socket": socket, **extra}
     if template == "dead_letters.html":
+        # the integrity group beside the dead letters (docs/analytics.md#verification)
+        context["integrity"] = analytics.open_mismatches(limit=50)
+        context["can_clear_integrity"] = request.user.is_staff and request.user.has_perm(
+            "dashboard.change_repository"
+        )
         text = request.GET.get("q", "").strip()[:200]
         context["dlq_filter"] = text
         page = positive_int(request.GET.get("page"), 1)
