@@ -118,10 +118,25 @@ SCHEMAS: dict[str, Any] = {
         },
         {
             "summary": {"type": ["object", "null"]},
+            "waiting": {"oneOf": [_ref("Waiting"), {"type": "null"}]},
             "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
             "withheld": STR_OR_NULL,
         },
     ),
+    "Waiting": _obj(
+        {
+            "position": {"type": ["integer", "null"], "minimum": 1},
+            "eta_seconds": {"type": ["number", "null"], "minimum": 0},
+            "reason": {"type": "string"},
+            "class": {"enum": ["interactive", "refresh", "catch-up", "verification"]},
+        }
+    )
+    | {
+        "description": "Why a queued run or a repository in progress waits "
+        "(docs/scheduling.md#why-is-this-waiting): its place in its queue (1: next; null: "
+        "in no line, e.g. a retry scheduled for later), an estimate from the queue's recent "
+        "throughput, and what holds it. Null for a run or repository that waits for nothing."
+    },
     "Verification": _obj(
         {
             "state": {"enum": ["pending", "ok", "mismatch", "cleared"]},
@@ -282,6 +297,7 @@ SCHEMAS: dict[str, Any] = {
             "state": {"type": "string"},
             "repository": _ref("RunRepository"),
             "attempts": {"type": "integer", "minimum": 0},
+            "waiting": {"oneOf": [_ref("Waiting"), {"type": "null"}]},
         }
     ),
     "Status": _obj(
