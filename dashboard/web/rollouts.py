@@ -90,12 +90,13 @@ def rollout_start(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         reason = data.get("reason") or ""
-        detail = {"config": data["config"], "steps": data["steps"], "auto": data["auto"],
-                  "reason": reason}  # fmt: skip
+        detail = {"config": data["config"], "version": data["version"], "steps": data["steps"],
+                  "auto": data["auto"], "reason": reason}  # fmt: skip
         try:
             ro = start_rollout(
                 queue=data["queue"],
                 config=data["config"],
+                version=data["version"],
                 steps=data["steps"],
                 auto=data["auto"],
                 actor=request.user,
