@@ -73,35 +73,42 @@ def learn_code_version(
 
 def live_workers() -> dict[str, list[dict[str, Any]]]:
     """Live worker heartbeats (not stopped, seen within ``WORKER_DEAD_AFTER``) by code
-    version: ``{code_version: [{name, host, version}, …]}``, names sorted."""
+    version: ``{code_version: [{name, host, version, queues}, …]}``, names sorted
+    (``queues``: what the worker listens on now, after pauses and gates)."""
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_DEAD_AFTER)
     found: dict[str, list[dict[str, Any]]] = defaultdict(list)
     rows = (
         WorkerBeat.objects.filter(stopped_at__isnull=True, last_seen__gte=cutoff)
         .order_by("name")
-        .values("name", "host", "version", "code_version")
+        .values("name", "host", "version", "code_version", "queues")
     )
     for row in rows:
         found[row["code_version"]].append(
-            {"name": row["name"], "host": row["host"], "version": row["version"]}
+            {
+                "name": row["name"],
+                "host": row["host"],
+                "version": row["version"],
+                "queues": [q for q in row["queues"].split(",") if q],
+            }
         )
     return dict(found)
 
 
 def _workers_of(version: AnalyzerVersion, live: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     mine = live.get(version.code_version, [])
+    own = physical_queue(version.queue, version.fingerprint)
     return {
         "count": len(mine),
         "hosts": sorted({w["host"] for w in mine}),
-        "serving": sum(1 for w in mine if w["version"] == version.fingerprint),
+        "serving": sum(1 for w in mine if own in w["queues"]),
     }
 
 
 def version_rows(queue: str | None = None) -> list[dict[str, Any]]:
     """Every analyzer version (oldest first), as ``GET /api/versions`` shows it: its
     fingerprint, code version, configuration, state, ramp and live workers — the workers
-    whose code can load it (``count``, ``hosts``) and how many of those have it loaded
-    now (``serving``)."""
+    whose code can load it (``count``, ``hosts``) and how many of those listen on its
+    physical queue now (``serving``: none while its gate is closed)."""
     live = live_workers()
     rows = AnalyzerVersion.objects.order_by("pk")
     if queue is not None:

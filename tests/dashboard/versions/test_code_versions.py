@@ -43,13 +43,16 @@ S = AnalyzerVersion.State
 NEW_CODE = "0.1.0+0123456789ab"
 
 
-def beat(name: str, code: str, *, host: str = "h1", version: str = "", age: float = 0) -> None:
+def beat(
+    name: str, code: str, *, host: str = "h1", version: str = "", age: float = 0, queues: str = ""
+) -> None:
     WorkerBeat.objects.create(
         name=name,
         host=host,
         pid=1,
         version=version,
         code_version=code,
+        queues=queues,
         last_seen=timezone.now() - timedelta(seconds=age),
     )
 
@@ -123,9 +126,11 @@ def test_versions_are_listed_with_the_live_workers_of_their_code() -> None:
     base = ensure_baseline(actor="setup")
     learned = learn_code_version(NEW_CODE)
     assert learned is not None
-    beat("old-1", CODE_VERSION, host="blue-a", version=base.fingerprint)
-    beat("old-2", CODE_VERSION, host="blue-b")
-    beat("new-1", NEW_CODE, host="green-a", version=learned.fingerprint)
+    beat("old-1", CODE_VERSION, host="blue-a", version=base.fingerprint,
+         queues=f"sync,analysis@{base.fingerprint[:8]},maintenance")  # fmt: skip
+    beat("old-2", CODE_VERSION, host="blue-b", version=base.fingerprint, queues="rollouts")
+    # loaded, but its gate is closed while registered: it listens on the idle queue
+    beat("new-1", NEW_CODE, host="green-a", version=learned.fingerprint, queues="idle")
     beat("new-dead", NEW_CODE, host="green-z", age=3600)  # stale: not live
     WorkerBeat.objects.create(name="new-stopped", host="green-y", pid=2, code_version=NEW_CODE,
                               last_seen=timezone.now(), stopped_at=timezone.now())  # fmt: skip
@@ -139,7 +144,7 @@ def test_versions_are_listed_with_the_live_workers_of_their_code() -> None:
         "hosts": ["blue-a", "blue-b"],
         "serving": 1,
     }
-    assert rows[learned.fingerprint]["workers"] == {"count": 1, "hosts": ["green-a"], "serving": 1}
+    assert rows[learned.fingerprint]["workers"] == {"count": 1, "hosts": ["green-a"], "serving": 0}
     assert rows[learned.fingerprint]["code_version"] == NEW_CODE
     assert rows[learned.fingerprint]["state"] == S.REGISTERED
     assert rows[learned.fingerprint]["physical_queue"] == f"analysis@{learned.fingerprint[:8]}"
