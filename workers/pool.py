@@ -391,14 +391,20 @@ def release_locks_of(pid: int) -> int:
 
 
 def learn_own_code(actor: str) -> None:
-    """Report this process's code version (docs/rollouts.md#code-rollouts-bluegreen): a
-    code gitward has no version of is learned as a ``registered`` version with the
-    current configuration, ready to be rolled out. A queue without a current version
-    learns nothing (its baseline will be the deployed default). A failure is logged: the
-    worker still serves what it can load, and the next start reports again."""
+    """Report this process's code version (docs/rollouts.md#code-rollouts-bluegreen).
+
+    On a queue without a current version, the first fleet to start adopts the deployed
+    default of its own code as the baseline (``ensure_baseline``): otherwise each fleet
+    would take its own code's default for the served version, and a second code's
+    workers would run the shared queues beside the first's. Otherwise a code gitward has
+    no version of is learned as a ``registered`` version with the current configuration,
+    ready to be rolled out. A failure (the deploy lock held by a rollout, a database
+    error) is logged: the worker still serves what it can load, and the next start
+    reports again."""
     try:
-        if versions.current_version() is not None:
-            versions.learn_code_version(CODE_VERSION, actor=actor)
+        if versions.current_version() is None:
+            versions.ensure_baseline(actor=actor)
+        versions.learn_code_version(CODE_VERSION, actor=actor)
     except Exception:
         log.exception("could not report code version %s", CODE_VERSION)
     finally:

@@ -16,10 +16,7 @@ See docs/rollouts.md#code-rollouts-bluegreen.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +32,7 @@ from dashboard.rollouts.deploy_lock import rollback_rollout
 from dashboard.rollouts.driver import RolloutDriver
 from dashboard.rollouts.warming import warm_rollout
 from dashboard.versions import code_versions, state_machine
+from tests.support.installs import code_version_of, install, pool_of
 from tests.support.processes import ended, worker_env
 from tests.support.rollouts import DRIVERS, _release_drivers, history_with_renames  # noqa: F401
 from workers.analysis.analyzer import CODE_VERSION
@@ -42,45 +40,6 @@ from workers.analysis.analyzer import CODE_VERSION
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 S = AnalyzerVersion.State
-
-#: The green install's change: every added line counts ten times.
-ORIGINAL = "                    added = int(a)\n"
-PATCHED = "                    added = int(a) * 10  # green: counts differently\n"
-
-
-def install(dest: Path, *, patch: bool) -> Path:
-    """A copy of this source tree (what an install of one commit has: manage.py, the
-    packages, the templates), the green one with its analysis changed."""
-    dest.mkdir(parents=True)
-    shutil.copy2(ROOT / "manage.py", dest / "manage.py")
-    for name in ("dashboard", "workers", "templates"):
-        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-    if patch:
-        numstat = dest / "workers" / "analysis" / "numstat.py"
-        text = numstat.read_text()
-        assert text.count(ORIGINAL) == 1
-        numstat.write_text(text.replace(ORIGINAL, PATCHED))
-    return dest
-
-
-def code_version_of(copy: Path) -> str:
-    return subprocess.run(
-        [sys.executable, "-c", "from workers.analysis import CODE_VERSION; print(CODE_VERSION)"],
-        cwd=copy,
-        env={**os.environ, "PYTHONPATH": str(copy)},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-
-
-def pool_of(copy: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(copy / "manage.py"), "worker", "--workers", "2"],
-        cwd=copy,
-        env={**env, "PYTHONPATH": str(copy)},
-        start_new_session=True,
-    )
 
 
 def poll(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:

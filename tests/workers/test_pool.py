@@ -31,6 +31,7 @@ from rq import SimpleWorker
 from dashboard.infra import queues
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts.start import DRIVER_QUEUE
+from dashboard.versions.state_machine import ensure_baseline
 from tests.support.mirror_writers import wait_for
 from tests.support.processes import worker_env
 from tests.support.sysproc import proc_state
@@ -184,6 +185,20 @@ def test_a_pool_that_starts_reports_its_code_and_learns_it(children: Children) -
     assert sorted(children.ready(pool).values()) == [
         ["worker", "--workers", "1", "--queues", DRIVER_QUEUE]
     ]
+
+
+def test_on_a_fresh_queue_the_first_pool_adopts_its_code_as_the_baseline(
+    children: Children,
+) -> None:
+    """The first fleet's code serves; a second code started later is learned beside it
+    and gets no shared worker (not both fleets' defaults served at once)."""
+    pool = children.pool(2, grace=10)
+    pool.start()
+    (base,) = AnalyzerVersion.objects.all()
+    assert (base.state, base.code_version) == (S.CURRENT, CODE_VERSION)
+    assert base.fingerprint == DEFAULT.fingerprint()
+    assert sorted(pool.specs()) == sorted(desired_workers(2))  # the default, as before
+    assert ensure_baseline(actor="setup").pk == base.pk
 
 
 def test_start_runs_one_child_per_wanted_worker_with_its_arguments(
