@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from dashboard.models import AnalyzerVersion, ApiToken, Rollout, RolloutEvent, WorkerBeat
 from dashboard.rollouts import start as rollouts_start
+from dashboard.rollouts.driver import RolloutDriver
 from dashboard.versions.code_versions import (
     find_version,
     learn_code_version,
@@ -29,13 +30,19 @@ from dashboard.versions.code_versions import (
     version_rows,
 )
 from dashboard.versions.state_machine import (
+    InvalidTransition,
     RolloutError,
     VersionNotFound,
     ensure_baseline,
     retire_version,
 )
 from tests.support.checked_threads import CheckedThread
-from tests.support.rollouts import DRIVERS, RENAMES, _release_drivers  # noqa: F401 (fixture)
+from tests.support.rollouts import (  # noqa: F401 (fixture)
+    DRIVERS,
+    RENAMES,
+    _release_drivers,
+    verify,
+)
 from workers.analysis.analyzer import CODE_VERSION, AnalyzerConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -177,6 +184,31 @@ def test_a_code_rollout_needs_a_live_worker_of_its_code() -> None:
     )
     assert (ro.version_id, ro.state) == (learned.pk, Rollout.State.PENDING)
     assert ro.previous is not None and ro.previous.code_version == CODE_VERSION
+
+
+def test_promoting_a_code_rollout_whose_workers_are_gone_is_refused() -> None:
+    """The gate passed while green's workers lived; they are gone (the slot scaled down
+    too early): promote and set ramp are refused naming why, nothing changes; back, and
+    the promote is accepted."""
+    ensure_baseline(actor="setup")
+    learned = learn_code_version(NEW_CODE)
+    assert learned is not None
+    beat("new-1", NEW_CODE, host="green-a")
+    ro = rollouts_start.start_rollout(version=learned.fingerprint, actor="ci",
+                                      enqueue_driver=False)  # fmt: skip
+    driver = RolloutDriver(ro.pk, ttl=5.0)
+    driver.acquire(actor="ci")
+    DRIVERS.append(driver)
+    ro = verify(Rollout.objects.get(pk=ro.pk), driver)
+    WorkerBeat.objects.filter(name="new-1").update(stopped_at=timezone.now())
+    for action, params in (("promote", None), ("set_ramp", {"percent": 10})):
+        with pytest.raises(InvalidTransition, match="has no live worker: no worker runs its code"):
+            rollouts_start.request_action(rollout=ro, action=action, actor="ops", params=params)
+    assert Rollout.objects.get(pk=ro.pk).pending_action is None
+    assert AnalyzerVersion.objects.get(pk=learned.pk).state == S.VERIFIED
+    WorkerBeat.objects.filter(name="new-1").update(stopped_at=None, last_seen=timezone.now())
+    ro = rollouts_start.request_action(rollout=ro, action="promote", actor="ops")
+    assert ro.pending_action is not None and ro.pending_action["action"] == "promote"
 
 
 def test_a_version_of_this_code_starts_by_fingerprint_without_the_worker_check() -> None:
