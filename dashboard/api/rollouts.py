@@ -278,8 +278,8 @@ def versions_collection(request: HttpRequest) -> HttpResponse:
 @api_view(("POST",))
 def version_retire(request: HttpRequest, fingerprint: str) -> HttpResponse:
     """``POST /api/versions/<fingerprint>/retire`` ``{reason?}`` (a prefix of 4+ hex
-    digits naming one version of the ``analysis`` queue): drained | warm_failed →
-    retired, ``200 {queue, fingerprint, state}``; ``404`` no such version, ``409`` its
+    digits naming one version of the ``analysis`` queue): registered | drained |
+    warm_failed → retired, ``200 {queue, fingerprint, state}``; ``404`` no such version, ``409`` its
     state allows no retirement (named), ``400`` a bad fingerprint or reason. Staff +
     ``dashboard.rollback_rollout``; refusals are audited (``rollout.retire``), the
     transition audits itself (``rollout.transition``)."""

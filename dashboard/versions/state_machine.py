@@ -419,8 +419,9 @@ def _apply(
 def retire_version(
     *, fingerprint: str, actor: Any, queue: str = QUEUE, reason: str = ""
 ) -> AnalyzerVersion:
-    """drained | warm_failed → retired (docs/rollouts.md#states): the version is done for
-    good — never staffed, routed or rolled out again (its stored results stay, unserved).
+    """registered | drained | warm_failed → retired (docs/rollouts.md#states): the
+    version is done for good — never staffed, routed or rolled out again (its stored
+    results stay, unserved).
 
     ``fingerprint`` may be a prefix naming exactly one version of ``queue``. Drain
     bookkeeping, so no deploy-lock token (``TOKENLESS``): a retired version has no gate

@@ -216,7 +216,7 @@ def rollout_action(request: HttpRequest, rollout_id: int, verb: str) -> HttpResp
 @login_required
 @require_http_methods(["POST"])
 def version_retire(request: HttpRequest, version_id: int) -> HttpResponse:
-    """The Versions table's Retire button after its confirm step (drained | warm_failed
+    """The Versions table's Retire button after its confirm step (registered | drained | warm_failed
     → retired): permission-checked, audited with the reason, then back to the page; a
     state that allows no retirement is said in the page's error message."""
     if not permitted(request.user, "retire"):

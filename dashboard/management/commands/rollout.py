@@ -139,7 +139,9 @@ class Command(BaseCommand):
                 p.add_argument("--timeout", type=float, default=30.0)
             if name == "drive":
                 p.add_argument("--takeover", action="store_true")
-        retire = sub.add_parser("retire", help="retire a drained or warm-failed version for good")
+        retire = sub.add_parser(
+            "retire", help="retire a registered, drained or warm-failed version"
+        )
         retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
         retire.add_argument("--queue", default=dashboard_versions.QUEUE)
         retire.add_argument("--reason", default="")
