@@ -12,6 +12,9 @@ log`` of the same window, output read and discarded: git's own cost of the raw d
 before any aggregation). SQLite by default; ``--database-url`` for PostgreSQL. Prints
 JSON; nothing is asserted.
 
+``--exclude LENS[,LENS]`` computes every view through those lenses (docs/analytics.md#lenses):
+run it with and without to see what a lens costs.
+
 ``--pydriller N`` adds PyDriller's process metrics (ChangeSet, CodeChurn,
 ContributorsCount; the bench extra) over the newest N commits, beside the views that give
 the same per-file figures over the same commits (PyDriller walks merges too; the views
@@ -65,6 +68,22 @@ def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
     return {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
 
 
+def paired(plain: Callable[[], Any], lensed: Callable[[], Any], rounds: int) -> dict[str, float]:
+    """Both variants timed in alternation (so a change of load hits both alike): their
+    medians in ms and the lensed one's ratio to the plain one."""
+    plain()
+    lensed()
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(rounds):
+        for fn, times in ((plain, a), (lensed, b)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+    pm, lm = statistics.median(a), statistics.median(b)
+    return {"plain_ms": round(pm, 1), "lensed_ms": round(lm, 1), "ratio": round(lm / pm, 2)}
+
+
 def git_log(origin: Path, args: list[str]) -> Callable[[], None]:
     def run() -> None:
         subprocess.run(
@@ -111,9 +130,14 @@ def main() -> None:
         metavar="N",
         help="also time PyDriller's process metrics over the newest N commits (bench extra)",
     )
+    parser.add_argument("--exclude", default="", help="lenses every view leaves out")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
-    out: dict[str, Any] = {"commits": args.commits, "load_average": os.getloadavg()[0]}
+    out: dict[str, Any] = {
+        "commits": args.commits,
+        "load_average": os.getloadavg()[0],
+        "exclude": args.exclude,
+    }
     origin = tmp / "origin"
     t0 = time.perf_counter()
     synth.build_repository(origin, args.commits, seed=7)
@@ -154,9 +178,13 @@ def main() -> None:
             "last 365 days": analytics.parse_window(until=last_day, last="365"),
             "last 90 days": analytics.parse_window(until=last_day, last="90"),
         }
-        hot_file = analytics.file_hotspots(analytics.Scope.of(repo, windows["whole history"]))[0]
+        fp = analytics.Scope.of(repo, windows["whole history"]).fingerprint
+        lens = analytics.build_lens(analytics.parse_exclude(args.exclude), repo, fp)
+        hot_file = analytics.file_hotspots(
+            analytics.Scope.of(repo, windows["whole history"], fp, lens)
+        )[0]
         for label, window in windows.items():
-            scope = analytics.Scope.of(repo, window)
+            scope = analytics.Scope.of(repo, window, fp, lens)
             views: dict[str, Callable[[], Any]] = {
                 "anchor: git log --numstat": git_log(origin, window.git_args()),
                 "coupling (files)": lambda s=scope: analytics.file_coupling(s),
@@ -179,6 +207,21 @@ def main() -> None:
                 .filter(**_bounds(window))
                 .count(),
                 **{name: timed(fn, args.rounds) for name, fn in views.items()},
+            }
+        if args.exclude:  # the lens's cost: each view with and without it, alternating
+            whole = windows["whole history"]
+            plain_scope = analytics.Scope.of(repo, whole, fp)
+            lensed_scope = analytics.Scope.of(repo, whole, fp, lens)
+            out["lens_cost (whole history)"] = {
+                name: paired(lambda f=f: f(plain_scope), lambda f=f: f(lensed_scope), args.rounds)
+                for name, f in {
+                    "coupling (files)": analytics.file_coupling,
+                    "ownership (files)": analytics.file_ownership,
+                    "knowledge at risk": analytics.knowledge_at_risk,
+                    "age (directories)": analytics.directory_age,
+                    "hotspots (files)": analytics.file_hotspots,
+                    "authors": analytics.authors,
+                }.items()
             }
         if args.pydriller:
             out["pydriller"] = pydriller_side_by_side(origin, repo, args.pydriller)

@@ -15,14 +15,18 @@ import json
 import math
 import os
 import secrets
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.infra import env_bool, env_float, env_int, env_list, env_str
+from dashboard import rollouts as _rollouts
+from dashboard.infra import env_bool, env_float, env_int, env_list, env_mapping, env_str
+from workers.git import parse_limits
 from workers.runtime import FORM as SENTINEL_FORM
 from workers.runtime import is_sentinel_url, parse_failpoints, parse_sentinel_url
 
@@ -340,6 +344,26 @@ INLINE_CHUNK = env_bool("GITWARD_INLINE_CHUNK", True)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
+
+# ---------------------------------------------------------------------------- scheduling
+#: This worker host's name for scheduling (docs/scheduling.md): the per-host queues of
+#: mirror affinity and the host recorded on each attempt. Default: the machine's name.
+HOST_ID = env_str("GITWARD_HOST_ID", "") or socket.gethostname()
+try:
+    #: Per-git-host fetch limits (docs/scheduling.md#per-host-fetch-limits).
+    FETCH_LIMITS = parse_limits(env_str("GITWARD_FETCH_LIMITS", ""))
+except ValueError as _exc:
+    raise _invalid(
+        "GITWARD_FETCH_LIMITS",
+        'a JSON object like {"github.com": {"concurrency": 4, "rate": 2, "burst": 10}}',
+        str(_exc),
+    ) from None
+FETCH_SLOT_WAIT = env_float("GITWARD_FETCH_SLOT_WAIT", 10.0, minimum=0.0)
+FETCH_SLOT_LEASE = env_float("GITWARD_FETCH_SLOT_LEASE", 60.0, minimum=1.0)
+FETCH_BACKOFF = env_float("GITWARD_FETCH_BACKOFF", 60.0, minimum=0.0)
+#: Seconds a chunk waits on the queue of a worker host holding its mirror before any
+#: host may take it (docs/scheduling.md#mirror-affinity); 0: no affinity.
+AFFINITY_WAIT = env_float("GITWARD_AFFINITY_WAIT", 10.0, minimum=0.0)
 #: Seconds a stopping worker (SIGTERM) may spend finishing its job before it hands the
 #: job back (workers/pool.py). The deployment files allow this plus Pool.STOP_MARGIN.
 WORKER_GRACE_DEFAULT = 60.0
@@ -359,8 +383,20 @@ REFRESH_INTERVAL = env_float("GITWARD_REFRESH_INTERVAL", 0.0, minimum=0.0)
 REFRESH_MIN = env_float("GITWARD_REFRESH_MIN", 300.0, minimum=1.0)
 REFRESH_MAX = env_float("GITWARD_REFRESH_MAX", 86400.0, minimum=1.0)
 REFRESH_BATCH = env_int("GITWARD_REFRESH_BATCH", 50, minimum=1)
+#: The scheduled verifier (docs/analytics.md#verification): seconds between two passes
+#: of one repository (0: off), commits re-derived per pass, repositories one reconciler
+#: round enqueues, and what a mismatch does (``flag`` it, or also ``withhold`` results).
+VERIFY_INTERVAL = env_float("GITWARD_VERIFY_INTERVAL", 3600.0, minimum=0.0)
+VERIFY_SAMPLE = env_int("GITWARD_VERIFY_SAMPLE", 500, minimum=1)
+VERIFY_BATCH = env_int("GITWARD_VERIFY_BATCH", 20, minimum=1)
+VERIFY_ON_MISMATCH = env_str("GITWARD_VERIFY_ON_MISMATCH", "flag").strip().lower()
+if VERIFY_ON_MISMATCH not in {"flag", "withhold"}:
+    raise _invalid("GITWARD_VERIFY_ON_MISMATCH", "flag or withhold", VERIFY_ON_MISMATCH)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
+#: The analytics' bots lens and identity map (docs/analytics.md#lenses).
+BOT_AUTHORS = env_list("GITWARD_BOT_AUTHORS", "")
+IDENTITY_MAP = env_mapping("GITWARD_IDENTITY_MAP")
 LOCAL_ROOTS = [Path(p).resolve() for p in env_list("GITWARD_LOCAL_ROOTS", "")]
 ALLOWED_HOSTS_NETS = _networks(
     "GITWARD_ALLOWED_HOSTS_NETS", env_list("GITWARD_ALLOWED_HOSTS_NETS", "")
@@ -473,6 +509,36 @@ FREEZE_WINDOWS = _freeze_windows("GITWARD_FREEZE_WINDOWS", env_str("GITWARD_FREE
 ROLLOUT_WEBHOOKS = _webhooks("GITWARD_ROLLOUT_WEBHOOKS", env_str("GITWARD_ROLLOUT_WEBHOOKS", ""))
 #: Seconds one webhook delivery may take (connect and answer).
 WEBHOOK_TIMEOUT = env_float("GITWARD_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
+
+
+def _specs(
+    name: str, raw: str, validate: Callable[[object], dict[str, object]]
+) -> list[dict[str, object]]:
+    """``GITWARD_ROLLOUT_CHECKS`` / ``GITWARD_ROLLOUT_GATES``: a JSON list of specs, each
+    checked by ``dashboard.rollouts.conditions`` (docs/rollouts.md#checks-and-gates)."""
+    out = []
+    for item in _json_objects(name, raw):
+        try:
+            out.append(validate(item))
+        except ValueError as exc:
+            raise _invalid(name, "a list of valid specs", str(exc)) from None
+    return out
+
+
+#: Prometheus's base URL for the rollouts' PromQL checks (``/api/v1/query`` is appended).
+PROMETHEUS_URL = env_str("GITWARD_PROMETHEUS_URL", "").rstrip("/")
+if PROMETHEUS_URL and urlsplit(PROMETHEUS_URL).scheme not in {"http", "https"}:
+    raise _invalid("GITWARD_PROMETHEUS_URL", "an http(s) URL", PROMETHEUS_URL[:80])
+#: Seconds one Prometheus query may take before the measurement is inconclusive.
+PROMETHEUS_TIMEOUT = env_float("GITWARD_PROMETHEUS_TIMEOUT", 5.0, minimum=0.1)
+ROLLOUT_CHECKS = _specs(
+    "GITWARD_ROLLOUT_CHECKS",
+    env_str("GITWARD_ROLLOUT_CHECKS", ""),
+    _rollouts.validate_check,
+)
+ROLLOUT_GATES = _specs(
+    "GITWARD_ROLLOUT_GATES", env_str("GITWARD_ROLLOUT_GATES", ""), _rollouts.validate_gate
+)
 
 # ---------------------------------------------------------------------------- fault injection
 # workers/runtime/failpoints.py reads these at call time (it imports no Django, and a test arms a

@@ -39,6 +39,7 @@ urlpatterns = [
         rollouts.rollout_checklist_md,
         name="rollout-checklist",
     ),
+    path("rollouts/<id:rollout_id>/pins/", rollouts.rollout_pins, name="rollout-pins"),
     path("rollouts/<id:rollout_id>/<str:verb>/", rollouts.rollout_action, name="rollout-action"),
     path("audit/", ops.audit, name="audit"),
     path("runs/", runs.runs, name="runs"),
@@ -75,6 +76,8 @@ urlpatterns = [
     path("api/rollouts", api.rollouts_collection, name="api-rollouts"),
     path("api/rollouts/freeze", api.rollouts_freeze, name="api-rollouts-freeze"),
     path("api/rollouts/<id:rollout_id>", api.rollout_detail, name="api-rollout"),
+    path("api/rollouts/<id:rollout_id>/pin", api.rollout_pin, name="api-rollout-pin"),
+    path("api/rollouts/<id:rollout_id>/unpin", api.rollout_unpin, name="api-rollout-unpin"),
     path(
         "api/rollouts/<id:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"
     ),
@@ -82,6 +85,12 @@ urlpatterns = [
     path("api/versions/<str:fingerprint>/retire", api.version_retire, name="api-version-retire"),
     path("api/runs/<id:run_id>", api.run_detail, name="api-run"),
     path("api/runs/<id:run_id>/cancel", api.run_cancel, name="api-run-cancel"),
+    path("api/integrity", api.integrity, name="api-integrity"),
+    path(
+        "api/integrity/<id:verification_id>/clear",
+        api.integrity_clear,
+        name="api-integrity-clear",
+    ),
     path("api/dlq", api.dlq, name="api-dlq"),
     path("api/dlq/retry", api.dlq_retry, name="api-dlq-retry"),
     path("api/dlq/discard", api.dlq_discard, name="api-dlq-discard"),

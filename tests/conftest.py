@@ -36,6 +36,14 @@ from workers.runtime.redis_server import RedisNode
 #: Every process this test process starts carries its pid (see ``sysproc.processes_of``).
 #: Under pytest-xdist each worker sets its own.
 os.environ[OWNER_VARIABLE] = str(os.getpid())
+#: The processes tests start (``manage.py up``, workers) run no scheduled verification
+#: either unless a test sets it (see ``_isolated_paths``).
+os.environ.setdefault("GITWARD_VERIFY_INTERVAL", "0")
+#: Mirror affinity off in the worker processes tests start (they inherit this), as in this
+#: process (``_isolated_paths``): tests read a chunk's job off its version's shared queue.
+#: Affinity itself is tested with it on (tests/dashboard/runs/test_affinity.py,
+#: tests/system/test_fetch_hosts.py; docs/scheduling.md#mirror-affinity).
+os.environ["GITWARD_AFFINITY_WAIT"] = "0"
 
 #: Started once by multiprocessing for the rest of the session (spawn start method).
 LONG_LIVED = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -224,6 +232,10 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     # Every test sees the operations snapshot as of now (a test changes state and looks
     # again at once); the cache itself is tested in test_snapshots.py.
     settings.SNAPSHOT_TTL = 0.0  # type: ignore[attr-defined]
+    # The scheduled verifier is off unless a test turns it on (its reconciler rounds
+    # would add maintenance jobs to every drained queue); docs/analytics.md#verification.
+    settings.VERIFY_INTERVAL = 0.0  # type: ignore[attr-defined]
+    settings.AFFINITY_WAIT = 0.0  # type: ignore[attr-defined]  # see GITWARD_AFFINITY_WAIT above
     page_cache.clear()  # pages stored by an earlier test with a TTL of its own
 
 

@@ -25,7 +25,7 @@ from rq import get_current_job
 from rq.job import Job
 from rq.utils import import_attribute
 
-from dashboard import infra, locks, observability, repositories, rollouts, runs
+from dashboard import analytics, infra, locks, observability, repositories, rollouts, runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
     claim_sync,
@@ -38,6 +38,7 @@ from dashboard.runs import run_bulk
 from workers.analysis import (
     DEFAULT,
     AnalyzerConfig,
+    CommitRecord,
     CommitTooLarge,
     VersionNotLoaded,
     config_for,
@@ -47,6 +48,7 @@ from workers.analysis import (
 )
 from workers.git import (
     GitError,
+    HostBusy,
     ProcessGroups,
     RepositoryUnavailable,
     Runner,
@@ -57,7 +59,7 @@ from workers.git import (
 )
 from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.remotes import InvalidRemote, Remote
-from workers.runtime import failpoint
+from workers.runtime import altered, failpoint
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +329,32 @@ def _analyze(attempt: runs.Attempt) -> str:
         runs.mark_phase(attempt, analysed_at=timezone.now())
         lock.check()
         failpoint("analyze.before_write", repo.name)
+        if altered("analyze.alter_row", repo.name):
+            records = _alter_one_row(records)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     repositories.finish_chunk(chunk)
     return f"stored {written} commits"
+
+
+def _alter_one_row(records: list[CommitRecord]) -> list[CommitRecord]:
+    """The ``analyze.alter_row`` failpoint: the first file row of the chunk's first
+    non-merge commit that has one gets one line added more than git counted, as a bug
+    or a bit flip would store it; what the verifier must catch
+    (docs/analytics.md#verification)."""
+    for i, record in enumerate(records):
+        if record.files and not record.is_merge:
+            first = record.files[0]._replace(added=record.files[0].added + 1)
+            altered_record = record._replace(files=(first, *record.files[1:]))
+            return [*records[:i], altered_record, *records[i + 1 :]]
+    return records
+
+
+def verify_repository(repo_id: int, fingerprint: str) -> str:
+    """RQ entry point (queue ``maintenance``): one scheduled verification pass of a
+    repository's stored results (``analytics.run_verification``,
+    docs/analytics.md#verification)."""
+    return analytics.run_verification(repo_id, fingerprint)
 
 
 # ---------------------------------------------------------------------------- steps
@@ -354,6 +378,13 @@ def _execute(run_id: int, number: int, body: Callable[[runs.Attempt], str]) -> s
         except BaseException:
             runs.flush_phases(attempt)  # marked phases are stored with success otherwise
             raise
+    except HostBusy as exc:
+        # the remote git host's limit or backoff (docs/scheduling.md#per-host-fetch-limits):
+        # deferred like a held lock, no attempt spent, the reason on the run
+        delay = round(exc.retry_after + random.uniform(0, 0.25), 3)
+        observability.count_fetch_host_deferral(exc.host, why=exc.why)
+        runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s: {exc.reason}")
+        return f"deferred {delay:.1f}s: {exc.reason}"
     except LockNotAcquired as exc:
         delay = _lock_wait(exc)
         runs.defer_attempt(attempt, delay=delay, reason=f"waiting {delay:.1f}s for a lock: {exc}")
@@ -377,7 +408,9 @@ def _refuse(attempt: runs.Attempt, exc: VersionNotLoaded, *, origin: str) -> str
     start that way): a permanent failure, so it is dead-lettered, never retried
     three times on the wrong analyzer."""
     own = queue_name(attempt.run.fingerprint)
-    if origin and origin != own:
+    # a worker host's queue of its own version is its own version's queue
+    # (docs/scheduling.md#mirror-affinity)
+    if origin and runs.base_queue(origin) != own:
         runs.reroute_attempt(attempt, queue=own, reason=f"misrouted from {origin}: {exc}")
         return f"handed back to {own}"
     runs.fail_attempt(attempt, exc, permanent=True, reason=str(exc))
@@ -437,16 +470,26 @@ def _fetch(repo: Repository, remote: Remote, groups: ProcessGroups, lock: Lock) 
     the caller holds the Redis mirror lock, whose lease is checked before every
     destructive step. Returns the fetched head and the mirror's path."""
     workspace = Path(settings.WORKSPACE)
-    head = update_mirror(
-        workspace=workspace,
-        repo_id=repo.pk,
-        git_url=remote.git_url(),
-        branch=repo.branch,
-        runner=Runner(groups=groups),
-        timeout=settings.GIT_TIMEOUT,
-        pinned=pins_for(remote),
-        check=lock.check,
-    )
+    host = (remote.host or "").strip("[]").lower()
+    gate = runs.fetch_gate() if host else None
+    try:
+        head = update_mirror(
+            workspace=workspace,
+            repo_id=repo.pk,
+            git_url=remote.git_url(),
+            branch=repo.branch,
+            runner=Runner(groups=groups),
+            timeout=settings.GIT_TIMEOUT,
+            pinned=pins_for(remote),
+            check=lock.check,
+            # per-git-host fetch limits (docs/scheduling.md#per-host-fetch-limits)
+            fetch_slot=(lambda: gate.slot(host)) if gate is not None else None,
+        )
+    except RepositoryUnavailable:
+        runs.forget_mirror(repo.pk)  # a refused mirror (too large) is not kept
+        raise
+    # mirror affinity: this host now holds the mirror (docs/scheduling.md#mirror-affinity)
+    runs.record_mirror(repo.pk)
     return head, mirror_path(workspace, repo.pk)
 
 

@@ -26,6 +26,7 @@ on writing. Its run is then retried as a crash once the worker's heartbeat is st
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import logging
@@ -95,7 +96,8 @@ class PauseAware:
             except Exception:  # Redis or database trouble: keep the current list
                 close_old_connections()
                 return
-        active = [q for q in self.queues if q.name not in shut]
+        # a host queue (mirror affinity) is shut with its shared queue
+        active = [q for q in self.queues if runs.base_queue(q.name) not in shut]
         chosen = active or [Queue(infra.IDLE_QUEUE, connection=self.connection)]
         before = [q.name for q in getattr(self, "_ordered_queues", [])]
         self._ordered_queues = chosen
@@ -310,6 +312,10 @@ def run_one_worker(
         raise ValueError(
             f"this worker loaded {', '.join(sorted(own))} and refuses {', '.join(foreign)}"
         )
+    # Mirror affinity (docs/scheduling.md#mirror-affinity): this host's queue of each
+    # analysis queue first, then the shared one.
+    shared_names = list(queue_names)
+    queue_names = [n for shared in shared_names for n in [*runs.host_queues_of([shared]), shared]]
     # No pool in a worker: its work horses are forked (dashboard/infra/dbpool.py).
     use_direct_connections()
     load_versions(wanted)
@@ -351,6 +357,8 @@ def run_one_worker(
                             )
                             next_beat = time.monotonic() + interval
                         infra.promote_due_jobs(list(queue_names))
+                        runs.beat_host()
+                        runs.move_overdue(shared_names)
                     finally:
                         connections.close_all()  # this thread's only: see the docstring
             except infra.QueueUnavailable as exc:  # promotion waits; the beat went on
@@ -362,6 +370,8 @@ def run_one_worker(
     load_contexts()
     learn_own_code(f"worker {name}")
     locks.beat(name=name, queues_=list(queue_names), version=version, code_version=CODE_VERSION)
+    with contextlib.suppress(Exception):  # the heartbeat retries every second
+        runs.beat_host()
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
     beat_thread.start()
     worker = DjangoWorker(

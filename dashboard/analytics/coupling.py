@@ -43,14 +43,25 @@ class Thresholds:
 def _kept(scope: Scope, t: Thresholds) -> tuple[str, list[Any]]:
     """``kept(rev, path)``: the file rows of the scope's revisions that changed at most
     ``max_changeset_size`` files (``Commit.files_changed`` is the number of its file rows,
-    docs/analysis.md#analysis-semantics, so no count is needed)."""
+    docs/analysis.md#analysis-semantics, so no count is needed). Through a path lens a
+    change set is the files left in (docs/analytics.md#lenses), counted here once per
+    commit (a window over its rows)."""
     where, params = scope.commit_filter()
+    if not scope.lens.excludes_paths:
+        sql = (
+            "kept AS MATERIALIZED (SELECT f.commit_id AS rev, f.path AS path "  # noqa: S608
+            f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
+            f"ON f.commit_id = c.id WHERE {where} AND c.files_changed <= %s)"
+        )
+        return sql, [*params, t.max_changeset_size]
+    files, file_params = scope.file_filter()
     sql = (
-        "kept AS MATERIALIZED (SELECT f.commit_id AS rev, f.path AS path "  # noqa: S608
+        "kept AS MATERIALIZED (SELECT rev, path FROM (SELECT f.commit_id AS rev, "  # noqa: S608
+        "f.path AS path, COUNT(*) OVER (PARTITION BY f.commit_id) AS n "
         f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
-        f"ON f.commit_id = c.id WHERE {where} AND c.files_changed <= %s)"
+        f"ON f.commit_id = c.id WHERE {where}{files}) sized WHERE n <= %s)"
     )
-    return sql, [*params, t.max_changeset_size]
+    return sql, [*params, *file_params, t.max_changeset_size]
 
 
 def _entity_pairs(
@@ -105,8 +116,9 @@ def file_coupling(
     t = t or Thresholds()
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
-    pairs = _FILE_PAIRS.format(join="b.path > a.path")
-    return [_row(*r) for r in _entity_pairs(head, params, pairs, t, limit=limit)]
+    other, other_params = scope.file_filter("b")
+    pairs = _FILE_PAIRS.format(join="b.path > a.path" + other)
+    return [_row(*r) for r in _entity_pairs(head, [*params, *other_params], pairs, t, limit=limit)]
 
 
 def coupled_with(
@@ -116,8 +128,10 @@ def coupled_with(
     t = t or Thresholds()
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
-    pairs = _FILE_PAIRS.format(join="a.path = %s AND b.path <> a.path")
-    return [_row(*r) for r in _entity_pairs(head, [*params, path], pairs, t, limit=limit)]
+    other, other_params = scope.file_filter("b")
+    pairs = _FILE_PAIRS.format(join="a.path = %s AND b.path <> a.path" + other)
+    found = _entity_pairs(head, [*params, path, *other_params], pairs, t, limit=limit)
+    return [_row(*r) for r in found]
 
 
 def directory_coupling(

@@ -8,7 +8,13 @@ change. A directory's changes are the commits that changed a file in it; its bus
 the fewest authors whose changes add up to more than half of them. Knowledge at risk: the
 authors with no commit in the last ``inactive_days`` before the window's end (over the
 whole stored history, not only the window), and the files of the window that no active
-author changed."""
+author changed.
+
+Credit (docs/analytics.md#co-authors): a revision counts once for each person credited
+with it, its author and each ``Co-authored-by:`` co-author. ``revs`` stays the number of
+revisions; ``credits`` is the sum of the per-person counts, and the shares,
+fragmentation and bus factor are taken over credits (equal to ``revs`` when no commit
+has a co-author)."""
 
 from __future__ import annotations
 
@@ -27,8 +33,9 @@ from dashboard.analytics.window import Window
 from dashboard.models import Commit
 
 
-def _shares(counts: dict[str, int]) -> dict[str, Any]:
-    """Main developer, share, fragmentation and bus factor of one entity's per-author counts."""
+def _shares(counts: dict[str, int], revs: int) -> dict[str, Any]:
+    """Main developer, share, fragmentation and bus factor of one entity's per-person
+    credits, over ``revs`` revisions."""
     total = sum(counts.values())
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     main, main_revs = ranked[0]
@@ -39,13 +46,14 @@ def _shares(counts: dict[str, int]) -> dict[str, Any]:
         if 2 * covered > total:
             break
     return {
-        "revs": total,
+        "revs": revs,
         "authors": len(counts),
         "main_dev": main,
         "main_dev_revs": main_revs,
         "ownership": round(main_revs / total, 4),
         "fragmentation": round(1 - sum((n / total) ** 2 for n in counts.values()), 4),
         "bus_factor": bus,
+        "credits": total,
     }
 
 
@@ -56,18 +64,27 @@ def _by_author(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _file_credits(scope: Scope) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Per file, each credited person's revisions; and each file's revisions."""
+    head, params = scope.rows_cte()
+    credits, credit_params = scope.credits_cte()
+    per = _by_author(
+        fetch(
+            f"WITH {head}, {credits} SELECT s.path, cr.person, COUNT(*) FROM scoped s "  # noqa: S608
+            "JOIN credits cr ON cr.rev = s.rev GROUP BY s.path, cr.person",
+            [*params, *credit_params],
+        )
+    )
+    revs = fetch(f"WITH {head} SELECT path, COUNT(*) FROM scoped GROUP BY path", params)  # noqa: S608
+    return per, {path: int(n) for path, n in revs}
+
+
 def file_ownership(scope: Scope, *, limit: int = 200) -> list[dict[str, Any]]:
     """Per file: revisions, authors, main developer and their share, fragmentation and bus
     factor; the most changed files first."""
-    head, params = scope.rows_cte()
-    per = _by_author(
-        fetch(
-            f"WITH {head} SELECT path, author, COUNT(*) FROM scoped GROUP BY path, author",  # noqa: S608
-            params,
-        )
-    )
+    per, revs = _file_credits(scope)
     names = author_names(scope)
-    rows = [{"path": path, **_shares(counts)} for path, counts in per.items()]
+    rows = [{"path": path, **_shares(counts, revs[path])} for path, counts in per.items()]
     for row in rows:
         row["main_dev_name"] = names.get(row["main_dev"], row["main_dev"])
     rows.sort(key=lambda r: (-r["revs"], r["path"]))
@@ -79,18 +96,26 @@ def directory_ownership(scope: Scope, *, depth: int = 1) -> list[dict[str, Any]]
     main developer, share, fragmentation and bus factor, with every author's changes;
     the lowest bus factor first, then the most changed."""
     head, params = scope.rows_cte()
-    dirs, name = directory_ctes("scoped", depth, ("rev", "path", "author"))
+    credits, credit_params = scope.credits_cte()
+    dirs, name = directory_ctes("scoped", depth, ("rev", "path"))
     per = _by_author(
         fetch(
-            f"WITH {head}, {dirs} SELECT dir, author, COUNT(DISTINCT rev) FROM {name} "  # noqa: S608
-            "GROUP BY dir, author",
-            params,
+            f"WITH {head}, {credits}, {dirs} SELECT d.dir, cr.person, COUNT(DISTINCT d.rev) "  # noqa: S608
+            f"FROM {name} d JOIN credits cr ON cr.rev = d.rev GROUP BY d.dir, cr.person",
+            [*params, *credit_params],
         )
     )
+    revs = {
+        d: int(n)
+        for d, n in fetch(
+            f"WITH {head}, {dirs} SELECT dir, COUNT(DISTINCT rev) FROM {name} GROUP BY dir",  # noqa: S608
+            params,
+        )
+    }
     names = author_names(scope)
     rows = []
     for directory, counts in per.items():
-        row = {"directory": directory, **_shares(counts)}
+        row = {"directory": directory, **_shares(counts, revs[directory])}
         row["main_dev_name"] = names.get(row["main_dev"], row["main_dev"])
         row["by_author"] = [
             {"author": a, "name": names.get(a, a), "revs": n}
@@ -102,13 +127,14 @@ def directory_ownership(scope: Scope, *, depth: int = 1) -> list[dict[str, Any]]
 
 
 def last_seen(scope: Scope) -> dict[str, Any]:
-    """Each author's last commit (committer date) up to the window's end, over the whole
-    stored history: inactivity is not bounded by the window's start."""
-    whole = Scope(scope.repo, scope.fingerprint, Window(None, scope.window.end))
-    where, params = whole.commit_filter()
+    """Each credited person's last commit (committer date; authored or co-authored) up to
+    the window's end, over the whole stored history: inactivity is not bounded by the
+    window's start."""
+    whole = scope.within(Window(None, scope.window.end))
+    credits, params = whole.credits_cte()
     rows = fetch(
-        f"SELECT c.author_canonical_email, MAX(c.committed_at) FROM {Commit._meta.db_table} c "  # noqa: S608
-        f"WHERE {where} GROUP BY c.author_canonical_email",
+        f"WITH {credits} SELECT cr.person, MAX(c.committed_at) FROM credits cr "  # noqa: S608
+        f"JOIN {Commit._meta.db_table} c ON c.id = cr.rev GROUP BY cr.person",
         params,
     )
     return {author: as_instant(at) for author, at in rows}
@@ -126,14 +152,8 @@ def knowledge_at_risk(scope: Scope, *, inactive_days: int = 90) -> dict[str, Any
     cutoff = max(reference, floor + timedelta(days=inactive_days)) - timedelta(days=inactive_days)
     seen = last_seen(scope)
     inactive = {a for a, at in seen.items() if at < cutoff}
-    head, params = scope.rows_cte()
-    per = _by_author(
-        fetch(
-            f"WITH {head} SELECT path, author, COUNT(*) FROM scoped GROUP BY path, author",  # noqa: S608
-            params,
-        )
-    )
-    names = author_names(Scope(scope.repo, scope.fingerprint, Window(None, scope.window.end)))
+    per, _revs = _file_credits(scope)
+    names = author_names(scope.within(Window(None, scope.window.end)))
     files: dict[str, list[str]] = defaultdict(list)
     for path, counts in per.items():
         if set(counts) <= inactive:

@@ -23,6 +23,7 @@ from dashboard.analytics.coupling import (
     file_coupling,
 )
 from dashboard.analytics.hotspots import directory_hotspots, file_hotspots
+from dashboard.analytics.lenses import LENSES, Lens, UnknownLens, build_lens, parse_exclude
 from dashboard.analytics.ownership import directory_ownership, file_ownership, knowledge_at_risk
 from dashboard.analytics.people import author_activity, authors, file_history
 from dashboard.analytics.rows import MAX_DEPTH, Scope
@@ -63,9 +64,12 @@ class Params:
     thresholds: Thresholds = field(default_factory=Thresholds)
     path: str = ""
     author: str = ""
+    #: The lenses left out (docs/analytics.md#lenses).
+    exclude: frozenset[str] = frozenset()
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "exclude": [n for n in LENSES if n in self.exclude],
             **self.window.as_dict(),
             "depth": self.depth,
             "limit": self.limit,
@@ -105,7 +109,15 @@ def parse_params(values: Mapping[str, Any]) -> Params:
     author = _text(values, "author") or ""
     if len(author) > 512 or "\x00" in author:
         raise BadParameter("author must be an e-mail address as stored")
+    raw_exclude = values.get("exclude")
+    if isinstance(raw_exclude, list | tuple):  # the CLI's repeated --exclude
+        raw_exclude = ",".join(str(v) for v in raw_exclude)
+    try:
+        exclude = parse_exclude(None if raw_exclude is None else str(raw_exclude)[:200])
+    except UnknownLens as exc:
+        raise BadParameter(str(exc)) from None
     return Params(
+        exclude=exclude,
         window=window,
         depth=ints["depth"],
         limit=ints["limit"],
@@ -143,10 +155,41 @@ def git_version() -> str:
     return done.stdout.strip().removeprefix("git version ")
 
 
-def provenance(repo: Repository, fingerprint: str, window: Window) -> dict[str, Any]:
+def reproduce(window: Window, lens: Lens, head: str = "") -> str:
+    """The ``git log`` command printing the rows a report is computed from: the window,
+    the bots lens as an author filter, ``head``, and the path lenses as pathspecs."""
+    command = ["git log --no-merges --no-renames --numstat", *window.git_args()]
+    if "bots" in lens.exclude:
+        command.append(f"--perl-regexp --regexp-ignore-case --author='{bot_regexp(lens)}'")
+    if head:
+        command.append(head)
+    specs = lens.pathspecs()
+    if specs:
+        command += ["--", *(f"'{s}'" for s in specs)]
+    return " ".join(command)
+
+
+def bot_regexp(lens: Lens) -> str:
+    """A PCRE for ``git log --perl-regexp --author`` matching the authors the bots lens
+    keeps (``Name <email>`` lines where neither is a bot)."""
+    import fnmatch
+
+    alternatives = [r".*\[bot\]"]
+    for pattern in lens.bot_patterns:
+        body = fnmatch.translate(pattern).removeprefix("(?s:").removesuffix(r")\Z")
+        body = body.replace("'", ".")  # the command is single-quoted
+        alternatives += [f"(?:{body}) <", f".*<(?:{body})>$"]
+    regexp = f"^(?!{'|'.join(alternatives)})"
+    return regexp
+
+
+def provenance(
+    repo: Repository, fingerprint: str, window: Window, lens: Lens | None = None
+) -> dict[str, Any]:
     """Where a report's numbers come from: the analyzer version (fingerprint, code version,
-    configuration), the analysed head and branch, this host's git, and the command that
-    prints the rows they are computed from at that head."""
+    configuration), the analysed head and branch, this host's git, the lenses, and the
+    command that prints the rows they are computed from at that head."""
+    lens = lens or Lens()
     version = (
         AnalyzerVersion.objects.filter(fingerprint=fingerprint)
         .values("code_version", "config")
@@ -154,9 +197,6 @@ def provenance(repo: Repository, fingerprint: str, window: Window) -> dict[str, 
     )
     if version is None:  # the deployed default, before any rollout registered a version
         version = {"code_version": "", "config": core_analysis.DEFAULT.to_dict()}
-    command = ["git log --no-merges --no-renames --numstat", *window.git_args()]
-    if repo.head:
-        command.append(repo.head)
     return {
         "fingerprint": fingerprint,
         "code_version": version["code_version"],
@@ -164,8 +204,11 @@ def provenance(repo: Repository, fingerprint: str, window: Window) -> dict[str, 
         "head": repo.head,
         "branch": repo.branch or "(default)",
         "git_version": git_version(),
-        "command": " ".join(command),
+        "command": reproduce(window, lens, repo.head),
         "mailmap": "the .mailmap at the analysed head, as git log's %aN/%aE apply it",
+        "lenses": lens.as_dict(),
+        "co_authors": "Co-authored-by: trailers as the analysis stored them (a version "
+        "analysed before they were stored credits none)",
     }
 
 
@@ -175,7 +218,9 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
     change in the window."""
     if kind not in KINDS:
         raise BadParameter(f"unknown analysis {kind!r}: one of {', '.join(KINDS)}")
-    scope = Scope.of(repo, params.window)
+    fingerprint = Scope.of(repo, params.window).fingerprint
+    lens = build_lens(params.exclude, repo, fingerprint)
+    scope = Scope.of(repo, params.window, fingerprint, lens)
     body: dict[str, Any] = {
         "repository": repo.pk,
         "name": repo.name,
@@ -183,11 +228,10 @@ def report(kind: str, repo: Repository, params: Params) -> dict[str, Any]:
         "fingerprint": scope.fingerprint,
         "window": params.window.as_dict(),
         "parameters": params.as_dict(),
-        "reproduce": " ".join(
-            ["git log --no-merges --no-renames --numstat", *params.window.git_args()]
-        ),
+        "exclude": [n for n in LENSES if n in params.exclude],
+        "reproduce": reproduce(params.window, lens),
         "computed_at": timezone.now().isoformat(),
-        "provenance": provenance(repo, scope.fingerprint, params.window),
+        "provenance": provenance(repo, scope.fingerprint, params.window, lens),
     }
     t, depth, limit = params.thresholds, params.depth, params.limit
     if kind == "coupling":
@@ -237,6 +281,8 @@ def tables(body: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for holder in (body, body.get("activity") or {}, body.get("history") or {}):
         for name, value in holder.items():
+            if name == "exclude":  # the lenses left out: a list of names, no table
+                continue
             if isinstance(value, list) and all(isinstance(r, dict) for r in value):
                 found[name] = value
     risk = body.get("knowledge_at_risk")

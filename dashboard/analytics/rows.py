@@ -14,7 +14,7 @@ thresholds) is a query parameter."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,8 +22,9 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from dashboard.analytics.lenses import Lens
 from dashboard.analytics.window import Window
-from dashboard.models import Commit, FileChange, Repository
+from dashboard.models import CoAuthor, Commit, FileChange, Repository
 from dashboard.repositories import current_fingerprint
 
 #: Directory roll-ups go at most this deep (``depth`` of the API, pages and CLI).
@@ -32,19 +33,45 @@ MAX_DEPTH = 6
 
 @dataclass(frozen=True)
 class Scope:
-    """One repository's stored rows under one fingerprint inside a window."""
+    """One repository's stored rows under one fingerprint inside a window, seen through
+    a lens (docs/analytics.md#lenses: what is left out, and the identity map)."""
 
     repo: Repository
     fingerprint: str
     window: Window
+    lens: Lens = field(default_factory=Lens)
 
     @classmethod
-    def of(cls, repo: Repository, window: Window, fingerprint: str | None = None) -> Scope:
-        return cls(repo, fingerprint or current_fingerprint(), window)
+    def of(
+        cls,
+        repo: Repository,
+        window: Window,
+        fingerprint: str | None = None,
+        lens: Lens | None = None,
+    ) -> Scope:
+        return cls(repo, fingerprint or current_fingerprint(), window, lens or Lens())
+
+    def within(self, window: Window) -> Scope:
+        """The same repository, fingerprint and lens over another window."""
+        return Scope(self.repo, self.fingerprint, window, self.lens)
+
+    def author(self, alias: str = "c") -> str:
+        """The SQL of a commit's credited author: its canonical e-mail through the
+        identity map (no parameters)."""
+        return self.lens.person_sql(f"{alias}.author_canonical_email")
+
+    def file_filter(self, alias: str = "f") -> tuple[str, list[Any]]:
+        """`` AND <the file row is not left out>`` (empty without a path lens)."""
+        if not self.lens.excludes_paths:
+            return "", []
+        sql, params = self.lens.excluded_sql(f"{alias}.path")
+        return f" AND NOT {sql}", params
 
     def commit_filter(self, alias: str = "c") -> tuple[str, list[Any]]:
         """The WHERE of this scope's commits (the page index serves it: repository,
-        fingerprint, committed_at)."""
+        fingerprint, committed_at). With the ``bots`` lens a bot's commit is left out;
+        with a path lens, a commit none of whose files is left in (as ``git log --
+        <pathspec>`` drops it)."""
         ops = connection.ops
         where = [
             f"{alias}.repository_id = %s",
@@ -58,18 +85,74 @@ class Scope:
         if self.window.end is not None:
             where.append(f"{alias}.committed_at < %s")
             params.append(ops.adapt_datetimefield_value(self.window.end))
+        if "bots" in self.lens.exclude:
+            where.append(
+                "NOT "
+                + self.lens.bot_sql(
+                    f"{alias}.author_canonical_name", f"{alias}.author_canonical_email"
+                )
+            )
+        if self.lens.excludes_paths:
+            kept, kept_params = self.file_filter("lf")
+            where.append(
+                f"EXISTS (SELECT 1 FROM {FileChange._meta.db_table} lf "  # noqa: S608
+                f"WHERE lf.commit_id = {alias}.id{kept})"
+            )
+            params += kept_params
         return " AND ".join(where), params
 
     def rows_cte(self) -> tuple[str, list[Any]]:
         """``scoped(rev, path, added, deleted, author, at)``: a CTE body (without WITH)."""
         where, params = self.commit_filter()
+        files, file_params = self.file_filter()
         sql = (
             "scoped AS (SELECT f.commit_id AS rev, f.path AS path, f.added AS added, "  # noqa: S608
-            "f.deleted AS deleted, c.author_canonical_email AS author, c.committed_at AS at "
+            f"f.deleted AS deleted, {self.author()} AS author, c.committed_at AS at "
             f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
-            f"ON f.commit_id = c.id WHERE {where})"
+            f"ON f.commit_id = c.id WHERE {where}{files})"
         )
-        return sql, params
+        return sql, [*params, *file_params]
+
+    def commits_cte(self) -> tuple[str, list[Any]]:
+        """``commits(id, author, name, at, ins, del, files)``: the scope's commits with
+        their lines and files, counted over the file rows left in when a path lens
+        leaves some out (else as stored)."""
+        where, params = self.commit_filter()
+        if not self.lens.excludes_paths:
+            sql = (
+                f"commits AS (SELECT c.id AS id, {self.author()} AS author, "  # noqa: S608
+                "c.author_canonical_name AS name, c.committed_at AS at, c.insertions AS ins, "
+                "c.deletions AS del, c.files_changed AS files "
+                f"FROM {Commit._meta.db_table} c WHERE {where})"
+            )
+            return sql, params
+        files, file_params = self.file_filter()
+        sql = (
+            f"commits AS (SELECT c.id AS id, MAX({self.author()}) AS author, "  # noqa: S608
+            "MAX(c.author_canonical_name) AS name, MAX(c.committed_at) AS at, "
+            "SUM(f.added) AS ins, SUM(f.deleted) AS del, COUNT(*) AS files "
+            f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
+            f"ON f.commit_id = c.id WHERE {where}{files} GROUP BY c.id)"
+        )
+        return sql, [*params, *file_params]
+
+    def credits_cte(self) -> tuple[str, list[Any]]:
+        """``credits(rev, person)``: who is credited with each of the scope's commits
+        (docs/analytics.md#co-authors): its author and each ``Co-authored-by:`` co-author,
+        through the identity map, once each (UNION drops the author named again as a
+        co-author); the ``bots`` lens credits no bot co-author."""
+        where, params = self.commit_filter()
+        co = self.lens.person_sql("co.email")
+        bots = ""
+        if "bots" in self.lens.exclude:
+            bots = " AND NOT " + self.lens.bot_sql("co.name", "co.email")
+        sql = (
+            f"credits AS (SELECT c.id AS rev, {self.author()} AS person "  # noqa: S608
+            f"FROM {Commit._meta.db_table} c WHERE {where} UNION "
+            f"SELECT co.commit_id AS rev, {co} AS person FROM {CoAuthor._meta.db_table} co "
+            f"JOIN {Commit._meta.db_table} c ON c.id = co.commit_id WHERE {where}{bots})"
+        )
+        return sql, [*params, *params]
 
 
 def directory_ctes(source: str, depth: int, columns: Sequence[str]) -> tuple[str, str]:
@@ -110,13 +193,22 @@ def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
 
 
 def author_names(scope: Scope) -> dict[str, str]:
-    """Each canonical author email of the scope's commits and its (mailmap) name."""
+    """Each credited identity of the scope's commits (authors through the identity map,
+    and co-authors) and its name: an author's (mailmap) name, else a co-author's."""
     where, params = scope.commit_filter()
     sql = (
-        f"SELECT c.author_canonical_email, MAX(c.author_canonical_name) "  # noqa: S608
-        f"FROM {Commit._meta.db_table} c WHERE {where} GROUP BY c.author_canonical_email"
+        f"SELECT {scope.author()}, MAX(c.author_canonical_name) "  # noqa: S608
+        f"FROM {Commit._meta.db_table} c WHERE {where} GROUP BY {scope.author()}"
     )
-    return {email: name for email, name in fetch(sql, params)}
+    names = {email: name for email, name in fetch(sql, params)}
+    co = scope.lens.person_sql("co.email")
+    sql = (
+        f"SELECT {co}, MAX(co.name) FROM {CoAuthor._meta.db_table} co "  # noqa: S608
+        f"JOIN {Commit._meta.db_table} c ON c.id = co.commit_id WHERE {where} GROUP BY {co}"
+    )
+    for email, name in fetch(sql, params):
+        names.setdefault(email, name or email)
+    return names
 
 
 def as_instant(value: Any) -> datetime:

@@ -20,6 +20,7 @@ from dashboard.api.commits import commit_detail, repo_reanalyse
 from dashboard.api.dlq import bulk_action, dlq, dlq_discard, dlq_group, dlq_retry
 from dashboard.api.endpoint import not_found
 from dashboard.api.hooks import push_hook, repo_hook_secret
+from dashboard.api.integrity import integrity, integrity_clear
 from dashboard.api.metrics import metrics
 from dashboard.api.openapi import openapi_document
 from dashboard.api.operations import lock_release, queue_pause, queue_resume, status
@@ -27,6 +28,8 @@ from dashboard.api.repos import repo_cancel, repo_commits, repo_detail, repos
 from dashboard.api.rollouts import (
     rollout_action,
     rollout_detail,
+    rollout_pin,
+    rollout_unpin,
     rollouts_collection,
     rollouts_freeze,
     version_retire,
@@ -41,6 +44,8 @@ __all__ = [
     "dlq_discard",
     "dlq_group",
     "dlq_retry",
+    "integrity",
+    "integrity_clear",
     "lock_release",
     "metrics",
     "not_found",
@@ -63,6 +68,8 @@ __all__ = [
     "repos",
     "rollout_action",
     "rollout_detail",
+    "rollout_pin",
+    "rollout_unpin",
     "rollouts_collection",
     "rollouts_freeze",
     "run_cancel",

@@ -1,7 +1,8 @@
 """A repository's analyses over the API (docs/api.md#analytics): ``GET
 /api/repos/<id>/hotspots``, ``/coupling``, ``/ownership``, ``/age``, ``/authors``,
-``/authors/<identity>`` and ``/files?path=P``, each with ``since``/``until``/``last`` and
-its own parameters; thin over ``dashboard.analytics``."""
+``/authors/<identity>`` and ``/files?path=P``, each with ``since``/``until``/``last``,
+``exclude`` (the lenses, docs/analytics.md#lenses) and its own parameters; thin over
+``dashboard.analytics``."""
 
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
         if repo is None:
             return error("repository not found", 404)
         values = {k: request.GET.get(k) for k in request.GET}
+        if "exclude" in request.GET:  # ?exclude=a,b or ?exclude=a&exclude=b
+            values["exclude"] = ",".join(request.GET.getlist("exclude"))
         if identity is not None:
             values["author"] = identity
+        if withheld := analytics.withheld_reason(repo):
+            return error(withheld, 409)  # docs/analytics.md#verification
         try:
             params = analytics.parse_params(values)
             body = analytics.report(kind, repo, params)
@@ -31,6 +36,7 @@ def _analysis(kind: str) -> Callable[..., HttpResponse]:
             return error(str(exc), 400)
         except analytics.NotFound as exc:
             return error(str(exc), 404)
+        body["verification"] = analytics.verification_status(repo)
         fmt = request.GET.get("format") or "json"
         if fmt == "json":
             return JsonResponse(body)

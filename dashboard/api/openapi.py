@@ -116,8 +116,67 @@ SCHEMAS: dict[str, Any] = {
             "created_at": TIME,
             "analyzed_at": TIME_OR_NULL,
         },
-        {"summary": {"type": ["object", "null"]}},
+        {
+            "summary": {"type": ["object", "null"]},
+            "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
+            "withheld": STR_OR_NULL,
+        },
     ),
+    "Verification": _obj(
+        {
+            "state": {"enum": ["pending", "ok", "mismatch", "cleared"]},
+            "fingerprint": {"type": "string"},
+            "head": STR_OR_NULL,
+            "sampled": COUNT,
+            "mismatches": COUNT,
+            "details": {"type": "array", "items": _ref("IntegrityMismatch")},
+            "checked_at": TIME_OR_NULL,
+            "age_seconds": {"type": ["number", "null"], "minimum": 0},
+            "next_at": TIME_OR_NULL,
+            "in_flight": {"type": "boolean"},
+            "withheld": {"type": "boolean"},
+            "reason": STR_OR_NULL,
+            "cleared_by": STR_OR_NULL,
+            "cleared_at": TIME_OR_NULL,
+            "policy": {"enum": ["flag", "withhold"]},
+            "badge": {"type": "string", "description": "the line the pages show"},
+        }
+    ),
+    "IntegrityMismatch": _obj(
+        {
+            "sha": {"type": "string", "description": "the commit; empty for the totals"},
+            "path": {"type": "string"},
+            "field": {"type": "string", "description": "added, deleted, binary, row, totals.*"},
+            "git": {},
+            "stored": {},
+        }
+    ),
+    "IntegrityGroup": _obj(
+        {
+            "open": COUNT,
+            "mismatches": {
+                "type": "array",
+                "items": {
+                    "allOf": [
+                        _ref("Verification"),
+                        _obj(
+                            {
+                                "id": ID,
+                                "repository": _obj(
+                                    {
+                                        "id": ID,
+                                        "name": {"type": "string"},
+                                        "url": {"type": "string"},
+                                    }
+                                ),
+                            }
+                        ),
+                    ]
+                },
+            },
+        }
+    ),
+    "IntegrityCleared": _obj({"cleared": {"type": "boolean"}, "id": ID}),
     "FileChange": _obj(
         {
             "path": {"type": "string"},
@@ -307,7 +366,56 @@ SCHEMAS: dict[str, Any] = {
                 ]
             },
         },
-        {"timeline": {"type": "array", "items": {"type": "object"}}},
+        {
+            "timeline": {"type": "array", "items": {"type": "object"}},
+            # docs/rollouts.md#checks-and-gates: each step's check and gate measurements.
+            "measurements": {"type": "array", "items": _ref("StepMeasurements")},
+            # docs/rollouts.md#pinning
+            "pins": {"type": "array", "items": _ref("Pin")},
+        },
+    ),
+    "StepMeasurements": _obj(
+        {
+            "step_index": {"type": "integer"},
+            "percent": {"type": "integer"},
+            "checks": {"type": "array", "items": _ref("Measured")},
+            "gates": {"type": "array", "items": _ref("Measured")},
+        }
+    ),
+    "Measured": _obj(
+        {
+            "name": {"type": "string"},
+            "dry_run": {"type": "boolean"},
+            "outcome": {"enum": ["success", "failure", "inconclusive"]},
+            "value": {"type": ["number", "null"]},
+            "condition": {"type": "string"},
+            "message": {"type": "string"},
+            "counts": {"type": "object"},
+            "latest": {"type": "array", "items": {"type": "object"}},
+        }
+    ),
+    "Pin": _obj(
+        {
+            "repository": ID,
+            "url": {"type": "string"},
+            "pinned_by": {"type": "string"},
+            "pinned_at": TIME,
+        }
+    ),
+    "PinRequest": {
+        "type": "object",
+        "required": ["repositories"],
+        "additionalProperties": False,
+        "properties": {
+            "repositories": {"type": "array", "items": ID, "minItems": 1, "maxItems": 100}
+        },
+    },
+    "RolloutPins": _obj(
+        {
+            "rollout": ID,
+            "pinned": {"type": "array", "items": ID},
+            "pins": {"type": "array", "items": _ref("Pin")},
+        }
     ),
     "Rollouts": _obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}),
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
@@ -343,6 +451,8 @@ SCHEMAS: dict[str, Any] = {
                     "step_deadline": {"type": "number", "minimum": 0},
                     "on_inconclusive": {"enum": ["pause", "fail"]},
                     "shadow_commits": {"type": "number", "minimum": 0},
+                    # docs/rollouts.md#checks-and-gates
+                    "checks": {"type": "array", "items": {"type": "object"}},
                 },
             },
         },
@@ -453,11 +563,13 @@ def _report(kind: str, required: dict[str, Any], **more: Any) -> dict[str, Any]:
                 "fingerprint": {"type": "string"},
                 "window": _ref("AnalyticsWindow"),
                 "parameters": _ref("AnalyticsParameters"),
+                "exclude": _LENS_NAMES,
                 "reproduce": {"type": "string"},
                 "computed_at": TIME,
                 "provenance": _ref("AnalyticsProvenance"),
                 **required,
-            }
+            },
+            {"verification": {"oneOf": [_ref("Verification"), {"type": "null"}]}},
         ),
         **more,
     }
@@ -477,8 +589,12 @@ def _hotspot(key: str) -> dict[str, Any]:
     )
 
 
+#: The lenses a report leaves out (docs/analytics.md#lenses).
+_LENS_NAMES = {"type": "array", "items": {"enum": list(analytics.LENSES)}, "uniqueItems": True}
+
 _OWNERSHIP = {
     "revs": {"type": "integer", "minimum": 1},
+    "credits": {"type": "integer", "minimum": 1},
     "authors": {"type": "integer", "minimum": 1},
     "main_dev": {"type": "string"},
     "main_dev_name": {"type": "string"},
@@ -519,6 +635,7 @@ SCHEMAS |= {
             },
             "path": {"type": "string"},
             "author": {"type": "string"},
+            "exclude": _LENS_NAMES,
         }
     ),
     "AnalyticsProvenance": _obj(
@@ -531,6 +648,16 @@ SCHEMAS |= {
             "git_version": {"type": "string"},
             "command": {"type": "string"},
             "mailmap": {"type": "string"},
+            "lenses": _obj(
+                {
+                    "ruleset": {"type": "string"},
+                    "excluded": _LENS_NAMES,
+                    "attributes": {"type": "string"},
+                    "bot_patterns": {"type": "array", "items": {"type": "string"}},
+                    "identity_map": COUNT,
+                }
+            ),
+            "co_authors": {"type": "string"},
         }
     ),
     "HotspotFile": _hotspot("path"),
@@ -710,6 +837,11 @@ _WINDOW = [
         "the days ending at until (default today); not with since",
     ),
     _int_query("limit", "rows per table"),
+    _query(
+        "exclude",
+        {"type": "string", "pattern": f"^(({'|'.join(analytics.LENSES)}),?)*$"},
+        "lenses to leave out, comma-separated or repeated (docs/analytics.md#lenses)",
+    ),
 ]
 _DEPTH = _int_query("depth", "directory levels of the roll-ups")
 _THRESHOLDS = [
@@ -737,8 +869,8 @@ def _analysis(
     }
     return {
         "get": _op(
-            summary,
-            _responses({"200": ok}),
+            summary + " A 409 while the results are withheld (docs/analytics.md#verification).",
+            _responses({"200": ok}, "409"),
             parameters=[
                 _REPO,
                 *parameters,
@@ -789,8 +921,8 @@ PATHS: dict[str, Any] = {
     },
     "/api/repos/{repo_id}/commits": {
         "get": _op(
-            "Its analysed commits, newest first, cursor-paginated.",
-            _responses({"200": _ok(_ref("CommitPage"), "one page")}),
+            "Its analysed commits, newest first, cursor-paginated (409 while withheld).",
+            _responses({"200": _ok(_ref("CommitPage"), "one page")}, "409"),
             parameters=[
                 _REPO,
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
@@ -992,6 +1124,22 @@ PATHS: dict[str, Any] = {
             parameters=[_path("rollout_id", ID)],
         )
     },
+    "/api/rollouts/{rollout_id}/pin": {
+        "post": _op(
+            "Pin repositories to the rollout's ramping version (staff + start_rollout; audited).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
+    "/api/rollouts/{rollout_id}/unpin": {
+        "post": _op(
+            "Unpin repositories from the rollout's ramping version (staff + start_rollout).",
+            _responses({"200": _ok(_ref("RolloutPins"), "the rollout's pins")}, "409"),
+            parameters=[_path("rollout_id", ID)],
+            requestBody=_body(_ref("PinRequest")),
+        )
+    },
     "/api/rollouts/{rollout_id}/{action}": {
         "post": _op(
             "Promote, roll back, abort or take over a rollout (audited).",
@@ -1022,6 +1170,21 @@ PATHS: dict[str, Any] = {
             "(staff + rollback_rollout; audited).",
             _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
             parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
+            requestBody=_body(_ref("Reason")),
+        )
+    },
+    "/api/integrity": {
+        "get": _op(
+            "The integrity group: open verification mismatches. " + _OPERATORS,
+            _responses({"200": _ok(_ref("IntegrityGroup"), "the open mismatches")}),
+        )
+    },
+    "/api/integrity/{verification_id}/clear": {
+        "post": _op(
+            "Clear an open mismatch and serve its results again "
+            "(dashboard.change_repository; audited).",
+            _responses({"200": _ok(_ref("IntegrityCleared"), "cleared")}, "409"),
+            parameters=[_path("verification_id", ID)],
             requestBody=_body(_ref("Reason")),
         )
     },

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from dashboard import analytics
 from dashboard.api.endpoint import api_view, error, json_body, rate_limited
 from dashboard.models import Repository
 from dashboard.repositories import (
@@ -51,7 +52,12 @@ def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
     if repo is None:
         return error("repository not found", 404)
     body = repository_status(repo)
-    if request.GET.get("summary") in {"1", "true"}:
+    body["verification"] = analytics.verification_status(repo)
+    # withheld results (docs/analytics.md#verification): the reason instead of numbers
+    body["withheld"] = withheld = analytics.withheld_reason(repo)
+    if request.GET.get("summary") in {"1", "true"} and withheld:
+        body["summary"] = None
+    elif request.GET.get("summary") in {"1", "true"}:
         fp = current_fingerprint()
         stored = body["commits_analyzed"] if body["fingerprint"] == fp else None
         body["summary"] = repository_summary(repo, fp, stored=stored)
@@ -70,6 +76,8 @@ def repo_commits(request: HttpRequest, repo_id: int) -> HttpResponse:
         return error("limit must be an integer", 400)
     if not 1 <= limit <= 1000:
         return error("limit must be between 1 and 1000", 400)
+    if withheld := analytics.withheld_reason(repo):
+        return error(withheld, 409)
     try:
         rows, nxt = commit_page(
             repo,

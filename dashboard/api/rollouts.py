@@ -25,11 +25,14 @@ from dashboard.rollouts import (
     enqueue_driver_job,
     freeze_status,
     notification_status,
+    pin_repositories,
+    pinned,
     request_action,
     rollback_rollout,
     rollout_freeze,
     set_stop_the_line,
     start_rollout,
+    unpin_repositories,
 )
 from dashboard.versions import QUEUE as ROLLOUT_QUEUE
 from dashboard.versions import (
@@ -344,3 +347,56 @@ def rollouts_freeze(request: HttpRequest) -> HttpResponse:
         return _refuse_rollout(request, "stop_the_line", target, str(problem), 400)
     set_stop_the_line(on=on, actor=request.user, reason=reason)
     return JsonResponse(freeze_status())
+
+
+@api_view(("POST",))
+def rollout_pin(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """``POST /api/rollouts/<id>/pin`` (:func:`_pins`)."""
+    return _pins(request, rollout_id, "pin")
+
+
+@api_view(("POST",))
+def rollout_unpin(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """``POST /api/rollouts/<id>/unpin`` (:func:`_pins`)."""
+    return _pins(request, rollout_id, "unpin")
+
+
+def _pins(request: HttpRequest, rollout_id: int, verb: str) -> HttpResponse:
+    """``POST /api/rollouts/<id>/pin`` / ``…/unpin`` ``{"repositories": [ids]}`` → 200
+    ``{"rollout", "pinned": [ids], "pins": [...]}``: pinned repositories always route to
+    the rollout's ramping version (docs/rollouts.md#pinning). Staff +
+    ``dashboard.start_rollout``; 409 when the rollout is not ramping, 400 for unknown
+    repositories or a bad body; refusals audited, changes on the timeline (audited)."""
+    target = f"rollout #{rollout_id}"
+    if not permitted(request, "dashboard.start_rollout"):
+        return _refuse_rollout(
+            request, verb, target, f"you do not have permission to {verb} repositories", 403
+        )
+    try:
+        data = json_body(request)
+    except ValueError as exc:
+        return _refuse_rollout(request, verb, target, str(exc), 400)
+    unknown = sorted(set(data) - {"repositories"})
+    repos = data.get("repositories")
+    if (
+        unknown
+        or not isinstance(repos, list)
+        or not all(isinstance(r, int) and not isinstance(r, bool) for r in repos)
+    ):
+        why = (
+            f"unknown field(s): {', '.join(unknown)}"
+            if unknown
+            else '"repositories" must be a list of repository ids'
+        )
+        return _refuse_rollout(request, verb, target, why, 400)
+    ro = Rollout.objects.select_related("version", "previous").filter(pk=rollout_id).first()
+    if ro is None:
+        return error(f"no rollout #{rollout_id}", 404)
+    change = pin_repositories if verb == "pin" else unpin_repositories
+    try:
+        ids = change(rollout=ro.pk, repositories=repos, actor=request.user)
+    except InvalidTransition as exc:
+        return _refuse_rollout(request, verb, target, str(exc), 409)
+    except RolloutError as exc:
+        return _refuse_rollout(request, verb, target, str(exc), 400)
+    return JsonResponse({"rollout": ro.pk, "pinned": ids, "pins": pinned(ro)})

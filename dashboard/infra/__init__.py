@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dashboard.infra.activity_feed import recent
     from dashboard.infra.dbpool import close_thread_connections, use_direct_connections
-    from dashboard.infra.env import env_bool, env_float, env_int, env_list, env_str
+    from dashboard.infra.env import env_bool, env_float, env_int, env_list, env_mapping, env_str
     from dashboard.infra.events import (
         EVENT_TYPES,
         OPS_GROUP,
@@ -85,6 +85,7 @@ __all__ = [
     "env_float",
     "env_int",
     "env_list",
+    "env_mapping",
     "env_str",
     "has_nul",
     "install_hooks",
@@ -120,6 +121,7 @@ _SURFACE: dict[str, str] = {
     "env_float": "dashboard.infra.env",
     "env_int": "dashboard.infra.env",
     "env_list": "dashboard.infra.env",
+    "env_mapping": "dashboard.infra.env",
     "env_str": "dashboard.infra.env",
     "EVENT_TYPES": "dashboard.infra.events",
     "OPS_GROUP": "dashboard.infra.events",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -67,3 +68,32 @@ def env_list(name: str, default: str = "") -> list[str]:
     DOCUMENTED[name] = default
     raw = os.environ.get(name, default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_mapping(name: str) -> dict[str, str]:
+    """A JSON object of non-empty strings (``{"a": "b"}``), or ``@PATH`` of a file holding
+    one; unset or empty: ``{}``."""
+    DOCUMENTED[name] = ""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    if raw.startswith("@"):
+        try:
+            with open(raw[1:], encoding="utf-8") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}: cannot read {raw[1:]!r}: {exc}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object: {exc}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str)
+        and isinstance(v, str)
+        and k.strip()
+        and v.strip()
+        and "\x00" not in k + v
+        for k, v in data.items()
+    ):
+        raise ImproperlyConfigured(f"{name} must map non-empty strings to non-empty strings")
+    return data

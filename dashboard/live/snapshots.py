@@ -43,7 +43,7 @@ from django.db import connection
 from django.db.models import Q
 from rq import Queue
 
-from dashboard import infra
+from dashboard import analytics, infra
 from dashboard import locks as dashboard_locks
 from dashboard.infra import OWN_EVENTS, QueueUnavailable, dropped_events, published_count
 from dashboard.locks import worker_rows
@@ -344,6 +344,8 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
         "contention": dashboard_locks.contention(),
         "workers": worker_rows(),
         "dlq": dlq,
+        # the integrity group beside the dead letters (docs/analytics.md#verification)
+        "integrity": analytics.open_mismatch_count(),
         "actions": [
             {"id": a.pk, "kind": a.kind, "state": a.state, "done": a.done, "total": a.total}
             for a in actions

@@ -18,19 +18,23 @@ from dashboard.models.jobs import (
 )
 from dashboard.models.repositories import (
     Chunk,
+    CoAuthor,
     Commit,
     CommitCount,
     FileChange,
     Repository,
     RepositoryView,
     Summary,
+    Verification,
 )
 from dashboard.models.rollouts import (
     AnalyzerVersion,
     FreezeSwitch,
     Rollout,
     RolloutEvent,
+    RolloutMeasurement,
     RolloutNotification,
+    RolloutPin,
 )
 
 __all__ = [
@@ -39,6 +43,7 @@ __all__ = [
     "AuditEntry",
     "BulkAction",
     "Chunk",
+    "CoAuthor",
     "Commit",
     "CommitCount",
     "FenceToken",
@@ -51,7 +56,10 @@ __all__ = [
     "RepositoryView",
     "Rollout",
     "RolloutEvent",
+    "RolloutMeasurement",
     "RolloutNotification",
+    "RolloutPin",
     "Summary",
+    "Verification",
     "WorkerBeat",
 ]

@@ -279,6 +279,16 @@ class FileChange(models.Model):
         ]
 
 
+class CoAuthor(models.Model):
+    """One ``Co-authored-by:`` trailer of one analysed commit, as the analysis read it
+    (docs/analytics.md#co-authors): the name and e-mail written in the trailer. Versions
+    analysed before the trailers were stored have none, and credit no co-author."""
+
+    commit = models.ForeignKey(Commit, on_delete=models.CASCADE, related_name="co_authors")
+    name = models.TextField(blank=True, default="")
+    email = models.TextField()
+
+
 class Summary(models.Model):
     """Cached aggregates of one repository for one fingerprint, valid while
     ``commits`` equals the number of stored commits (a plan that deletes commits a
@@ -308,4 +318,50 @@ class RepositoryView(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["repository", "day"], name="repositoryview_day_unique")
+        ]
+
+
+class Verification(models.Model):
+    """The scheduled verifier's record for one repository and analyzer fingerprint
+    (docs/analytics.md#verification): its last pass (what it sampled, the head it
+    verified, every mismatch it found, naming the commit and field), its schedule and
+    whether a pass is in flight, and whether the results are withheld for a mismatch.
+
+    ``sampled_total`` and ``mismatches_total`` only grow: Prometheus counters."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # never verified yet
+        OK = "ok"
+        MISMATCH = "mismatch"  # open: in the integrity group
+        CLEARED = "cleared"  # a mismatch an admin cleared (or a re-analysis lifted)
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    generation = models.IntegerField(default=0)  # the repository's sync generation verified
+    head = models.CharField(max_length=40, blank=True, default="")
+    sampled = models.IntegerField(default=0)
+    mismatch_count = models.IntegerField(default=0)
+    mismatches = models.JSONField(default=list)  # [{sha, field, path, git, stored}], bounded
+    totals = models.JSONField(default=dict)  # {stored, git}: the totals compared
+    accepted = models.JSONField(default=list)  # "sha:path:field" keys an admin cleared
+    withheld = models.BooleanField(default=False)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    next_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)  # a pass in flight since
+    cleared_by = models.CharField(max_length=150, blank=True, default="")
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    sampled_total = models.BigIntegerField(default=0)
+    mismatches_total = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint"], name="verification_repo_fp_unique"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state"], name="verification_state_idx"),  # the group
+            # each reconciler round's due passes (docs/analytics.md#the-scheduled-verifier)
+            models.Index(fields=["fingerprint", "next_at"], name="verification_due_idx"),
         ]

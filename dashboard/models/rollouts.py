@@ -214,3 +214,59 @@ class RolloutNotification(models.Model):
                 name="notification_undelivered",
             )
         ]
+
+
+class RolloutMeasurement(models.Model):
+    """One measurement of a ramp step (docs/rollouts.md#checks-and-gates): an operator-defined
+    check's PromQL value against its conditions, or a gate webhook's answer. Written by
+    ``dashboard.rollouts.checks``; the step's verdict is decided from these rows."""
+
+    class Kind(models.TextChoices):
+        CHECK = "check"
+        GATE = "gate"
+
+    class Outcome(models.TextChoices):
+        SUCCESS = "success"
+        FAILURE = "failure"
+        INCONCLUSIVE = "inconclusive"
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="measurements")
+    step_index = models.SmallIntegerField()
+    percent = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    #: The check's or gate's ``name``.
+    name = models.CharField(max_length=100)
+    #: The check's PromQL query, or the gate's URL.
+    target = models.TextField(blank=True, default="")
+    #: The conditions the value was judged by (``success: result < 0.05``), or the gate's policy.
+    condition = models.TextField(blank=True, default="")
+    value = models.FloatField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    #: Recorded only: a dry-run check never blocks a step.
+    dry_run = models.BooleanField(default=False)
+    #: Why (``HTTP 409: not now``, ``empty vector``, ``timed out``), shown beside the outcome.
+    message = models.TextField(blank=True, default="")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["rollout", "step_index", "name"], name="measurement_step")]
+
+
+class RolloutPin(models.Model):
+    """A repository an operator pinned to a rollout's ramping version
+    (docs/rollouts.md#pinning): ``dashboard.versions.canary.version_for`` routes it to that
+    version whatever its hash bucket, while the rollout is active and its version ramping."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="pins")
+    repository = models.ForeignKey(
+        "dashboard.Repository", on_delete=models.CASCADE, related_name="rollout_pins"
+    )
+    pinned_by = models.CharField(max_length=150)
+    pinned_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["rollout", "repository"], name="pin_once_per_rollout")
+        ]

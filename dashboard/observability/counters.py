@@ -151,6 +151,13 @@ ROLLOUT_HEARTBEAT_ERRORS = Counter(
     "Rollout driver heartbeats that failed (other than a lost lease) and were retried.",
 )
 
+FETCH_HOST_DEFERRALS = Counter(
+    "gitward_fetch_host_deferrals",
+    "Attempts put back because their git host was at its fetch limit (why=limit), out of "
+    "tokens (why=rate) or backed off after a rate-limit refusal (why=backoff).",
+    ("host", "why"),
+)
+
 COUNTER_DEFS: dict[str, Counter] = {
     c.name: c
     for c in (
@@ -170,6 +177,7 @@ COUNTER_DEFS: dict[str, Counter] = {
         MASTER_SECONDS,
         DROPPED,
         ROLLOUT_HEARTBEAT_ERRORS,
+        FETCH_HOST_DEFERRALS,
     )
 }
 HISTOGRAM_DEFS: dict[str, Histogram] = {
@@ -405,6 +413,12 @@ def count_fencing_rejection(resource: str) -> None:
 def count_rollout_heartbeat_error() -> None:
     """A rollout driver's heartbeat failed and will be retried (docs/rollouts.md)."""
     count(ROLLOUT_HEARTBEAT_ERRORS)
+
+
+def count_fetch_host_deferral(host: str, *, why: str) -> None:
+    """An attempt deferred by its git host's fetch limit (``limit``), token bucket
+    (``rate``) or backoff (``backoff``): docs/scheduling.md."""
+    count(FETCH_HOST_DEFERRALS, host=host, why=why)
 
 
 def _node_totals(node: Any) -> tuple[int, int, int, float]:

@@ -10,7 +10,8 @@ Two kinds of figures, both computed at scrape time by one custom ``Collector``:
 * **gauges** of the state right now: queue backlog, running and paused, oldest job age,
   runs by state, dead letters per root-cause group, repositories by status, workers per
   version and state, lock masters up and the quorum, locks held, analyzer versions and
-  the rollout (current/ramping version, ramp %, warming gate).
+  the rollout (current/ramping version, ramp %, warming gate), per-git-host fetch slots,
+  waiters and backoffs.
 
 Every query is an aggregate over an index or O(1) per queue, so a scrape stays cheap at
 100,000 runs and dead letters (BENCHMARKS.md). A figure whose source is down is left out
@@ -20,6 +21,7 @@ Every query is an aggregate over an index or O(1) per queue, so a scrape stays c
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
@@ -41,7 +43,7 @@ from rq import Queue
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
-from dashboard import infra, locks, observability, rollouts
+from dashboard import analytics, infra, locks, observability, rollouts
 from dashboard import runs as dashboard_runs
 from dashboard.infra import dropped_events
 from dashboard.models import (
@@ -81,7 +83,7 @@ class GitwardCollector(Collector):
         server_up = 1
         try:
             # Materialised here so an unreachable server fails before anything is yielded.
-            from_redis = [*_aggregated(), *_queues()]
+            from_redis = [*_aggregated(), *_queues(), *_fetch_hosts()]
         except (infra.QueueUnavailable, redis.RedisError, OSError):
             from_redis, server_up = [], 0
         up = GaugeMetricFamily(
@@ -101,9 +103,39 @@ class GitwardCollector(Collector):
         yield from _masters()
         yield from _rollouts()
         yield from _release_gates()
+        yield from _verification()
 
 
 # ---------------------------------------------------------------------------- from Redis
+
+
+def _fetch_hosts() -> Iterator[Metric]:
+    """Per-git-host fetch limits (docs/scheduling.md#per-host-fetch-limits): slots in
+    use and allowed, fetches waiting, seconds of backoff left, per ``host``."""
+    labels = ["host"]
+    in_use = GaugeMetricFamily(
+        "gitward_fetch_host_slots_in_use", "Clones and fetches running per git host.", labels=labels
+    )
+    limit = GaugeMetricFamily(
+        "gitward_fetch_host_slots_limit", "Concurrent fetches allowed per git host.", labels=labels
+    )
+    waiting = GaugeMetricFamily(
+        "gitward_fetch_host_waiting", "Fetches waiting for a slot per git host.", labels=labels
+    )
+    backoff = GaugeMetricFamily(
+        "gitward_fetch_host_backoff_seconds",
+        "Seconds left of a git host's rate-limit backoff (0: none).",
+        labels=labels,
+    )
+    now = time.time()
+    for status in dashboard_runs.host_statuses():
+        key = [status.host]
+        in_use.add_metric(key, status.in_use)
+        limit.add_metric(key, status.limit.concurrency)
+        waiting.add_metric(key, status.waiting)
+        left = 0.0 if status.backoff_until is None else max(0.0, status.backoff_until - now)
+        backoff.add_metric(key, round(left, 3))
+    yield from (in_use, limit, waiting, backoff)
 
 
 def _aggregated() -> Iterator[Metric]:
@@ -395,3 +427,36 @@ def _release_gates() -> Iterator[Metric]:
     for endpoint in settings.ROLLOUT_WEBHOOKS:
         pending.add_metric([endpoint["name"]], counts.get(endpoint["name"], 0))
     yield pending
+
+
+def _verification() -> Iterator[Metric]:
+    """The scheduled verifier (docs/analytics.md#verification): commits re-derived and
+    mismatches found (running totals kept on the rows), open mismatches and withheld
+    versions, and the age of the stalest verification of a ready repository."""
+    m = analytics.verification_metrics()
+    yield CounterMetricFamily(
+        "gitward_verify_sampled", "Stored commits re-derived by the verifier.", value=m["sampled"]
+    )
+    yield CounterMetricFamily(
+        "gitward_verify_mismatches",
+        "Mismatches the verifier found (commits, and the totals, per pass).",
+        value=m["mismatches"],
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_open_mismatches",
+        "Verification mismatches open in the integrity group.",
+        value=m["open"],
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_withheld", "Versions whose results are withheld.", value=m["withheld"]
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_unverified",
+        "Ready repositories scheduled but not verified yet under the served version.",
+        value=m["unverified"],
+    )
+    yield GaugeMetricFamily(
+        "gitward_verify_last_age_seconds",
+        "Seconds since the stalest last verification of a ready repository (served version).",
+        value=m["oldest_age"],
+    )

@@ -11,7 +11,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from dashboard import infra
+from dashboard import analytics, infra
 from dashboard.locks import live_worker_names, orphaned_runs
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
@@ -37,7 +37,7 @@ BATCH = 1000
 #: ``Job.fetch_many`` reads each whole hash and builds a ``Job`` (five times slower on 1,000
 #: jobs, docs/operations.md#rq-internals) and fails the whole batch on a hash that has no
 #: ``data`` field. The names are pinned by tests/dashboard/operations/test_rq_internals.py.
-JOB_FIELDS = ("status", "enqueued_at", "worker_name")
+JOB_FIELDS = ("status", "enqueued_at", "worker_name", "origin")
 
 
 def reconcile() -> dict[str, int]:
@@ -74,9 +74,13 @@ def reconcile() -> dict[str, int]:
        server down too.
     8. Repositories whose scheduled refresh is due are refreshed, a batch per round
        (``repositories.refresh_due``, docs/lifecycle.md#scheduled-refresh).
+    9. Repositories whose scheduled verification is due get a pass enqueued on the
+       maintenance queue, a batch per round, one in flight per repository
+       (``analytics.schedule_verifications``, docs/analytics.md#verification).
 
     With the queue server unreachable, steps 1 and 3 (database only) still run and
-    steps 2, 4, 5, 6 and 8 wait for the next round (``queue_unreachable: 1`` in the result): a run
+    steps 2, 4, 5, 6, 8 and 9 wait for the next round (``queue_unreachable: 1`` in the
+    result): a run
     submitted meanwhile is committed ``queued`` with no RQ job, which step 2 treats as
     missing and enqueues once the server is back.
 
@@ -99,6 +103,7 @@ def reconcile() -> dict[str, int]:
         drivers = reconcile_pending_drivers()
         caught_up = reconcile_catch_up()
         refreshed = refresh_due()["refreshed"]
+        verifications = analytics.schedule_verifications()["enqueued"]
         queue_down = 0
     except infra.QueueUnavailable as exc:
         # The database keeps every queued run; the next round (once the queue server
@@ -106,6 +111,7 @@ def reconcile() -> dict[str, int]:
         # and the catch-up (which read and edit the queues) wait for it too.
         log.warning("reconciler: %s; queued runs wait for it", exc)
         promoted = requeued = cancelled = swept = drained = drivers = caught_up = refreshed = 0
+        verifications = 0
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
@@ -124,6 +130,7 @@ def reconcile() -> dict[str, int]:
         "drivers": drivers,
         "caught_up": caught_up,
         "refreshed": refreshed,
+        "verifications": verifications,
         "queue_unreachable": queue_down,
         "notified": notified["delivered"],
         "notify_failed": notified["failed"],
@@ -164,6 +171,9 @@ def _requeue_stale() -> tuple[int, int]:
             if _stale(run, fields, conn, live, in_queue):
                 q = infra.queue(run.queue)
                 conn.lrem(q.key, 0, run.rq_id())  # never two copies of one attempt
+                origin = fields[3].decode() if fields[3] else ""
+                if origin and origin != run.queue:  # a worker host's queue (mirror affinity)
+                    conn.lrem(infra.queue(origin).key, 0, run.rq_id())
                 ScheduledJobRegistry(queue=q).remove(run.rq_id())
                 conn.delete(Job.key_for(run.rq_id()))  # the stale hash, if any
                 if enqueue_run(run):
@@ -191,7 +201,7 @@ def _stale(
     live: set[str],
     cache: dict[str, set[str]],
 ) -> bool:
-    status, enqueued_at, worker = (f.decode() if f else None for f in fields)
+    status, enqueued_at, worker, origin = (f.decode() if f else None for f in fields)
     if status is None:
         return True  # missing: Redis lost it
     if status in _ENDED:
@@ -207,7 +217,9 @@ def _stale(
     if age < GRACE_SECONDS:
         return False
     if status == JobStatus.QUEUED.value:
-        return run.rq_id() not in _queued_ids(conn, run.queue, cache)
+        # the queue it was put on: a chunk may wait on a worker host's queue first
+        # (docs/scheduling.md#mirror-affinity)
+        return run.rq_id() not in _queued_ids(conn, origin or run.queue, cache)
     if status == JobStatus.STARTED.value:
         return worker not in live
     if status == JobStatus.SCHEDULED.value:

@@ -16,7 +16,7 @@ from django.utils import timezone as djtz
 
 from dashboard.infra import DB_INT_MAX
 from dashboard.locks import check_token
-from dashboard.models import Chunk, Commit, FileChange, Repository
+from dashboard.models import Chunk, CoAuthor, Commit, FileChange, Repository
 from dashboard.repositories.commit_counts import add_stored
 from workers.analysis import CommitRecord
 from workers.runtime import failpoint
@@ -36,6 +36,18 @@ FILE_COLUMNS = (
     "commit_id", "repository_id", "fingerprint", "path", "added", "deleted", "binary",
     "language",
 )  # fmt: skip
+
+CO_AUTHOR_COLUMNS = ("commit_id", "name", "email")
+
+
+def co_author_identity(value: str) -> tuple[str, str]:
+    """A ``Co-authored-by:`` value, ``Name <email>``, as (name, email); a value without
+    ``<…>`` is all e-mail (docs/analytics.md#co-authors)."""
+    name, sep, rest = value.rpartition("<")
+    if not sep:
+        return "", _text(value.strip())
+    return _text(name.strip()), _text(rest.split(">", 1)[0].strip())
+
 
 #: Minutes east of UTC per tzinfo: the parser shares one tzinfo object per offset.
 _OFFSETS: dict[tzinfo | None, int] = {}
@@ -87,7 +99,7 @@ class _Rows:
     ``_copy_postgresql``: per row), and so is the commit id, which only exists inside the
     transaction (SQLite: ``k`` plus the first id, in SQL; nothing is re-tupled)."""
 
-    __slots__ = ("commits", "files", "fp", "repo_id", "shas")
+    __slots__ = ("co_authors", "commits", "files", "fp", "repo_id", "shas")
 
     def __init__(self, repo_id: int, fp: str, records: Sequence[CommitRecord], token: int) -> None:
         stamp = _sqlite_datetime if connection.vendor == "sqlite" else _identity
@@ -96,7 +108,15 @@ class _Rows:
         self.shas = [r.sha for r in records]
         self.commits: list[tuple[Any, ...]] = []
         self.files: list[list[tuple[Any, ...]]] = []
+        #: Per commit its co-authors' (name, email), the e-mails distinct.
+        self.co_authors: list[list[tuple[str, str]]] = []
         for k, r in enumerate(records):
+            people: dict[str, str] = {}
+            for value in r.co_authors:
+                name, email = co_author_identity(value)
+                if email:
+                    people.setdefault(email, name)
+            self.co_authors.append([(n, e) for e, n in people.items()])
             insertions = deletions = 0
             rows = []
             # Unpacked, not read by attribute (a NamedTuple property call per field).
@@ -178,6 +198,13 @@ def _insert_sqlite(fresh: list[int], rows: _Rows) -> int:
             raw.executemany(
                 file_sql, ((pos, *row[1:]) for pos, i in enumerate(fresh) for row in files[i])
             )
+        co_sql = (
+            f"INSERT INTO {_table(CoAuthor)} ({_columns(CoAuthor, CO_AUTHOR_COLUMNS)}) "  # noqa: S608
+            f"VALUES (? + {first:d}, ?, ?)"
+        )
+        people = [(pos, n, e) for pos, i in enumerate(fresh) for n, e in rows.co_authors[i]]
+        if people:
+            raw.executemany(co_sql, people)
     return inserted
 
 
@@ -219,6 +246,16 @@ def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
             for cid, i in zip(ids, fresh, strict=True):
                 for _k, path, added, deleted, binary, language in rows.files[i]:
                     copy.write_row((cid, repo_id, fp, path, added, deleted, binary, language))
+        people = [
+            (cid, n, e) for cid, i in zip(ids, fresh, strict=True) for n, e in rows.co_authors[i]
+        ]
+        if people:
+            co_copy = (
+                f"COPY {_table(CoAuthor)} ({_columns(CoAuthor, CO_AUTHOR_COLUMNS)}) FROM STDIN"
+            )
+            with raw.copy(co_copy) as copy:
+                for row in people:
+                    copy.write_row(row)
     return inserted
 
 

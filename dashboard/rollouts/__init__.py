@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     )
     from dashboard.rollouts.buttons import PERMISSION, VERBS, label, perform, permitted, retire
     from dashboard.rollouts.checklist import describe_rollout, rollout_checklist
+    from dashboard.rollouts.checks import ask_gates, measurements, query_prometheus, step_checks
+    from dashboard.rollouts.conditions import (
+        evaluate,
+        parse_condition,
+        validate_check,
+        validate_gate,
+    )
     from dashboard.rollouts.deploy_lock import (
         abort_rollout,
         driver_alive,
@@ -40,6 +47,7 @@ if TYPE_CHECKING:
         deliver_notifications,
         notification_status,
     )
+    from dashboard.rollouts.pins import pin_repositories, pinned, unpin_repositories
     from dashboard.rollouts.rollback_offers import canary_offers, dead_letter_offers
     from dashboard.rollouts.start import (
         DRIVER_QUEUE,
@@ -63,6 +71,7 @@ __all__ = [
     "abort_rollout",
     "active_freeze",
     "active_rollout",
+    "ask_gates",
     "canary_offers",
     "check_applies",
     "checklist_blocks",
@@ -73,12 +82,18 @@ __all__ = [
     "driver_alive",
     "ended_state",
     "enqueue_driver_job",
+    "evaluate",
     "freeze_status",
     "label",
     "live_snapshot",
+    "measurements",
     "notification_status",
+    "parse_condition",
     "perform",
     "permitted",
+    "pin_repositories",
+    "pinned",
+    "query_prometheus",
     "reconcile_drains",
     "reconcile_pending_drivers",
     "request_action",
@@ -90,8 +105,12 @@ __all__ = [
     "rollouts_page",
     "set_stop_the_line",
     "start_rollout",
+    "step_checks",
     "takeover_rollout",
     "transition_marks",
+    "unpin_repositories",
+    "validate_check",
+    "validate_gate",
     "validate_steps",
     "warm_rollout",
 ]
@@ -111,6 +130,17 @@ _SURFACE: dict[str, str] = {
     "perform": "dashboard.rollouts.buttons",
     "permitted": "dashboard.rollouts.buttons",
     "retire": "dashboard.rollouts.buttons",
+    "ask_gates": "dashboard.rollouts.checks",
+    "measurements": "dashboard.rollouts.checks",
+    "query_prometheus": "dashboard.rollouts.checks",
+    "step_checks": "dashboard.rollouts.checks",
+    "evaluate": "dashboard.rollouts.conditions",
+    "parse_condition": "dashboard.rollouts.conditions",
+    "validate_check": "dashboard.rollouts.conditions",
+    "validate_gate": "dashboard.rollouts.conditions",
+    "pin_repositories": "dashboard.rollouts.pins",
+    "pinned": "dashboard.rollouts.pins",
+    "unpin_repositories": "dashboard.rollouts.pins",
     "describe_rollout": "dashboard.rollouts.checklist",
     "rollout_checklist": "dashboard.rollouts.checklist",
     "abort_rollout": "dashboard.rollouts.deploy_lock",

@@ -20,6 +20,7 @@ from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.rollouts import start
 from dashboard.rollouts.deploy_lock import abort_rollout, holder_alive, rollback_rollout
 from dashboard.rollouts.drains import drain_counts
+from dashboard.rollouts.freeze import active_freeze
 from dashboard.rollouts.steps import UNTOUCHED
 from dashboard.versions import (
     RETIRABLE,
@@ -79,6 +80,8 @@ class Action:
     plan: str
     danger: bool
     needs_percent: bool = False
+    #: Why the button is shown disabled (a freeze holds a promote back), else "".
+    disabled: str = ""
 
 
 def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
@@ -93,6 +96,9 @@ def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
         else "no driver holds the deploy lock: it waits for a takeover"
     )
     if ro.state == R.ACTIVE and v.state in {S.VERIFIED, S.RAMPING}:
+        # A freeze refuses a promote (docs/rollouts.md#freeze-windows): the button says so.
+        freeze = active_freeze()
+        frozen = f"Frozen: {freeze.describe()}" if freeze is not None else ""
         steps = list(ro.steps)
         nxt = ro.step_index + 1 if v.state == S.RAMPING else 0
         if nxt < len(steps):
@@ -104,6 +110,7 @@ def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
                     f"of new analysis work to {new} (by the hash of each job's key); the rest "
                     f"stays on {old}; retries stay on their version ({who}).",
                     False,
+                    disabled=frozen,
                 )
             )
         else:
@@ -115,6 +122,7 @@ def actions_for(ro: Rollout, *, alive: bool | None = None) -> list[Action]:
                     f"draining, every repository is brought up to date under {new}; the "
                     f"rollout completes and the deploy lock is released ({who}).",
                     False,
+                    disabled=frozen,
                 )
             )
         out.append(

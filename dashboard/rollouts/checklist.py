@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.models import Rollout, RolloutEvent
+from dashboard.rollouts.checks import measurements
+from dashboard.rollouts.pins import pinned
 from dashboard.rollouts.waiting import waiting
 from dashboard.versions import physical_queue
 
@@ -47,6 +49,10 @@ def describe_rollout(ro: Rollout, *, timeline: bool = False) -> dict[str, Any]:
         "finished_at": ro.finished_at.isoformat() if ro.finished_at else None,
         # What it waits for and until when, while active (docs/rollouts.md#waiting-reason).
         "waiting": waiting(ro),
+        # Each step's check and gate measurements, and its pinned repositories
+        # (docs/rollouts.md#checks-and-gates, docs/rollouts.md#pinning).
+        "measurements": measurements(ro),
+        "pins": pinned(ro),
     }
     if timeline:
         out["timeline"] = [
@@ -172,6 +178,19 @@ def rollout_checklist(rollout: Rollout) -> str:
         if not released or released[-1].action == "lock.released"
         else item(released[-1], "Deploy lock **lost** (lease ran out)")
     )
+    measured = measurements(ro)
+    if measured:  # docs/rollouts.md#checks-and-gates: each step's checks and gates
+        lines += ["", "## Checks and gates", ""]
+        for step in measured:
+            for kind in ("checks", "gates"):
+                for m in step[kind]:
+                    dry = " (dry run)" if m["dry_run"] else ""
+                    c = m["counts"]
+                    lines.append(
+                        f"- step {step['percent']}%: {kind[:-1]} {_md(m['name'])}{dry}: "
+                        f"{m['outcome']} — {_md(m['message'])} ({c['success']} passed, "
+                        f"{c['failure']} failed, {c['inconclusive']} inconclusive)"
+                    )
     lines += ["", "## Rollback steps taken", ""]
     lines += [_rollback_line(e) for e in rollback] or ["- none"]
     lines += [

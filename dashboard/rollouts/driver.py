@@ -28,7 +28,7 @@ from dashboard import locks, observability, versions
 from dashboard.accounts import record_audit
 from dashboard.locks import check_token
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
-from dashboard.rollouts import drains, freeze, start, steps, waiting, warming
+from dashboard.rollouts import checks, drains, freeze, start, steps, waiting, warming
 from dashboard.rollouts.steps import abort_in_place
 from dashboard.versions import RolloutBusy, RolloutError, canary_health, describe_lock
 from workers import locks as workers_locks
@@ -366,6 +366,10 @@ class RolloutDriver:
         try:
             freeze.refuse_frozen_request(ro.pk, str(action), request.get("params"))
             if action == "promote":
+                # An operator's promote asks the gates due too (docs/rollouts.md#checks-and-gates).
+                gate = checks.ask_gates(ro, fresh=True) if ro.step_index >= 0 else None
+                if gate is not None and gate["verdict"] != "pass":
+                    raise RolloutError(f"promote held by a gate: {gate['summary']}")
                 self._next_step(ro, token, actor)
             elif action == "set_ramp":
                 steps.set_ramp(
@@ -457,29 +461,50 @@ class RolloutDriver:
             if ro.auto and not self._frozen(ro, token, f"ramp to {ro.steps[0]}%"):
                 steps.set_ramp(rollout=ro, percent=ro.steps[0], token=token, actor=actor)
             return
+        if version.state == S.RAMPING:
+            checks.measure_step(ro)  # recorded for manual rollouts too (the page shows them)
         if version.state == S.RAMPING and ro.auto:
             started = ro.step_started_at or timezone.now()
             if timezone.now() - started < timedelta(seconds=self.step_pause):
                 return
             health = canary_health(rollout=ro, since=started, min_samples=self.min_samples)
-            if health["verdict"] == "fail":
+            # The operator's checks beside the health check (docs/rollouts.md#checks-and-gates).
+            measured = checks.step_checks(ro)
+            if health["verdict"] == "fail" or measured["verdict"] == "fail":
                 # Also from a paused step: a failing canary is never left serving.
-                abort_in_place(
-                    ro,
-                    token=token,
-                    actor=actor,
-                    reason=f"canary health check failed: {health['summary']}",
-                )
+                why = health["summary"] if health["verdict"] == "fail" else measured["summary"]
+                what = "canary health check" if health["verdict"] == "fail" else "step check"
+                abort_in_place(ro, token=token, actor=actor, reason=f"{what} failed: {why}")
             elif waiting.paused(ro) is not None:
                 return  # paused at its deadline: an operator promotes or rolls back
-            elif health["verdict"] == "pass":
+            elif health["verdict"] == "pass" and measured["verdict"] == "pass":
                 if not self._frozen(ro, token, _next_label(ro)):
-                    self._next_step(ro, token, actor)
+                    gate = checks.ask_gates(ro)
+                    if gate["verdict"] == "pass":
+                        self._next_step(ro, token, actor)
+                    elif gate["verdict"] == "fail":
+                        abort_in_place(
+                            ro, token=token, actor=actor, reason=f"gate refused: {gate['summary']}"
+                        )
+                    elif gate["verdict"] == "inconclusive":
+                        self._past_deadline(ro, token, {**health, "summary": gate["summary"]})
             else:
-                self._shadow(ro, token, health)
-                deadline = waiting.deadline_of(ro)
-                if deadline is not None and timezone.now() >= deadline:
-                    self._deadline(ro, token, health)
+                if health["verdict"] != "pass":
+                    self._shadow(ro, token, health)
+                summary = "; ".join(
+                    t for t in (
+                        health["summary"] if health["verdict"] != "pass" else "",
+                        measured["summary"],
+                    ) if t
+                )  # fmt: skip
+                self._past_deadline(ro, token, {**health, "summary": summary})
+
+    def _past_deadline(self, ro: Rollout, token: int, health: dict[str, Any]) -> None:
+        """An inconclusive step (health, checks or a gate that did not answer) follows
+        ``on_inconclusive`` once its deadline passed (docs/rollouts.md#step-deadlines)."""
+        deadline = waiting.deadline_of(ro)
+        if deadline is not None and timezone.now() >= deadline:
+            self._deadline(ro, token, {**health, "verdict": "inconclusive"})
 
     def _shadow(self, ro: Rollout, token: int, health: dict[str, Any]) -> None:
         """Live traffic too thin for the step's health check: send the canary a bounded,

@@ -50,8 +50,11 @@ from dashboard.models import RolloutEvent, RolloutNotification
 
 log = logging.getLogger(__name__)
 
-#: Timeline actions announced: version transitions, rollout state changes, verdicts.
-NOTIFIED = frozenset({"transition", "rollout", "verdict"})
+#: Timeline actions announced: version transitions, rollout state changes, verdicts — the
+#: warming gate's, and a step's at its deadline (``step.deadline``: still inconclusive,
+#: paused for an operator or rolled back). ``shadow.enqueued`` is not one: work the driver
+#: sends the canary changes nothing that is served (docs/rollouts.md#notifications).
+NOTIFIED = frozenset({"transition", "rollout", "verdict", "step.deadline"})
 BACKOFF_BASE = 2.0
 BACKOFF_MAX = 300.0
 #: Seconds a claimed row is not offered to another sender, beyond the request timeout.
@@ -137,6 +140,8 @@ def summary(event: RolloutEvent) -> str:
     if event.action == "verdict":
         ok = (event.detail.get("verdict") or {}).get("ok") is True
         return f"{who}: warming verdict {'passed' if ok else 'failed'}: {event.reason}"
+    if event.action == "step.deadline":
+        return f"{who}: {event.reason}"
     what = "version" if event.action == "transition" else "rollout"
     change = f"{event.from_state or '∅'} → {event.to_state}"
     ramp = event.detail.get("ramp_percent")

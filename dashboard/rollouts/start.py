@@ -23,6 +23,7 @@ from rq.job import Job
 
 from dashboard import infra, locks
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
+from dashboard.rollouts.checks import validate_checks
 from dashboard.rollouts.freeze import refuse_frozen_request, refuse_if_frozen
 from dashboard.versions import (
     QUEUE,
@@ -108,6 +109,8 @@ OPTIONS: dict[str, Any] = {
     "step_deadline": 900.0,
     "on_inconclusive": "pause",
     "shadow_commits": 50,
+    # docs/rollouts.md#checks-and-gates: this rollout's own PromQL checks.
+    "checks": [],
 }
 #: What an inconclusive step does at its deadline (``on_inconclusive``).
 POLICIES = ("pause", "fail")
@@ -120,6 +123,12 @@ def validate_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     for key, value in (options or {}).items():
         if key not in OPTIONS:
             raise RolloutError(f"unknown rollout option {key!r}")
+        if key == "checks":
+            try:
+                out[key] = validate_checks(value)
+            except ValueError as exc:
+                raise RolloutError(str(exc)) from None
+            continue
         if key == "on_inconclusive":
             if value not in POLICIES:
                 raise RolloutError(f"on_inconclusive must be one of pause, fail, not {value!r}")

@@ -18,6 +18,7 @@ from django.utils import timezone
 from dashboard.infra import QueueUnavailable
 from dashboard.models import AnalyzerVersion, Rollout
 from dashboard.repositories import enqueue_catch_up
+from dashboard.rollouts.pins import clear_pins
 from dashboard.runs import cancel_runs
 from dashboard.versions import (
     InvalidTransition,
@@ -94,6 +95,8 @@ def set_rollout_state(
         fields.append("outcome")
     rollout.save(update_fields=fields)
     record_event(rollout, rollout.version, "rollout", src, to, actor, reason, token, detail)
+    if to != Rollout.State.ACTIVE:  # ends or rolls back: its pins go (docs/rollouts.md#pinning)
+        clear_pins(rollout, actor=actor, reason=f"rollout {to}")
     publish_rollout_event(rollout.version, rollout, to)
     return rollout
 

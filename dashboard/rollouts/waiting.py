@@ -13,13 +13,14 @@ the call; the driver decides by the same reads, so a reason may be one tick stal
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
 from dashboard.rollouts import start
+from dashboard.rollouts.checks import gate_waiting, step_checks
 from dashboard.rollouts.freeze import rollout_freeze
 from dashboard.versions import canary_health
 
@@ -121,9 +122,22 @@ def waiting(ro: Rollout) -> dict[str, Any] | None:
         return {"reason": f"{label}: waiting for an operator to promote", "until": None}
     started = ro.step_started_at or timezone.now()
     deadline = deadline_of(ro)
+    gate = gate_waiting(ro)  # docs/rollouts.md#checks-and-gates
+    if gate is not None and deadline is not None:
+        again = datetime.fromisoformat(gate["again"])
+        return {
+            "reason": f"{label}: waiting on gate {gate['gate']!r} ({gate['message']}), "
+            f"asking again at {_hhmm(again)}, deadline {_hhmm(deadline)} "
+            f"(then {options['on_inconclusive']})",
+            "until": gate["again"],
+        }
     min_samples = int(options["min_samples"])
     health = canary_health(rollout=ro, since=started, min_samples=min_samples)
     parts = [f"{health['canary']['samples']}/{min_samples} samples"]
+    measured = step_checks(ro)
+    if measured["checks"]:
+        passing = sum(1 for c in measured["checks"] if c["verdict"] == "pass")
+        parts.append(f"checks {passing}/{len(measured['checks'])} passing")
     shadow = step_event(ro, "shadow.enqueued")
     if shadow is not None and not shadow.detail.get("commits"):
         parts.append("no commits left to shadow")

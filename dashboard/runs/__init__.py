@@ -1,4 +1,5 @@
-"""Job runs: attempts, retries, the dead-letter queue and its counts.
+"""Job runs: attempts, retries, the dead-letter queue and its counts, where a run's job
+is placed (mirror affinity) and the per-git-host fetch limits its fetch passes.
 See docs/lifecycle.md."""
 
 from __future__ import annotations
@@ -7,6 +8,17 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dashboard.runs.affinity import (
+        base_queue,
+        beat_host,
+        forget_mirror,
+        host_queues_of,
+        mirror_hosts,
+        move_overdue,
+        physical_queue,
+        placement_reason,
+        record_mirror,
+    )
     from dashboard.runs.attempts import (
         Attempt,
         begin_attempt,
@@ -55,6 +67,7 @@ if TYPE_CHECKING:
         run_dict,
         start_bulk,
     )
+    from dashboard.runs.fetch_limits import fetch_gate, fetch_wait_reason, host_of, host_statuses
 
 __all__ = [
     "CANCELLABLE",
@@ -64,6 +77,8 @@ __all__ = [
     "CancelRefused",
     "Cancelled",
     "act_now",
+    "base_queue",
+    "beat_host",
     "begin_attempt",
     "cancel_filtered",
     "cancel_repository",
@@ -79,16 +94,27 @@ __all__ = [
     "enqueue_run",
     "ensure_run",
     "fail_attempt",
+    "fetch_gate",
+    "fetch_wait_reason",
     "flush_phases",
+    "forget_mirror",
     "group_page",
     "group_runs",
     "groups",
     "hand_back_attempt",
+    "host_of",
+    "host_queues_of",
+    "host_statuses",
     "is_run_job",
     "list_groups",
     "mark_phase",
+    "mirror_hosts",
+    "move_overdue",
     "new_bulk",
+    "physical_queue",
+    "placement_reason",
     "record_lock",
+    "record_mirror",
     "repository_name",
     "reroute_attempt",
     "run_bulk",
@@ -106,6 +132,19 @@ __all__ = [
 #: ready, and a name is read from its module each time: a test that patches the module is
 #: seen here too. See docs/architecture.md#package-surfaces.
 _SURFACE: dict[str, str] = {
+    "base_queue": "dashboard.runs.affinity",
+    "beat_host": "dashboard.runs.affinity",
+    "forget_mirror": "dashboard.runs.affinity",
+    "host_queues_of": "dashboard.runs.affinity",
+    "mirror_hosts": "dashboard.runs.affinity",
+    "move_overdue": "dashboard.runs.affinity",
+    "physical_queue": "dashboard.runs.affinity",
+    "placement_reason": "dashboard.runs.affinity",
+    "record_mirror": "dashboard.runs.affinity",
+    "fetch_gate": "dashboard.runs.fetch_limits",
+    "fetch_wait_reason": "dashboard.runs.fetch_limits",
+    "host_of": "dashboard.runs.fetch_limits",
+    "host_statuses": "dashboard.runs.fetch_limits",
     "CANCELLABLE": "dashboard.runs.cancels",
     "CANCEL_REPO_PERMISSION": "dashboard.runs.cancels",
     "CANCEL_RUN_PERMISSION": "dashboard.runs.cancels",

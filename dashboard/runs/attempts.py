@@ -12,7 +12,6 @@ import hashlib
 import logging
 import os
 import re
-import socket
 import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from dashboard import infra, observability
 from dashboard.infra import publish_event
 from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
 from dashboard.runs import dead_letter_counts
+from dashboard.runs.affinity import physical_queue
 from dashboard.versions import GATE_OPEN, served_fingerprint
 from workers.analysis import DEFAULT, queue_name
 from workers.remotes import redact
@@ -87,8 +87,11 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
     if run.kind == JobRun.Kind.ANALYZE and run.fingerprint in closed_fingerprints():
         cancel_runs(fingerprint=run.fingerprint, reason="its analyzer version is closed")
         return False
+    # -- mirror affinity (docs/scheduling.md#mirror-affinity): the physical queue -----
+    physical = physical_queue(run, delay=delay)
+    # -- end mirror affinity ------------------------------------------------------------
     new = infra.enqueue_unique(
-        infra.queue(run.queue),
+        infra.queue(physical),
         FUNCS[JobRun.Kind(run.kind)],
         run.pk,
         run.attempts + 1,
@@ -173,6 +176,11 @@ def drop_rq_job(run: JobRun, *, conn: Any = None) -> None:
     conn = conn if conn is not None else infra.connection()
     q = infra.queue(run.queue)
     conn.lrem(q.key, 0, run.rq_id())
+    # and off the worker host's queue it may wait on (docs/scheduling.md#mirror-affinity)
+    origin = conn.hget(Job.key_for(run.rq_id()), "origin")
+    origin = origin.decode() if isinstance(origin, bytes) else origin
+    if origin and origin != run.queue:
+        conn.lrem(infra.queue(origin).key, 0, run.rq_id())
     ScheduledJobRegistry(queue=q).remove(run.rq_id())
     conn.delete(Job.key_for(run.rq_id()))
 
@@ -308,7 +316,7 @@ def _claim(*, run_id: int, number: int, worker: str, version: str | None) -> Att
         state=JobRun.State.RUNNING,
         attempts=number,
         worker=worker,
-        host=socket.gethostname(),
+        host=settings.HOST_ID,
         pid=_pid(),
         version=version or DEFAULT.fingerprint(),
         started_at=now,
@@ -452,7 +460,7 @@ def running_runs_of(*, worker: str, pid: int) -> list[tuple[int, int]]:
     horse with the same pid has another worker name."""
     return list(
         JobRun.objects.filter(
-            state=JobRun.State.RUNNING, worker=worker, host=socket.gethostname(), pid=pid
+            state=JobRun.State.RUNNING, worker=worker, host=settings.HOST_ID, pid=pid
         ).values_list("pk", "attempts")
     )
 

@@ -405,6 +405,7 @@
     setText("spark-backlog-now", [...s.series.backlog].reverse().find((b) => b !== null) ?? 0);
     setText("dlq-total", s.dlq.dead);
     setText("dlq-groups", plural(s.dlq.group_count, "group"));
+    setText("integrity-open", s.integrity || 0);
     replaceRows($("workers-body"), s.workers.map((w) => el("tr", { "data-worker": w.name, id: "worker-" + w.name, cls: w.dead ? "stale" : null }, [
       td(w.name, "path"), td(`${w.host} · ${w.pid}`), el("td", {}, [w.version ? shortId(w.version) : "—"]),
       el("td", {}, [w.dead ? el("span", { cls: "bad", text: "✕ gone" }) : w.state]), td(w.rss_mb ? w.rss_mb + " MB" : "—"),
@@ -609,6 +610,7 @@
         progress: total ? Math.min(100, Math.round(1000 * ev.analyzed / total) / 10) : 0 });
     } else if (ev.type === "repo.changed") {
       renderRepo({ ...r, ...ev });
+      if (ev.integrity) swapResults();  // a verification's badge, or results withheld
       refreshSoon();
     } else {
       refreshSoon();  // holders and reasons to wait

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from dashboard.models import AnalyzerVersion, JobAttempt, JobRun
+from dashboard.models import AnalyzerVersion, JobAttempt, JobRun, Rollout, RolloutPin
 from dashboard.models import AnalyzerVersion as AV
 from dashboard.versions.state_machine import (
     QUEUE,
@@ -55,7 +55,8 @@ def version_for(
        stays on that version while it is still routable (verified, ramping, current):
        an analysis never mixes versions mid-way. Once its version is closed (draining
        after a rollback, or never verified) it is routed afresh.
-    2. Otherwise the ramping version if ``route(key, p)``, else the current one.
+    2. Otherwise the ramping version if ``route(key, p)`` or the key's repository is
+       pinned to it (``pinned``), else the current one.
 
     Race: routing may change right after this read. The job then sits on a queue whose
     version is draining; the rollback moves queued jobs back to the previous version's
@@ -76,11 +77,26 @@ def version_for(
                 return v
     current = next((v for v in rows if v.state == S.CURRENT), None)
     ramping = next((v for v in rows if v.state == S.RAMPING), None)
-    if ramping is not None and route(key, ramping.ramp_percent):
+    if ramping is not None and (route(key, ramping.ramp_percent) or pinned(ramping, key)):
         return ramping
     if current is None:
         raise NoRoutableVersion(f"{queue!r} has no current analyzer version")
     return current
+
+
+def pinned(ramping: AnalyzerVersion, key: str) -> bool:
+    """True when ``key`` is a repository's (``repo:<id>``) and an operator pinned that
+    repository to ``ramping`` (docs/rollouts.md#pinning): its active rollout has a pin.
+    A rollout that ends clears its pins in the same transaction, and only an active
+    rollout's pins count, so a pin never outlives the ramp."""
+    prefix, _, rest = key.partition(":")
+    if prefix != "repo" or not rest.isdigit():
+        return False
+    return RolloutPin.objects.filter(
+        repository_id=int(rest),
+        rollout__version=ramping,
+        rollout__state__in=Rollout.ACTIVE_STATES,
+    ).exists()
 
 
 def queue_for(queue: str, key: str, attempt_version: str | None = None) -> str:

@@ -6,6 +6,7 @@ GET form; thin over ``dashboard.analytics``."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -40,6 +41,19 @@ TITLES = {"hotspots": "Hotspots", "coupling": "Change coupling", "ownership": "O
           "age": "Code age", "authors": "Authors", "files": "File history"}  # fmt: skip
 
 
+def lens_toggles(query: Any, excluded: set[str]) -> list[dict[str, Any]]:
+    """One link per lens that turns it on or off and keeps every other query parameter
+    (docs/analytics.md#lenses); ``query`` is the request's ``QueryDict``."""
+    toggles = []
+    for name in analytics.LENSES:
+        after = excluded ^ {name}
+        items = [(k, v) for k in query for v in query.getlist(k) if k != "exclude"]
+        if after:
+            items.append(("exclude", ",".join(n for n in analytics.LENSES if n in after)))
+        toggles.append({"name": name, "on": name in excluded, "href": "?" + urlencode(items)})
+    return toggles
+
+
 @login_required
 def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> HttpResponse:
     if analysis not in analytics.KINDS:
@@ -48,6 +62,12 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
     if repo is None:
         raise Http404("repository not found")
     values = {k: request.GET.get(k, "").strip()[:4097] for k in request.GET}
+    if "exclude" in request.GET:  # ?exclude=a,b or ?exclude=a&exclude=b
+        values["exclude"] = ",".join(request.GET.getlist("exclude"))[:200]
+    try:
+        excluded = set(analytics.parse_exclude(values.get("exclude")))
+    except analytics.UnknownLens:
+        excluded = set()
     context: dict[str, Any] = {
         "repo": repo,
         "analysis": analysis,
@@ -64,10 +84,16 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
             }
             for n, label in FIELDS[analysis]
         ],
+        "lenses": lens_toggles(request.GET, excluded),
+        "exclude": ",".join(n for n in analytics.LENSES if n in excluded),
         "body": None,
         "error": None,
         "error_field": None,
     }
+    context["verification"] = analytics.verification_status(repo)
+    if context["verification"] and context["verification"]["withheld"]:
+        context["withheld"] = context["verification"]["reason"]  # docs/analytics.md#verification
+        return render(request, "analytics.html", context, status=409)
     if analysis == "files" and not values.get("path"):
         return render(request, "analytics.html", context)  # the form asks for a path
     try:
@@ -80,9 +106,11 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
         return render(request, "analytics.html", context, status=404)
     except analytics.BadParameter as exc:
         context["error"] = str(exc)
-        first = str(exc).split(" ", 1)[0]
+        first = str(exc).split(" ", 1)[0].rstrip(":")
         context["error_field"] = (
-            first if first in {*analytics.INTEGERS, "since", "until", "last", "path"} else None
+            first
+            if first in {*analytics.INTEGERS, "since", "until", "last", "path", "exclude"}
+            else None
         )
         return render(request, "analytics.html", context, status=400)
     return render(request, "analytics.html", context)

@@ -144,3 +144,20 @@ class StopTheLineForm(forms.Form):
         if data.get("on") and not str(data.get("reason") or "").strip():
             self.add_error("reason", "Say why the line is stopped: every refusal shows it.")
         return data
+
+
+class PinForm(forms.Form):
+    """The Rollouts page's pin form (docs/rollouts.md#pinning): repository ids (separated by
+    commas or spaces) to pin to, or unpin from, the rollout's ramping version."""
+
+    action = forms.ChoiceField(choices=[("pin", "pin"), ("unpin", "unpin")])
+    repositories = forms.CharField(label="Repository ids", max_length=2000)
+
+    def clean_repositories(self) -> list[int]:
+        raw = str(self.cleaned_data.get("repositories") or "")
+        parts = [p for p in raw.replace(",", " ").split() if p]
+        if not parts or not all(p.isdigit() and 0 < int(p) < 2**63 for p in parts):
+            raise forms.ValidationError("Give repository ids, e.g. 12, 40.")
+        if len(parts) > 100:
+            raise forms.ValidationError("At most 100 repositories at a time.")
+        return [int(p) for p in parts]

@@ -5,7 +5,7 @@ socket itself (the overview sends users without it to their repositories instead
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from dashboard import analytics
 from dashboard.accounts import audit_actions, audit_page, run_links
 from dashboard.infra import RedisUnavailable
 from dashboard.live.snapshots import ops_snapshot, shared_part
@@ -21,7 +22,7 @@ from dashboard.models import Repository
 from dashboard.operations import day_series
 from dashboard.repositories import repository_rows
 from dashboard.rollouts import canary_offers, permitted, transition_marks
-from dashboard.runs import group_page
+from dashboard.runs import group_page, host_statuses
 from dashboard.web.charts import day_charts, sparklines
 from dashboard.web.list_params import positive_int, query_prefix
 from dashboard.web.page_cache import FRESH_HEADER, reusable
@@ -35,6 +36,11 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
     socket = "/ws/ops/?dlq=groups" if template == "dead_letters.html" else "/ws/ops/"
     context: dict[str, Any] = {"live_socket": socket, **extra}
     if template == "dead_letters.html":
+        # the integrity group beside the dead letters (docs/analytics.md#verification)
+        context["integrity"] = analytics.open_mismatches(limit=50)
+        context["can_clear_integrity"] = request.user.is_staff and request.user.has_perm(
+            "dashboard.change_repository"
+        )
         text = request.GET.get("q", "").strip()[:200]
         context["dlq_filter"] = text
         page = positive_int(request.GET.get("page"), 1)
@@ -99,7 +105,31 @@ def locks(request: HttpRequest) -> HttpResponse:
 @login_required
 @reusable
 def workers(request: HttpRequest) -> HttpResponse:
-    return _ops_page(request, "workers.html")
+    return _ops_page(request, "workers.html", fetch_hosts=_fetch_hosts())
+
+
+def _fetch_hosts() -> list[dict[str, Any]] | None:
+    """The Git hosts table: each limited host's fetch slots, waiters and backoff
+    (docs/scheduling.md#per-host-fetch-limits); None while the queue server is down."""
+    try:
+        statuses = host_statuses()
+    except Exception:  # the page's banner says the queue server is down
+        return None
+    return [
+        {
+            "host": s.host,
+            "in_use": s.in_use,
+            "limit": s.limit.concurrency,
+            "rate": s.limit.rate,
+            "burst": s.limit.burst,
+            "waiting": s.waiting,
+            "backoff_until": (
+                datetime.fromtimestamp(s.backoff_until, UTC) if s.backoff_until else None
+            ),
+            "text": s.text(),
+        }
+        for s in statuses
+    ]
 
 
 @login_required

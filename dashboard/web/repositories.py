@@ -13,6 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from dashboard import analytics
 from dashboard.accounts import check
 from dashboard.infra import RedisUnavailable
 from dashboard.live.snapshots import repository_live
@@ -118,6 +119,16 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         raise Http404("repository not found")
     repo, state = found
     record_view(repo.pk)  # the rollout warm set starts from the most-viewed repositories
+    verification = analytics.verification_status(repo, fingerprint=fp)
+    if verification and verification["withheld"]:  # docs/analytics.md#verification
+        return render(request, "repository.html", {
+            "live_socket": f"/ws/repos/{repo.pk}/",
+            "live": repository_live(repo.pk, repo=repo, state=state, shared_locks=True),
+            "repo": repo, "state": state, "verification": verification,
+            "withheld": verification["reason"], "recent_runs": _recent_runs(request, repo),
+            "mirror": repository_mirror(repo), "can_reanalyse": may_reanalyse(request.user),
+            "can_cancel": request.user.has_perm(CANCEL_REPO_PERMISSION),
+        })  # fmt: skip
     summary = repository_summary(repo, fp, stored=state["commits_analyzed"])
     try:
         commits, nxt = commit_page(repo, fingerprint=fp, limit=50, cursor=request.GET.get("cursor"))
@@ -148,6 +159,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "mirror": repository_mirror(repo),  # this host's mirror, read by GitPython
             "can_reanalyse": may_reanalyse(request.user),
             "can_cancel": request.user.has_perm(CANCEL_REPO_PERMISSION),
+            "verification": verification,
         },
     )
 

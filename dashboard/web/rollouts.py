@@ -29,15 +29,17 @@ from dashboard.rollouts import (
     label,
     perform,
     permitted,
+    pin_repositories,
     retire,
     rollout_checklist,
     rollout_view,
     rollouts_page,
     set_stop_the_line,
     start_rollout,
+    unpin_repositories,
 )
-from dashboard.versions import RolloutError
-from dashboard.web.forms import RolloutActionForm, StartRolloutForm, StopTheLineForm
+from dashboard.versions import InvalidTransition, RolloutError
+from dashboard.web.forms import PinForm, RolloutActionForm, StartRolloutForm, StopTheLineForm
 
 log = logging.getLogger(__name__)
 
@@ -275,3 +277,39 @@ def rollout_offers(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
         {"groups": groups, "canary": canary, "can_rollback": permitted(request.user, "rollback")}
     )
+
+
+@login_required
+@require_http_methods(["POST"])
+def rollout_pins(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    """The pin form (docs/rollouts.md#pinning): staff with ``dashboard.start_rollout``, like
+    promote; audited as ``rollout.page.pin`` / ``rollout.page.unpin`` (refusals too). A bad
+    list re-renders the rollout's page with the field error (400)."""
+    if not permitted(request.user, "promote"):
+        return _refuse(request, "pin", f"rollout #{rollout_id}")
+    ro = _rollout_or_404(rollout_id)
+    form = PinForm(request.POST)
+    if not form.is_valid():
+        context: dict[str, Any] = {"live_socket": "/ws/rollouts/", "can": _can(request.user),
+                                   "pin_form": form}  # fmt: skip
+        try:
+            context["r"] = rollout_view(ro)
+            context["checklist_blocks"] = checklist_blocks(rollout_checklist(ro))
+        except RedisUnavailable as exc:
+            context["redis_error"] = str(exc)
+        return render(request, "rollouts_detail.html", context, status=400)
+    verb, ids = form.cleaned_data["action"], form.cleaned_data["repositories"]
+    change = pin_repositories if verb == "pin" else unpin_repositories
+    target = f"rollout #{ro.pk} {ro.queue}@{ro.version.fp12}"
+    try:
+        pinned_now = change(rollout=ro.pk, repositories=ids, actor=request.user)
+    except (InvalidTransition, RolloutError) as exc:
+        record_audit(user=request.user, action=f"rollout.page.{verb}", target=target,
+                     outcome=f"refused: {exc}", detail={"repositories": ids})  # fmt: skip
+        messages.error(request, f"{verb.capitalize()} refused: {exc}")
+    else:
+        outcome = "pinned: " + (", ".join(f"#{i}" for i in pinned_now) or "none")
+        record_audit(user=request.user, action=f"rollout.page.{verb}", target=target,
+                     outcome=outcome, detail={"repositories": ids})  # fmt: skip
+        messages.success(request, f"Rollout #{ro.pk}: {outcome}.")
+    return redirect(_back(request, reverse("rollout", args=[ro.pk])))

@@ -33,6 +33,9 @@ def worker_env(settings: object, tmp_path: Path, **extra: str) -> dict[str, str]
         GITWARD_LOCAL_ROOTS=str(tmp_path),
         GITWARD_VAR_DIR=str(tmp_path / "worker-var"),
         GITWARD_RETRY_BACKOFF="0",
+        # mirror affinity as this test process has it (the harness turns it off:
+        # tests/conftest.py)
+        GITWARD_AFFINITY_WAIT=str(settings.AFFINITY_WAIT),  # type: ignore[attr-defined]
         **extra,
     )
     return env

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def settings_variables() -> set[str]:
     source = (ROOT / "dashboard" / "settings.py").read_text()
-    return set(re.findall(r'env_(?:str|int|float|bool|list)\(\s*"([A-Z_]+)"', source))
+    return set(re.findall(r'env_(?:str|int|float|bool|list|mapping)\(\s*"([A-Z_]+)"', source))
 
 
 def test_every_environment_variable_is_in_the_configuration_table() -> None:

@@ -386,6 +386,9 @@ def test_hosts_share_the_work_and_one_dying_loses_nothing(tmp_path: Path) -> Non
         GITWARD_RECONCILE_INTERVAL="1",
         GITWARD_RETRY_BACKOFF="0.2,0.2",
         GITWARD_RATE_SUBMIT_PER_MINUTE="0",
+        # every host here has the same machine name: mirror affinity (and its own
+        # three-host test) is tests/system/test_fetch_hosts.py
+        GITWARD_AFFINITY_WAIT="0",
         PYTHONUNBUFFERED="1",
     )
     hosts = {name: Host(base, name, n, masters) for name, n in HOSTS.items()}

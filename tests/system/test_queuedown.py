@@ -367,6 +367,7 @@ def _every_route_with(
         "action_id": str(retry.json()["id"]),
         "analysis": "coupling",
         "identity": "nobody@example.com",
+        "verification_id": "1",
     }
     # Logging out last: every other request is the operator's.
     routes = sorted(_every_route(ids), key=lambda path: path == "/logout/")

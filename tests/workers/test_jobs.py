@@ -213,6 +213,24 @@ def test_a_job_of_a_version_not_loaded_from_its_own_queue_is_refused_permanently
     assert not Commit.objects.exists()
 
 
+def test_a_job_of_a_version_not_loaded_from_its_own_host_queue_is_refused_not_bounced(
+    git_repo: GitRepo,
+) -> None:
+    """A worker host's queue of the job's own version (mirror affinity,
+    docs/scheduling.md#mirror-affinity) is its own queue: a worker that did not load the
+    version is misconfigured there too, and the job is not handed back for ever."""
+    _, run = synced(git_repo)
+    host_queue = queues.queue(f"{run.queue}@host:h1")
+    queues.queue(run.queue).empty()
+    host_queue.enqueue(jobs.analyze_chunk, run.pk, 1, job_id=run.rq_id())
+    jobs.load_versions([RENAMES])
+    SimpleWorker([host_queue], connection=queues.worker_connection()).work(
+        burst=True, logging_level="WARNING"
+    )
+    run.refresh_from_db()
+    assert run.state == JobRun.State.DEAD and "VersionNotLoaded" in run.error
+
+
 def test_a_misrouted_job_is_handed_back_to_its_own_queue_unspent(git_repo: GitRepo) -> None:
     """Taken (by a real RQ worker) from another version's queue: back to its own."""
     _, run = synced(git_repo)

@@ -25,9 +25,17 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 MAX_FILES = 250_000
 
 _HEADER_FIELDS = 11  # sha, parents, an, ae, aN, aE, ad, cn, ce, cd, subject
-_FORMAT = "%x1e" + "%x1f".join(
-    ["%H", "%P", "%an", "%ae", "%aN", "%aE", "%ad", "%cn", "%ce", "%cd", "%s"]
+#: The header, then a token of its own (after a NUL, starting with \x1d) holding the
+#: values of the commit's ``Co-authored-by:`` trailers, \x1f-separated, continuation
+#: lines unfolded (docs/analytics.md#co-authors).
+_FORMAT = (
+    "%x1e"
+    + "%x1f".join(["%H", "%P", "%an", "%ae", "%aN", "%aE", "%ad", "%cn", "%ce", "%cd", "%s"])
+    + "%x00%x1d%(trailers:key=Co-authored-by,valueonly,unfold,separator=%x1f)"
 )
+#: At most this many co-authors are kept per commit, each at most this long.
+MAX_CO_AUTHORS = 100
+MAX_CO_AUTHOR_CHARS = 1024
 
 
 class HistoryError(RuntimeError):
@@ -67,6 +75,8 @@ class CommitRecord(NamedTuple):
     subject: str  # %s, truncated to max_subject characters
     is_merge: bool
     files: tuple[FileStat, ...]
+    #: The ``Co-authored-by:`` trailer values (``Name <email>``), in message order.
+    co_authors: tuple[str, ...] = ()
 
     @property
     def files_changed(self) -> int:
@@ -124,7 +134,16 @@ def _parse_date(raw: str) -> datetime:
 _new_tuple = tuple.__new__
 
 
-def _header_record(header: bytes, files: list[FileStat], max_subject: int) -> CommitRecord:
+def _co_authors(token: bytes) -> tuple[str, ...]:
+    """The trailer token's values (without its \\x1d), bounded (docs/security.md#g21)."""
+    values = token.decode("utf-8", "replace").split("\x1f")
+    kept = (v.strip()[:MAX_CO_AUTHOR_CHARS] for v in values[:MAX_CO_AUTHORS])
+    return tuple(v for v in kept if v)
+
+
+def _header_record(
+    header: bytes, files: list[FileStat], max_subject: int, co_authors: tuple[str, ...] = ()
+) -> CommitRecord:
     """A :class:`CommitRecord` from one header token (without its \\x1e) and its files.
 
     The header is decoded once as a whole and then split: \\x1f is ASCII, so a UTF-8
@@ -145,7 +164,7 @@ def _header_record(header: bytes, files: list[FileStat], max_subject: int) -> Co
     return _new_tuple(
         CommitRecord,
         (h[0], parents, h[2], h[3], h[4], h[5], authored, h[7], h[8], committed, subject,
-         len(parents) > 1, tuple(files)),
+         len(parents) > 1, tuple(files), co_authors),
     )  # fmt: skip
 
 
@@ -178,6 +197,7 @@ def _parse_log(
     else is allocated per file.
     """
     header: bytes | None = None  # the current commit's header (without \x1e)
+    co_authors: tuple[str, ...] = ()  # the current commit's trailer values
     files: list[FileStat] = []
     size = 0  # bytes of the current commit's record
     pending = b""
@@ -235,10 +255,19 @@ def _parse_log(
                 if tok.count(b"\x1f") < _HEADER_FIELDS - 1:
                     raise HistoryError(f"malformed commit header: {tok[:200]!r}")
                 if header is not None:
-                    yield _header_record(header, files, max_subject)
+                    yield _header_record(header, files, max_subject, co_authors)
                     files.clear()
                 header = tok[1:]
+                co_authors = ()
                 size = len(tok)
+                continue
+            if first == b"\x1d" and header is not None and not files:
+                # The header's trailer token (_FORMAT): numstat entries start with a
+                # digit or "-", so no file entry starts with \x1d.
+                size += len(tok)
+                if size > limit:
+                    raise too_large(f"record of more than {limit} bytes")
+                co_authors = _co_authors(tok[1:])
                 continue
             if header is None:
                 raise HistoryError(f"unexpected git output: {tok[:200]!r}")
@@ -273,4 +302,4 @@ def _parse_log(
     if want_paths:
         raise HistoryError("truncated git output (rename paths missing)")
     if header is not None:
-        yield _header_record(header, files, max_subject)
+        yield _header_record(header, files, max_subject, co_authors)

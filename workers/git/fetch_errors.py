@@ -21,6 +21,41 @@ class RepositoryTooLarge(RepositoryUnavailable):
     """The repository exceeds a size limit (whole mirror or one object): not retried."""
 
 
+class RateLimited(GitError):
+    """The remote host refused us for now (HTTP 429, a "rate limit" message): the host
+    is backed off for every worker (``workers.git.fetch_limits``) and the fetch retried
+    after ``retry_after`` seconds (None: the deployment's default backoff)."""
+
+    def __init__(
+        self, message: str, *, retry_after: float | None, returncode: int | None, stderr: str
+    ) -> None:
+        super().__init__(message, returncode=returncode, stderr=stderr)
+        self.retry_after = retry_after
+
+
+_RATE_LIMITED = (
+    "returned error: 429",
+    "http 429",
+    "too many requests",
+    "rate limit",
+    "secondary rate limit",
+)
+#: ``Retry-After: 120`` or ``retry after 120 seconds`` in what the remote said (git shows a
+#: text/plain error body as ``remote: …`` lines).
+_RETRY_AFTER = re.compile(r"retry[- ]after:?\s*(\d{1,6})", re.IGNORECASE)
+
+
+def rate_limited(stderr: str) -> tuple[bool, float | None]:
+    """Whether git's stderr is a rate-limit refusal, and the wait the remote asked for
+    (seconds, None if it named none).  Checked before :func:`is_permanent`: a 429 also
+    reads "unable to access", which would otherwise be a permanent refusal."""
+    text = stderr.lower()
+    if not any(marker in text for marker in _RATE_LIMITED):
+        return False, None
+    m = _RETRY_AFTER.search(stderr)
+    return True, float(m.group(1)) if m else None
+
+
 def is_permanent(stderr: str) -> bool:
     text = stderr.lower()
     return any(

@@ -25,19 +25,23 @@ ref, so a reader sees the old or the new head, each complete.  Readers take no l
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workers.git.fetch_errors import (
+    RateLimited,
     RepositoryTooLarge,
     RepositoryUnavailable,
     is_permanent,
+    rate_limited,
     readable,
 )
 from workers.git.host_lock import Check, MirrorBusy, hold_mirror, unchecked
@@ -255,6 +259,14 @@ def _fetch(
     try:
         runner.run(args, timeout=timeout)
     except GitError as exc:
+        limited, retry_after = rate_limited(exc.stderr)
+        if exc.returncode is not None and exc.returncode != 0 and limited:
+            raise RateLimited(
+                "the repository host refused with a rate limit (HTTP 429)",
+                retry_after=retry_after,
+                returncode=exc.returncode,
+                stderr=exc.stderr,
+            ) from None
         if exc.returncode is not None and exc.returncode != 0 and is_permanent(exc.stderr):
             raise RepositoryUnavailable(
                 readable(exc.stderr, branch), returncode=exc.returncode, stderr=exc.stderr
@@ -276,6 +288,7 @@ def sync_mirror(
     check: Check | None = None,
     wait: float | None = None,
     sanitized: bool = False,
+    fetch_slot: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> str:
     """Bring the mirror up to date and return the analysed head sha.
 
@@ -288,6 +301,11 @@ def sync_mirror(
     any one object.  Over a limit: :class:`RepositoryTooLarge`, and nothing is kept.
     ``branch`` must be a plain branch name ("" = the remote's HEAD): anything else, in
     particular a leading ``-``, raises :class:`RepositoryUnavailable` before git runs.
+
+    ``fetch_slot``: entered around the ``git fetch`` itself (not the limit scans), to
+    hold the remote host's fetch slot (``workers.git.fetch_limits.FetchGate.slot``,
+    docs/scheduling.md#per-host-fetch-limits); taken under the host lock, so no slot is
+    held while waiting for another writer of this mirror.
 
     Holds the host lock throughout (:func:`hold_mirror`, waiting at most ``wait``);
     ``check`` runs before the fetch and before every delete or rename, so a lost lease
@@ -309,7 +327,9 @@ def sync_mirror(
 
     def fetch_checked(git_dir: Path) -> None:
         try:
-            _fetch(fetcher, git_dir, git_url, branch, timeout, pin_args)
+            with fetch_slot() if fetch_slot is not None else contextlib.nullcontext():
+                check()  # the lease may have lapsed while waiting for the slot
+                _fetch(fetcher, git_dir, git_url, branch, timeout, pin_args)
         except GitError as exc:
             if "exceeded the limit" in str(exc) and not isinstance(exc, RepositoryUnavailable):
                 raise RepositoryTooLarge(
@@ -395,6 +415,7 @@ def update_mirror(
     pinned: Mapping[str, Sequence[str]] | None = None,
     check: Check | None = None,
     wait: float | None = None,
+    fetch_slot: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> str:
     """:func:`sanitize_mirror` then :func:`sync_mirror` under one hold of the host lock
     (nobody on this host gets in between); return the analysed head sha.  Call under the
@@ -413,6 +434,7 @@ def update_mirror(
             # sanitize_mirror removed the mirror unless it opens, under this same hold
             # of the host lock, so no other writer on this host got in between
             sanitized=True,
+            fetch_slot=fetch_slot,
         )
 
 

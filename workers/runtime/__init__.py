@@ -4,7 +4,7 @@ See docs/testing.md#failpoints."""
 
 from __future__ import annotations
 
-from workers.runtime.failpoints import failpoint, parse_failpoints
+from workers.runtime.failpoints import altered, failpoint, parse_failpoints
 from workers.runtime.fork_safety import ForkGuard
 from workers.runtime.process_tree import die_with_parent, kill_tree
 from workers.runtime.redis_server import RedisNode
@@ -14,6 +14,7 @@ __all__ = [
     "FORM",
     "ForkGuard",
     "RedisNode",
+    "altered",
     "die_with_parent",
     "failpoint",
     "is_sentinel_url",

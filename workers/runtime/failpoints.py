@@ -6,7 +6,10 @@ that reaches a named point act on itself, for real:
 - ``stop``   SIGSTOP (a long GC pause / a stalled VM: the whole process freezes);
 - ``kill``   SIGKILL (a crash: no clean-up, no exception handlers);
 - ``sleep:S`` sleep S seconds;
-- ``raise``  raise ``FailpointError`` (an ordinary exception in the job).
+- ``raise``  raise ``FailpointError`` (an ordinary exception in the job);
+- ``alter``  nothing here: the caller asks ``altered(name)`` and alters its own data
+  (``analyze.alter_row`` changes one stored file row, for the verifier's tests:
+  docs/analytics.md#verification).
 
 ``name#tag=action`` arms a point for one tag only (jobs pass the repository name), so
 one "poison" repository can crash its worker every time while the others run.
@@ -31,8 +34,8 @@ import time
 
 #: ``name`` or ``name#tag``: dotted point names; a tag is anything but ``,`` and ``=``.
 _POINT = re.compile(r"[A-Za-z0-9_.-]+(?:#[^,=]+)?")
-_ACTION = re.compile(r"(?:stop|kill|raise|sleep:(?:\d+(?:\.\d*)?|\.\d+))(?:\*[1-9]\d*)?")
-EXPECTED = "name[#tag][=stop|kill|raise|sleep:SECONDS][*N], comma-separated"
+_ACTION = re.compile(r"(?:stop|kill|raise|alter|sleep:(?:\d+(?:\.\d*)?|\.\d+))(?:\*[1-9]\d*)?")
+EXPECTED = "name[#tag][=stop|kill|raise|alter|sleep:SECONDS][*N], comma-separated"
 
 
 class FailpointError(RuntimeError):
@@ -74,19 +77,43 @@ def _claim(once_dir: str, key: str, times: int) -> bool:
     return False
 
 
-def failpoint(name: str, tag: str = "") -> None:
-    """Act on ``name`` (or ``name#tag``) if it is armed in ``GITWARD_FAILPOINTS``."""
+def _armed(name: str, tag: str) -> str | None:
+    """The action ``name`` (or ``name#tag``) fires now, or None (unarmed, or its
+    firings under ``GITWARD_FAILPOINTS_ONCE`` used up)."""
     if "GITWARD_FAILPOINTS" not in os.environ:
-        return
+        return None
     actions = _actions()
     key = f"{name}#{tag}" if tag and f"{name}#{tag}" in actions else name
     action = actions.get(key)
     if action is None:
-        return
+        return None
     action, _, times = action.partition("*")
     once_dir = os.environ.get("GITWARD_FAILPOINTS_ONCE")
     if once_dir and not _claim(once_dir, key, int(times or 1)):
-        return
+        return None
+    return action
+
+
+def altered(name: str, tag: str = "") -> bool:
+    """True when ``name`` is armed with ``alter`` (and fires now): the caller alters its
+    data. Any other action armed there acts as ``failpoint`` does."""
+    action = _armed(name, tag)
+    if action is None:
+        return False
+    if action == "alter":
+        return True
+    _act(name, action)
+    return False
+
+
+def failpoint(name: str, tag: str = "") -> None:
+    """Act on ``name`` (or ``name#tag``) if it is armed in ``GITWARD_FAILPOINTS``."""
+    action = _armed(name, tag)
+    if action is not None and action != "alter":
+        _act(name, action)
+
+
+def _act(name: str, action: str) -> None:
     if action == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "kill":

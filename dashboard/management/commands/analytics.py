@@ -1,7 +1,8 @@
 """``manage.py analytics hotspots|coupling|ownership|age|authors|files REPO [--since D]
 [--until D] [--last 30|90|365] [--depth N] [--limit N] [--path P] [--author EMAIL]
 [--min-revs N] [--min-shared-revs N] [--min-coupling N] [--max-changeset-size N]
-[--inactive-days N] [--json | --csv TABLE]`` — REPO is an id or a URL (docs/analytics.md)."""
+[--inactive-days N] [--exclude LENS[,LENS]] [--json | --csv TABLE]`` — REPO is an id or a
+URL (docs/analytics.md)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,12 @@ def render(body: dict[str, Any]) -> str:
         f"to {w['until'] or 'now'} (fingerprint {body['fingerprint'][:12]})",
         f"reproduce: {body['reproduce']}",
     ]
+    if body.get("exclude"):
+        lenses = body["provenance"]["lenses"]
+        lines.append(
+            f"leaving out: {', '.join(body['exclude'])} (rules {lenses['ruleset']}; "
+            f"attributes: {lenses['attributes']})"
+        )
     if kind == "authors":
         if "activity" in body:
             a = body["activity"]
@@ -138,6 +145,12 @@ class Command(BaseCommand):
         parser.add_argument("--author", help="authors: one author's activity (canonical e-mail)")
         for name in analytics.INTEGERS:
             parser.add_argument(f"--{name.replace('_', '-')}", dest=name)
+        parser.add_argument(
+            "--exclude",
+            action="append",
+            metavar="LENS",
+            help=f"leave out a lens (repeatable or comma-separated): {', '.join(analytics.LENSES)}",
+        )
         parser.add_argument("--json", action="store_true", help="the report as one JSON object")
         parser.add_argument("--csv", metavar="TABLE", help="one table of the report as CSV")
 

@@ -1,4 +1,5 @@
-"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|retire|freeze``.
+"""``manage.py rollout start|status|promote|rollback|abort|takeover|drive|checklist|pin|unpin|
+retire|freeze``.
 
 Thin adapters over ``dashboard.rollouts.start`` / ``dashboard.rollouts.deploy_lock``; every refusal
 is one line on stderr and a non-zero exit.
@@ -105,6 +106,14 @@ class Command(BaseCommand):
             choices=["pause", "fail"],
             help="an inconclusive step at its deadline: pause (default) or fail (roll back)",
         )
+        start.add_argument(
+            "--check",
+            action="append",
+            default=[],
+            metavar="JSON",
+            help='a PromQL check, e.g. \'{"name": "errors", "query": "…", "failure": '
+            '"result > 0.05"}\' (docs/rollouts.md#checks-and-gates); repeatable',
+        )
         start.add_argument("--warm-repositories", type=int, help="size of the warm set")
         start.add_argument("--warm-commits", type=int, help="newest commits per repository")
         start.add_argument("--warm-threshold", type=float, help="coverage needed, 0..1")
@@ -139,6 +148,13 @@ class Command(BaseCommand):
                 p.add_argument("--timeout", type=float, default=30.0)
             if name == "drive":
                 p.add_argument("--takeover", action="store_true")
+        for name, text in [
+            ("pin", "pin repositories to the ramping version (docs/rollouts.md#pinning)"),
+            ("unpin", "unpin repositories from the ramping version"),
+        ]:
+            p = sub.add_parser(name, help=text)
+            p.add_argument("id", type=int)
+            p.add_argument("repositories", type=int, nargs="+", metavar="REPO_ID")
         retire = sub.add_parser(
             "retire", help="retire a registered, drained or warm-failed version"
         )
@@ -198,6 +214,11 @@ class Command(BaseCommand):
             options["step_deadline"] = o["step_deadline"]
         if o["on_inconclusive"] is not None:
             options["on_inconclusive"] = o["on_inconclusive"]
+        if o["check"]:
+            try:
+                options["checks"] = [json.loads(c) for c in o["check"]]
+            except ValueError as exc:
+                raise CommandError(f"--check must be a JSON object: {exc}") from None
         warm = {
             k: o[f"warm_{name}"]
             for k, name in [
@@ -270,6 +291,20 @@ class Command(BaseCommand):
                 self.stdout.write(f"rollout {ro.pk} {ev.reason}")
 
         return say
+
+    def do_pin(self, o: dict[str, Any]) -> None:
+        """docs/rollouts.md#pinning: refused (one line, exit 1) unless the rollout ramps."""
+        ids = rollouts.pin_repositories(
+            rollout=o["id"], repositories=o["repositories"], actor=o["actor"]
+        )
+        self.stdout.write(f"rollout {o['id']}: pinned {', '.join(f'#{i}' for i in ids)}")
+
+    def do_unpin(self, o: dict[str, Any]) -> None:
+        ids = rollouts.unpin_repositories(
+            rollout=o["id"], repositories=o["repositories"], actor=o["actor"]
+        )
+        left = ", ".join(f"#{i}" for i in ids) or "nothing"
+        self.stdout.write(f"rollout {o['id']}: {left} pinned")
 
     def do_retire(self, o: dict[str, Any]) -> None:
         v = retire_version(
@@ -345,6 +380,14 @@ class Command(BaseCommand):
         if data["frozen"]:
             held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
             self.stdout.write(f"frozen: {data['frozen']['message']}{held}")
+        for step in data["rollout"]["measurements"] if data["rollout"] else []:
+            for kind in ("checks", "gates"):
+                for m in step[kind]:
+                    dry = " (dry run)" if m["dry_run"] else ""
+                    self.stdout.write(
+                        f"step {step['percent']}% {kind[:-1]} {m['name']}{dry}: {m['outcome']} "
+                        f"{m['message']}"
+                    )
         waits = data["rollout"]["waiting"] if data["rollout"] else None
         if waits and not data["frozen"]:  # docs/rollouts.md#waiting-reason (a freeze: above)
             until = f" (until {waits['until']})" if waits["until"] else ""

@@ -1,6 +1,7 @@
 """``manage.py verify [REPO] [--sample N] [--seed S] [--json]`` — one verification pass of
 a repository's stored results against git (every ready repository when REPO is left out);
-exit 2 when a difference is found (docs/analytics.md#verification)."""
+exit 2 when a difference is found (docs/analytics.md#verification). ``--open`` lists the
+integrity group, ``--clear ID`` clears one of its mismatches (audited as ``cli``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard import analytics
+from dashboard.management.operator import CLI_OPERATOR
 from dashboard.models import Repository
 from dashboard.repositories import resolve_repository
 
@@ -27,8 +29,27 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seed", type=int, default=None, help="the sample's random seed")
         parser.add_argument("--json", action="store_true", help="one JSON object per repository")
+        parser.add_argument(
+            "--open", action="store_true", help="list the integrity group's open mismatches"
+        )
+        parser.add_argument(
+            "--clear", type=int, metavar="ID", help="clear an open mismatch (audited)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["open"]:
+            for m in analytics.open_mismatches():
+                where = analytics.mismatch_text(m["details"])
+                held = "; results withheld" if m["withheld"] else ""
+                self.stdout.write(
+                    f"#{m['id']} {m['repository']['name']}: {m['badge']}; {where}{held}"
+                )
+            return
+        if options["clear"] is not None:
+            if not analytics.clear_mismatch(options["clear"], user=CLI_OPERATOR):
+                raise CommandError(f"no open integrity mismatch #{options['clear']}")
+            self.stdout.write(f"cleared integrity mismatch #{options['clear']}")
+            return
         if not 1 <= options["sample"] <= 100_000:
             raise CommandError("--sample must be between 1 and 100000")
         if options["repo"]:

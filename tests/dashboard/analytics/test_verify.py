@@ -62,3 +62,47 @@ def test_altered_totals_and_a_missing_mirror(tmp_path: Path, capsys) -> None:
         call_command("verify", str(repo.pk))
     with pytest.raises(CommandError, match="--sample must be between"):
         call_command("verify", str(repo.pk), "--sample", "0")
+
+
+@pytest.mark.parametrize("renames", [False, True])
+def test_one_diff_tree_process_derives_each_commit_as_diffing_it_alone(
+    tmp_path: Path, renames: bool
+) -> None:
+    """``_rederive`` (one ``git diff-tree --stdin``) gives every commit the rows a
+    ``git diff-tree`` of that commit alone prints: a root commit, an empty commit, a
+    rename (with detection on: two paths after the entry, one of them 40 characters
+    long, like a header) and a merge against its first parent."""
+    from dashboard.analytics.verify import _diff_args, _git, _numstat, _rederive
+    from dashboard.models import Commit
+    from tests.support.gitrepo import EMPTY_TREE, GitRepo
+    from workers.analysis import AnalyzerConfig
+
+    repo = GitRepo.create(tmp_path / "r")
+    forty = "d" * 36 + ".txt"
+    repo.commit("root", {"a.txt": "1\n2\n", forty: "x\n" * 30})
+    repo.commit("empty", allow_empty=True)
+    repo.commit("rename", {forty: None, "moved.txt": "x\n" * 30 + "y\n"})
+    repo.git("checkout", "-q", "-b", "side", "HEAD~1")
+    repo.commit("side", {"b.txt": "b\n"})
+    repo.git("checkout", "-q", "main")
+    repo.git("merge", "-q", "--no-ff", "-m", "merge", "side")
+    config = AnalyzerConfig(detect_renames=renames)
+    mirror = repo.path / ".git"
+    commits = [
+        Commit(sha=line.split()[0], parents=" ".join(line.split()[1:]))
+        for line in repo.git("rev-list", "--parents", "HEAD").splitlines()
+    ]
+    got = _rederive(mirror, config, commits)
+    for c in commits:
+        base = (c.parent_list() or [EMPTY_TREE])[0]
+        alone = _git(mirror, ["diff-tree", "-r", "-z", "--numstat", *_diff_args(config),
+                              base, c.sha])  # fmt: skip
+        assert got[c.sha] == _numstat(alone), c.sha
+    assert len(got) == len(commits) == 5
+    renamed = repo.git("rev-parse", "HEAD^1").strip()
+    assert got[renamed] == (
+        [("moved.txt", 1, 0, False)]
+        if renames
+        else [(forty, 0, 30, False), ("moved.txt", 31, 0, False)]
+    )
+    assert got[repo.git("rev-parse", "HEAD~2").strip()] == []  # the empty commit

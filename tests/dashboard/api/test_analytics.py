@@ -210,3 +210,42 @@ def test_dates_at_the_ends_of_the_calendar_are_a_400_or_an_answer(
         assert answer in body["error"]
     elif kind == "ownership" and answer:
         assert body["knowledge_at_risk"]["cutoff"] == answer
+
+
+def test_each_lens_through_the_api_equals_git_and_enqueues_nothing(
+    client: Client, token: str, tmp_path: Path
+) -> None:
+    from tests.support.analytics_history import (
+        LENS_CASES,
+        build_lenses,
+        lens_totals,
+        queue_state,
+    )
+
+    origin = build_lenses(tmp_path / "origin")
+    repo = analysed(origin)
+    before = queue_state()
+    base = f"/api/repos/{repo.pk}"
+    for case in LENS_CASES:
+        want = lens_totals(origin, case)
+        query = f"exclude={','.join(case)}&limit=1000"
+        body = get(client, f"{base}/hotspots?{query}", token).json()
+        assert {r["path"]: (r["revs"], r["churn"]) for r in body["files"]} == want.files, case
+        assert body["exclude"] == list(case) and body["parameters"]["exclude"] == list(case)
+        people = get(client, f"{base}/authors?{query}", token).json()["authors"]
+        got = {r["author"]: (r["commits"], r["insertions"], r["deletions"]) for r in people}
+        assert got == want.people, case
+    # Repeated parameters are the same as a list; every analysis takes it.
+    repeated = get(client, f"{base}/hotspots?exclude=lock&exclude=bots&limit=1000", token).json()
+    assert {r["path"] for r in repeated["files"]} == set(
+        lens_totals(origin, ("lock", "bots")).files
+    )
+    for kind in ("coupling", "ownership", "age", "authors/cy@example.com"):
+        assert get(client, f"{base}/{kind}?exclude=vendored", token).status_code == 200, kind
+    path = f"{base}/files?path=src/app.js&exclude=bots"
+    assert get(client, path, token).status_code == 200
+    assert queue_state() == before  # no job, no run: a lens is read time only
+    res = get(client, f"{base}/hotspots?exclude=lock,tests", token)
+    assert res.status_code == 400 and res.json() == {
+        "error": "exclude: unknown lens 'tests' (one of generated, vendored, lock, minified, bots)"
+    }

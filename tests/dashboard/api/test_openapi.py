@@ -17,9 +17,11 @@ from django.test import Client
 from django.urls import URLPattern, get_resolver
 from jsonschema import Draft202012Validator
 
+from dashboard.analytics.integrity import run_verification
 from dashboard.api.openapi import DOCUMENT, PATHS, SCHEMAS
 from dashboard.infra import queues
-from dashboard.models import ApiToken, JobRun, Repository
+from dashboard.models import ApiToken, FileChange, JobRun, Repository, Verification
+from dashboard.repositories import current_fingerprint
 from tests.conftest import run_workers
 from tests.support.analytics_history import build, git_log
 from tests.support.gitrepo import GitRepo
@@ -107,6 +109,7 @@ def test_each_route_allows_exactly_the_documented_methods(admin: Checked) -> Non
     (the ids need not exist: the method is checked first)."""
     samples = {"repo_id": 1, "sha": "a" * 40, "run_id": 1, "rollout_id": 1, "action": "promote"}
     samples |= {"fingerprint": "abcd", "group": "g", "action_id": 1, "identity": "a@b.c"}
+    samples |= {"verification_id": 1}
     for template, item in PATHS.items():
         path = template.format(**samples)
         for method in METHODS:
@@ -130,7 +133,7 @@ def test_every_error_answer_is_documented_and_has_the_error_shape(admin: Checked
 
 
 def test_real_responses_of_every_operation_validate(
-    admin: Checked, git_repo: GitRepo, tmp_path: Path
+    admin: Checked, git_repo: GitRepo, tmp_path: Path, settings: Any
 ) -> None:
     a = admin
     created = a.call("post", "/api/repos", {"url": str(git_repo.path)})
@@ -142,6 +145,7 @@ def test_real_responses_of_every_operation_validate(
     analysed_id = a.call("post", "/api/repos", {"url": str(planted.path)}).json()["id"]
     run_workers()
     call_every_analysis(a, analysed_id, planted)
+    _withheld_and_cleared(a, analysed_id, settings)
     a.call("get", "/api/repos/{repo_id}", repo_id=repo_id)
     detail = a.call("get", "/api/repos/{repo_id}", repo_id=repo_id, query={"summary": "1"})
     assert detail.json()["status"] == "ready"
@@ -206,6 +210,10 @@ def test_real_responses_of_every_operation_validate(
            rollout_id=rollout_id, action="abort")  # fmt: skip
     a.call("post", "/api/rollouts/{rollout_id}/{action}", rollout_id=rollout_id,
            action="takeover")  # fmt: skip
+    # docs/rollouts.md#pinning: the rollout is not ramping (409), a bad body (400)
+    a.call("post", "/api/rollouts/{rollout_id}/pin", {"repositories": [1]}, rollout_id=rollout_id)
+    a.call("post", "/api/rollouts/{rollout_id}/unpin", {"repositories": "1"},
+           rollout_id=rollout_id)  # fmt: skip
     fingerprint = started.json()["rollout"]["version"]["fingerprint"]
     a.call("post", "/api/versions/{fingerprint}/retire", {"reason": "done"},
            fingerprint=fingerprint[:12])  # fmt: skip
@@ -222,6 +230,27 @@ def test_real_responses_of_every_operation_validate(
     statuses = {s for _, _, s in a.seen}
     assert {"200", "202", "400", "404", "409"} <= statuses, statuses
     assert Repository.objects.filter(pk=repo_id).exists()
+
+
+def _withheld_and_cleared(a: Checked, repo_id: int, settings: Any) -> None:
+    """A verification mismatch under the withhold policy (docs/analytics.md#verification):
+    the repository's detail with its ``verification``, a withheld analysis (409), the
+    integrity group, and its clear (200, then 409: nothing left to clear)."""
+    settings.VERIFY_ON_MISMATCH = "withhold"
+    fp = current_fingerprint()
+    row = FileChange.objects.filter(repository_id=repo_id).order_by("id").first()
+    assert row is not None
+    FileChange.objects.filter(pk=row.pk).update(added=row.added + 1)
+    ver = Verification.objects.create(repository_id=repo_id, fingerprint=fp)
+    run_verification(repo_id, fp)
+    detail = a.call("get", "/api/repos/{repo_id}", repo_id=repo_id).json()
+    assert detail["withheld"] and detail["verification"]["state"] == "mismatch"
+    assert a.call("get", "/api/repos/{repo_id}/age", repo_id=repo_id).status_code == 409
+    assert a.call("get", "/api/integrity").json()["open"] == 1
+    cleared = a.call("post", "/api/integrity/{verification_id}/clear", verification_id=ver.pk)
+    assert cleared.status_code == 200
+    a.call("post", "/api/integrity/{verification_id}/clear", verification_id=ver.pk)  # 409
+    FileChange.objects.filter(pk=row.pk).update(added=row.added)
 
 
 def call_every_analysis(a: Checked, repo_id: int, origin: GitRepo) -> None:

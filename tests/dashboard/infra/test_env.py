@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.infra.env import DOCUMENTED, env_bool, env_float, env_int, env_list, env_str
+from dashboard.infra.env import (
+    DOCUMENTED,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_mapping,
+    env_str,
+)
 
 V = "GITWARD_TEST_ENV_VALUE"
 
@@ -56,3 +64,24 @@ def test_bad_values_fail_loudly_naming_the_variable(
     with pytest.raises(ImproperlyConfigured) as info:
         reader()
     assert str(info.value).startswith(V) and message in str(info.value)
+
+
+def test_a_mapping_from_json_or_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.delenv(V, raising=False)
+    assert env_mapping(V) == {}
+    monkeypatch.setenv(V, '{"old@x": "new@x"}')
+    assert env_mapping(V) == {"old@x": "new@x"}
+    target = tmp_path / "identities.json"
+    target.write_text('{"a@x": "b@x", "c@x": "b@x"}')
+    monkeypatch.setenv(V, f"@{target}")
+    assert env_mapping(V) == {"a@x": "b@x", "c@x": "b@x"}
+    for raw, message in [
+        ("[1]", "must map non-empty strings"),
+        ('{"a": 1}', "must map non-empty strings"),
+        ('{"a": ""}', "must map non-empty strings"),
+        ("{nope", "must be a JSON object"),
+        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+    ]:
+        monkeypatch.setenv(V, raw)
+        with pytest.raises(ImproperlyConfigured, match=f"{V}.*{message}"):
+            env_mapping(V)

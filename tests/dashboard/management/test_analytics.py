@@ -102,3 +102,35 @@ def test_csv_of_one_table(tmp_path: Path, capsys) -> None:
     ]
     with pytest.raises(CommandError, match="--csv must be one of files, directories"):
         call_command("analytics", "age", str(repo.pk), "--csv", "pairs")
+
+
+def test_each_lens_from_the_command_line_equals_git(tmp_path: Path, capsys) -> None:
+    from tests.support.analytics_history import (
+        LENS_CASES,
+        build_lenses,
+        lens_totals,
+        queue_state,
+    )
+
+    origin = build_lenses(tmp_path / "origin")
+    repo = analysed(origin)
+    before = queue_state()
+    for case in LENS_CASES:
+        want = lens_totals(origin, case)
+        options = [f"--exclude={lens}" for lens in case]  # repeated, one lens each
+        call_command("analytics", "hotspots", str(repo.pk), "--limit", "1000", *options, "--json")
+        body = json.loads(capsys.readouterr().out)
+        assert {r["path"]: (r["revs"], r["churn"]) for r in body["files"]} == want.files, case
+        call_command("analytics", "authors", str(repo.pk), "--exclude", ",".join(case), "--json")
+        people = json.loads(capsys.readouterr().out)["authors"]
+        got = {r["author"]: (r["commits"], r["insertions"], r["deletions"]) for r in people}
+        assert got == want.people, case
+    call_command("analytics", "hotspots", str(repo.pk), "--exclude", "lock,bots")
+    out = capsys.readouterr().out
+    assert "leaving out: lock, bots (rules lenses-1; attributes: not read)" in out
+    tables = out.split("\nfiles:\n", 1)[1]  # the reproduce line names the lock files
+    assert "package-lock.json" not in tables and "src/version.txt" not in tables
+    assert "src/app.js" in tables
+    assert queue_state() == before
+    with pytest.raises(CommandError, match=r"^exclude: unknown lens 'nope' \(one of generated"):
+        call_command("analytics", "hotspots", str(repo.pk), "--exclude", "nope")

@@ -411,3 +411,35 @@ def test_the_freeze_and_the_webhook_outbox_are_exported() -> None:
     assert got.one("gitward_rollout_frozen", window="stop-the-line") == 1
     assert got.one("gitward_rollout_notifications_pending", endpoint="ops") == 2
     assert got.one("gitward_rollout_notifications_pending", endpoint="chat") == 2
+
+
+def test_per_git_host_fetch_slots_waiters_backoffs_and_deferrals_are_exported(
+    settings: object,
+) -> None:
+    """docs/scheduling.md#per-host-fetch-limits, as /metrics shows it."""
+    from dashboard.runs.fetch_limits import fetch_gate
+    from workers.git import HostLimit, back_off
+
+    settings.FETCH_LIMITS = {"github.com": HostLimit(concurrency=3)}  # type: ignore[attr-defined]
+    back_off(queues.connection(), "gitlab.com", 60)
+    counters.count_fetch_host_deferral("github.com", why="limit")
+    with fetch_gate().slot("github.com"):
+        families = {f.name: f for f in text_string_to_metric_families(metrics_text())}
+    samples = {
+        (s.name, s.labels.get("host"), s.labels.get("why")): s.value
+        for name in (
+            "gitward_fetch_host_slots_in_use",
+            "gitward_fetch_host_slots_limit",
+            "gitward_fetch_host_waiting",
+            "gitward_fetch_host_backoff_seconds",
+            "gitward_fetch_host_deferrals",
+        )
+        for s in families[name].samples
+    }
+    assert samples[("gitward_fetch_host_slots_in_use", "github.com", None)] == 1
+    assert samples[("gitward_fetch_host_slots_limit", "github.com", None)] == 3
+    assert samples[("gitward_fetch_host_waiting", "github.com", None)] == 0
+    assert samples[("gitward_fetch_host_backoff_seconds", "github.com", None)] == 0
+    assert samples[("gitward_fetch_host_slots_in_use", "gitlab.com", None)] == 0
+    assert 50 < samples[("gitward_fetch_host_backoff_seconds", "gitlab.com", None)] <= 60
+    assert samples[("gitward_fetch_host_deferrals_total", "github.com", "limit")] == 1

@@ -16,8 +16,10 @@ from dashboard.infra import queues
 from dashboard.models import JobAttempt, JobRun, Repository, WorkerBeat
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
-from dashboard.runs.attempts import begin_attempt
+from dashboard.runs import affinity
+from dashboard.runs.attempts import begin_attempt, enqueue_run
 from tests.conftest import run_workers
+from tests.dashboard.runs.test_attempts import a_chunk_run, a_repo
 from tests.support.gitrepo import GitRepo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,3 +166,20 @@ def test_a_job_that_ended_without_its_run_moving_on_is_enqueued_again(
     assert reconcile()["requeued"] == 1  # at once: an ended job is never between two steps
     assert _queue_ids(run) == [run.rq_id().encode()]
     assert queues.connection().hget(Job.key_for(run.rq_id()), "status") == b"queued"
+
+
+def test_a_chunk_waiting_on_a_worker_hosts_queue_is_not_stale(settings: object) -> None:
+    """Mirror affinity (docs/scheduling.md#mirror-affinity): a job on ``<queue>@host:<id>``
+    is in a queue; only once it is in none is it enqueued again, and then only once."""
+    settings.AFFINITY_WAIT = 10.0  # type: ignore[attr-defined]  # the harness turns it off
+    run = a_chunk_run(a_repo())
+    affinity.record_mirror(run.repository_id, "h1")
+    affinity.beat_host("h1")
+    assert enqueue_run(run)
+    host_key = queues.queue(f"{run.queue}@host:h1").key
+    _aged(run)
+    assert reconcile()["requeued"] == 0
+    assert queues.connection().lrange(host_key, 0, -1) == [run.rq_id().encode()]
+    queues.connection().lrem(host_key, 0, run.rq_id())  # Redis lost it
+    assert reconcile()["requeued"] == 1
+    assert queues.connection().lrange(host_key, 0, -1) == [run.rq_id().encode()]

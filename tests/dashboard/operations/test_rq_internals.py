@@ -7,11 +7,11 @@ Read through RQ's public API where it is fast enough (``Job.key_for``, ``Job.exi
 ``Queue.get_job_ids``, ``Queue.intermediate_queue``, ``ScheduledJobRegistry.remove`` and
 ``get_scheduled_time``); read directly, batched, where it is not (docs/operations.md#rq-internals):
 
-* a job's hash (``Job.key_for``) has the fields ``status``, ``enqueued_at`` and
-  ``worker_name`` (``reconciler.JOB_FIELDS``, one pipelined ``HMGET`` per 1,000 runs;
+* a job's hash (``Job.key_for``) has the fields ``status``, ``enqueued_at``,
+  ``worker_name`` and ``origin`` (``reconciler.JOB_FIELDS``, one pipelined ``HMGET`` per 1,000 runs;
   ``queue_stats`` reads ``enqueued_at`` of each queue's head): the status is a
   ``JobStatus`` value, ``enqueued_at`` an ISO 8601 UTC time, ``worker_name`` the name of
-  the worker running it;
+  the worker running it, ``origin`` the queue it was put on;
 * a queue (``Queue.key``) is a Redis list, appended at the tail and taken from the head, so
   its head is its oldest job (``queue_stats``: ``LRANGE 0 0`` and ``LLEN`` in a pipeline),
   and ``LREM 0`` takes every copy of an id out of it (the reconciler and ``cancel_runs``);
@@ -98,8 +98,8 @@ def test_every_status_rq_knows_is_one_the_reconciler_decides_about() -> None:
 def test_a_queued_job_hash_has_the_fields_the_reconciler_reads() -> None:
     q = _queue()
     job = q.enqueue(f"{__name__}.fail", job_id="hash-1")
-    status, enqueued_at, worker = _hash(job.id)
-    assert (status, worker) == (JobStatus.QUEUED.value, None)
+    status, enqueued_at, worker, origin = _hash(job.id)
+    assert (status, worker, origin) == (JobStatus.QUEUED.value, None, QUEUE)
     assert enqueued_at is not None
     stored = Job.fetch(job.id, connection=q.connection).enqueued_at
     # The reconciler's own parse (an ISO time, "Z" for UTC) and queue_stats' (RQ's).
@@ -116,6 +116,7 @@ def test_a_running_job_is_marked_started_by_its_worker_and_counted_in_the_starte
     fields, kind, live = Job.fetch(job.id, connection=q.connection).return_value()
     assert fields[0] == JobStatus.STARTED.value
     assert fields[2] == worker.name
+    assert fields[3] == QUEUE  # the queue it was put on (a worker host's queue, or shared)
     assert kind == "zset"
     assert live == 1  # its lease expires in the future: ZCOUNT from now counts it
     assert q.connection.zcard(StartedJobRegistry(QUEUE, connection=q.connection).key) == 0

@@ -284,3 +284,27 @@ def test_the_cli_flips_stop_the_line_with_a_reason() -> None:
     assert (data["frozen"], data["stop_the_line"]["on"], data["stop_the_line"]["actor"]) == (
         False, False, "ops",
     )  # fmt: skip
+
+
+def test_the_promote_button_is_disabled_during_a_freeze_naming_the_window(
+    client: Client,
+) -> None:
+    """The page does not offer a promote the freeze would refuse: the button is shown
+    disabled with the window and its end (docs/rollouts.md#freeze-windows)."""
+    ro, driver = start(steps=[20, 100])
+    verify(ro, driver)
+    user = User.objects.create_user("erin", password="pw-erin-123", is_staff=True)
+    for codename in ("view_jobrun", "start_rollout"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    offer = f'data-confirm="/rollouts/{ro.pk}/promote/"'
+    assert offer in client.get(f"/rollouts/{ro.pk}/").content.decode()
+    window = _window("year-end")
+    with override_settings(FREEZE_WINDOWS=[window]):
+        page = client.get(f"/rollouts/{ro.pk}/").content.decode()
+    assert offer not in page
+    assert '<button type="button" class="small" disabled title="Frozen: freeze window' in page
+    assert (
+        f"Frozen: freeze window &#x27;year-end&#x27; until {window['until']} (rollback and "
+        "abort stay allowed)"
+    ) in page

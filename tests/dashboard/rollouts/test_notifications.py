@@ -252,3 +252,35 @@ def test_a_dead_endpoint_costs_a_round_one_attempt_and_others_go_on(receiver: Re
         assert (got["delivered"], got["failed"]) == (live_rows, 1)
         assert RolloutNotification.objects.filter(endpoint="dead", attempts__gt=0).count() == 1
     assert [r["path"] for r in receiver.received] == ["/live"] * live_rows
+
+
+def test_a_steps_deadline_verdict_is_announced_and_shadow_work_is_not(
+    receiver: Receiver,
+) -> None:
+    """``step.deadline`` is a step's verdict (paused for an operator, or rolled back): a
+    receiver gets it. ``shadow.enqueued`` is work the driver sends the canary; it changes
+    nothing served, so it stays on the timeline only (docs/rollouts.md#notifications)."""
+    hooks = [{"name": "ops", "url": receiver.url("/"), "secret": SECRET, "format": "json"}]
+    with override_settings(ROLLOUT_WEBHOOKS=hooks):
+        ro, _ = start()
+        with transaction.atomic():
+            shadow = record_event(ro, ro.version, "shadow.enqueued", "", "", "driver",
+                                  "step 10%: 3 commits sent", None, {"commits": 3})  # fmt: skip
+            paused = record_event(
+                ro, ro.version, "step.deadline", "", "", "driver",
+                "step 10%: still inconclusive at its deadline (3/20 samples): paused for an "
+                "operator", None, {"policy": "pause", "percent": 10},
+            )  # fmt: skip
+        announced = set(RolloutNotification.objects.values_list("event__action", flat=True))
+        assert "step.deadline" in announced and "shadow.enqueued" not in announced
+        assert not RolloutNotification.objects.filter(event=shadow).exists()
+        notifications.deliver_notifications()
+    bodies = [json.loads(r["body"]) for r in receiver.received]
+    [deadline] = [b for b in bodies if b["id"] == notifications.event_id(paused)]
+    assert deadline["type"] == "rollout.step.deadline"
+    assert deadline["detail"] == {"policy": "pause", "percent": 10}
+    assert deadline["summary"] == (
+        f"rollout #{ro.pk} analysis@{ro.version.fp12}: step 10%: still inconclusive at its "
+        "deadline (3/20 samples): paused for an operator"
+    )
+    assert all(valid(r) for r in receiver.received)

@@ -119,3 +119,47 @@ def test_author_and_file_pages(browser: Client, tmp_path: Path) -> None:
     assert browser.get(f"{base}/files/").status_code == 200  # the form asks for a path
     res = browser.get(f"{base}/files/?path=nowhere.txt")
     assert res.status_code == 404 and "no commit changed nowhere.txt" in res.content.decode()
+
+
+def test_the_lens_toggles_keep_the_other_parameters_and_equal_git(
+    browser: Client, tmp_path: Path
+) -> None:
+    import html as htmllib
+    import re
+    from urllib.parse import parse_qs
+
+    from tests.support.analytics_history import (
+        LENS_CASES,
+        build_lenses,
+        lens_totals,
+        queue_state,
+    )
+
+    origin = build_lenses(tmp_path / "origin")
+    repo = analysed(origin)
+    before = queue_state()
+    page = f"/repos/{repo.pk}/analytics/hotspots/"
+    row = re.compile(
+        r'<td class="path"><a href="[^"]*" title="its history[^"]*">([^<]+)</a></td>'
+        r"<td>(\d+)</td><td>(\d+)</td>"
+    )
+    for case in LENS_CASES:
+        res = browser.get(f"{page}?limit=1000&depth=2&exclude={','.join(case)}")
+        assert res.status_code == 200
+        html = res.content.decode()
+        table = html[html.index('id="hotspot-files"') : html.index('id="hotspot-directories"')]
+        got = {htmllib.unescape(p): (int(r), int(c)) for p, r, c in row.findall(table)}
+        assert got == lens_totals(origin, case).files, case
+    html = browser.get(f"{page}?limit=1000&depth=2&exclude=lock").content.decode()
+    toggles = dict(re.findall(r'<a href="\?([^"]*)" class="lens[^"]*" data-lens="(\w+)"', html))
+    toggles = {lens: parse_qs(htmllib.unescape(q)) for q, lens in toggles.items()}
+    assert toggles["bots"] == {"limit": ["1000"], "depth": ["2"], "exclude": ["lock,bots"]}
+    assert toggles["lock"] == {"limit": ["1000"], "depth": ["2"]}  # turned off again
+    assert 'data-lens="lock" aria-pressed="true"' in html
+    assert '<input type="hidden" name="exclude" value="lock">' in html
+    assert "leaving out lock" in html
+    assert queue_state() == before  # toggling a lens enqueues nothing
+    res = browser.get(f"{page}?exclude=tests&limit=7")
+    html = res.content.decode()
+    assert res.status_code == 400 and "exclude: unknown lens &#x27;tests&#x27;" in html
+    assert 'id="analytics-lenses" aria-label="Lenses" aria-invalid="true"' in html

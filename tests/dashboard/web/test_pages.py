@@ -438,12 +438,13 @@ def _table(sql: str) -> str:
 def test_the_repository_page_reads_its_row_count_and_chunks_in_one_query(
     operator: Client, git_repo: GitRepo
 ) -> None:
-    """The warm repository page makes 7 queries — session, user, the served
-    fingerprint, the row with its stored-commit count and chunk counts, the summary, the
-    commits, the recent runs — was 12 (the fingerprint read twice, the count and the
-    chunks' GROUP BY apart from the row), then 8 with the view count's write (now
-    counted in memory and written in batches: ``dashboard.repositories.view_counts``). The status it
-    shows is ``repository_status``'s, exactly."""
+    """The warm repository page makes 8 queries — session, user, the served
+    fingerprint, the row with its stored-commit count and chunk counts, its verification
+    (docs/analytics.md#verification), the summary, the commits, the recent runs — was 12
+    (the fingerprint read twice, the count and the chunks' GROUP BY apart from the row),
+    then 8 with the view count's write (now counted in memory and written in batches:
+    ``dashboard.repositories.view_counts``). The status it shows is ``repository_status``'s,
+    exactly."""
     for i in range(3):
         git_repo.commit(f"c{i}", {"f.py": f"{i}\n"})
     repo, _ = submit_repository(url=str(git_repo.path))
@@ -455,8 +456,8 @@ def test_the_repository_page_reads_its_row_count_and_chunks_in_one_query(
     assert page.status_code == 200
     assert [_table(q["sql"]) for q in ctx.captured_queries] == [
         "SELECT django_session", "SELECT auth_user", "SELECT dashboard_analyzerversion",
-        "SELECT dashboard_repository", "SELECT dashboard_summary", "SELECT dashboard_commit",
-        "SELECT dashboard_jobrun",
+        "SELECT dashboard_repository", "SELECT dashboard_verification",
+        "SELECT dashboard_summary", "SELECT dashboard_commit", "SELECT dashboard_jobrun",
     ]  # fmt: skip
     # The recent runs: only the columns their table shows, no join to the row it has.
     runs_sql = ctx.captured_queries[-1]["sql"]
@@ -491,3 +492,26 @@ def test_the_combined_status_equals_repository_status(git_repo: GitRepo) -> None
         "queued": 1, "running": 1, "done": 3, "failed": 1, "dropped": 1}  # fmt: skip
     assert repository_with_status(repo.pk, fingerprint="other")[1]["commits_analyzed"] == 7  # type: ignore[index]
     assert repository_with_status(10**9) is None
+
+
+def test_the_workers_page_shows_each_git_hosts_fetch_slots_waiters_and_backoff(
+    operator: Client, settings: object
+) -> None:
+    """docs/scheduling.md#per-host-fetch-limits: "github.com 1/1" while a fetch holds the
+    only slot, and a backoff's end."""
+    from dashboard.infra import queues
+    from dashboard.runs.fetch_limits import fetch_gate
+    from workers.git import HostLimit, back_off
+
+    settings.FETCH_LIMITS = {"github.com": HostLimit(concurrency=1)}  # type: ignore[attr-defined]
+    settings.SNAPSHOT_TTL = 0  # type: ignore[attr-defined]
+    back_off(queues.connection(), "gitlab.com", 60)
+    with fetch_gate().slot("github.com"):
+        page = operator.get("/workers/").content.decode()
+    rows = {
+        host: " ".join(text_of(row).split())
+        for host, row in re.findall(r'<tr data-host="([^"]+)"[^>]*>(.*?)</tr>', page, re.S)
+    }
+    assert set(rows) == {"github.com", "gitlab.com"}
+    assert rows["github.com"] == "github.com 1/1 0 — —"
+    assert rows["gitlab.com"].startswith("gitlab.com 0/4 0 — until ")

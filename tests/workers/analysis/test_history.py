@@ -731,3 +731,39 @@ def test_list_commits_refuses_output_that_is_not_one_sha_a_line(tmp_path: Path) 
 
     with pytest.raises(HistoryError, match="rev-list output"):
         list_commits(bare, "main", git=with_parents)
+
+
+def test_co_authored_by_trailers_are_read_as_git_parses_them(repo: Repo) -> None:
+    """docs/analytics.md#co-authors: the values of every ``Co-authored-by:`` trailer, in
+    message order, continuation lines unfolded; ``co-authored-by`` in the body (not a
+    trailer) and other trailers are not; with renames on, the paths still follow."""
+    repo.write("a.py", "".join(f"line {i}\n" for i in range(40)))
+    plain = repo.commit(
+        "plain\n\nCo-authored-by: Not A <trailer@x> because a body follows\n\nend\n"
+    )
+    repo.rm("a.py")
+    repo.write("b.py", "".join(f"line {i}\n" for i in range(40)) + "more\n")
+    paired = repo.commit(
+        "pair\n\nbody\n\nSigned-off-by: Ann <ann@example.com>\n"
+        "Co-authored-by: Cy <cy@example.com>\nco-authored-by: Dee\n  Long <dee@example.com>\n"
+    )
+    bare = repo.bare()
+    for config in (DEFAULT, RENAMES):
+        got = {c.sha: c for c in stream_commits(bare, [plain, paired], config=config)}
+        for sha in (plain, paired):
+            expected = (
+                git(
+                    bare,
+                    "log",
+                    "-1",
+                    "--format=%(trailers:key=Co-authored-by,valueonly,unfold,separator=%x1f)",
+                    sha,
+                )
+                .decode()
+                .strip()
+            )
+            assert got[sha].co_authors == tuple(v for v in expected.split("\x1f") if v)
+        assert got[plain].co_authors == ()
+        assert got[paired].co_authors == ("Cy <cy@example.com>", "Dee Long <dee@example.com>")
+    renamed = {c.sha: c for c in stream_commits(bare, [paired], config=RENAMES)}[paired]
+    assert [(f.path, f.old_path) for f in renamed.files] == [("b.py", "a.py")]

@@ -116,3 +116,19 @@ def test_sleep_pauses_then_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GITWARD_FAILPOINTS", "s=sleep:2.5")
     failpoint("s")
     assert slept == [2.5]
+
+
+def test_alter_is_the_callers_to_act_on_once_per_claim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from workers.runtime.failpoints import altered
+
+    assert altered("analyze.alter_row") is False  # unset
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.alter_row#poison=alter,other=raise")
+    assert altered("analyze.alter_row", "healthy") is False  # armed for another tag
+    assert altered("analyze.alter_row", "poison") is True
+    failpoint("analyze.alter_row", "poison")  # ``failpoint`` leaves an ``alter`` alone
+    with pytest.raises(FailpointError):
+        altered("other")  # any other action acts as failpoint does
+    monkeypatch.setenv("GITWARD_FAILPOINTS_ONCE", str(tmp_path))
+    assert [altered("analyze.alter_row", "poison") for _ in range(3)] == [True, False, False]

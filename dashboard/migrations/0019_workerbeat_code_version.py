@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("dashboard", "0015_fleet_push_webhooks_refresh"),
+        ("dashboard", "0018_coauthors"),
     ]
 
     operations = [
