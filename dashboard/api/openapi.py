@@ -439,11 +439,14 @@ SCHEMAS: dict[str, Any] = {
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
     "RolloutSpec": {
         "type": "object",
-        "required": ["config"],
+        # a configuration of the web's code, or a known version (a code rollout:
+        # docs/rollouts.md#code-rollouts-bluegreen)
+        "oneOf": [{"required": ["config"]}, {"required": ["version"]}],
         "additionalProperties": False,
         "properties": {
             "queue": {"const": "analysis"},
             "config": {"type": "object"},
+            "version": {"type": "string", "description": "a fingerprint (4 to 64 hex digits)"},
             "steps": {"type": "array", "items": {"type": "integer"}},
             "auto": {"type": "boolean"},
             "warm_set": {
@@ -524,6 +527,32 @@ SCHEMAS: dict[str, Any] = {
             "force": {"type": "boolean"},
         },
     },
+    "Versions": _obj(
+        {
+            "versions": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "fingerprint": {"type": "string"},
+                        "queue": {"type": "string"},
+                        "physical_queue": {"type": "string"},
+                        "code_version": {"type": "string"},
+                        "config": {"type": "object"},
+                        "state": {"type": "string"},
+                        "ramp_percent": {"type": "integer"},
+                        "workers": _obj(
+                            {
+                                "count": {"type": "integer"},
+                                "hosts": {"type": "array", "items": {"type": "string"}},
+                                "serving": {"type": "integer"},
+                            }
+                        ),
+                        "created_at": {"type": "string"},
+                    }
+                ),
+            }
+        }
+    ),
     "RetiredVersion": _obj(
         {
             "queue": {"type": "string"},
@@ -1146,9 +1175,17 @@ PATHS: dict[str, Any] = {
             requestBody=_body(_ref("Reason")),
         )
     },
+    "/api/versions": {
+        "get": _op(
+            "Every analyzer version with its code version, configuration, state and live "
+            "workers (view_jobrun, start_rollout or rollback_rollout).",
+            _responses({"200": _ok(_ref("Versions"), "the versions, oldest first")}),
+        )
+    },
     "/api/versions/{fingerprint}/retire": {
         "post": _op(
-            "Retire a drained or warm-failed version (staff + rollback_rollout; audited).",
+            "Retire a registered, drained or warm-failed version "
+            "(staff + rollback_rollout; audited).",
             _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
             parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
             requestBody=_body(_ref("Reason")),

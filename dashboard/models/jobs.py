@@ -142,6 +142,9 @@ class WorkerBeat(models.Model):
     host = models.CharField(max_length=200)
     pid = models.IntegerField()
     version = models.CharField(max_length=64, blank=True, default="")
+    #: The worker's analysis code version (``workers.analysis.CODE_VERSION``): which
+    #: versions it can load (docs/rollouts.md#code-rollouts-bluegreen).
+    code_version = models.CharField(max_length=64, blank=True, default="")
     queues = models.CharField(max_length=500, blank=True, default="")
     current_run = models.ForeignKey(JobRun, null=True, blank=True, on_delete=models.SET_NULL)
     #: Resident memory of the worker and its work horse(s), bytes, at the last beat.

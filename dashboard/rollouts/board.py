@@ -37,7 +37,7 @@ from dashboard.rollouts.rollback_offers import (
     suspect_rollouts,
 )
 from dashboard.rollouts.warming import warm_progress
-from dashboard.versions import RETIRABLE
+from dashboard.versions import RETIRABLE, live_workers
 
 __all__ = [
     "DESTRUCTIVE", "NEWLY_CURRENT", "PERMISSION", "VERBS", "Action", "actions_for",
@@ -69,8 +69,9 @@ def config_text(config: dict[str, Any]) -> str:
 
 
 def version_rows() -> list[dict[str, Any]]:
-    """Every version, by queue, with its workers (``WorkerBeat`` rows of its fingerprint)
-    and, for one that may be retired (drained, warm_failed), the Retire button's plan."""
+    """Every version, by queue, with its workers (``WorkerBeat`` rows of its fingerprint),
+    the live workers of its code (``code_workers``) and, for one that may be retired
+    (registered, drained, warm_failed), the Retire button's plan."""
     versions = list(AnalyzerVersion.objects.exclude(state=S.RETIRED).order_by("queue", "-pk"))
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_DEAD_AFTER)
     beats: dict[str, list[dict[str, Any]]] = {}
@@ -80,6 +81,7 @@ def version_rows() -> list[dict[str, Any]]:
         beats.setdefault(w.version, []).append(
             {"name": w.name, "host": w.host, "pid": w.pid, "alive": w.last_seen >= cutoff}
         )
+    by_code = live_workers()  # docs/rollouts.md#code-rollouts-bluegreen
     return [
         {
             "version": v,
@@ -87,6 +89,10 @@ def version_rows() -> list[dict[str, Any]]:
             "config": config_text(v.config),
             "workers": beats.get(v.fingerprint, []),
             "live_workers": sum(1 for w in beats.get(v.fingerprint, []) if w["alive"]),
+            # live workers whose code can load this version; none: nothing can warm,
+            # ramp or serve it, and a code rollout of it is refused
+            "code_workers": len(by_code.get(v.code_version, [])),
+            "startable": v.state in {S.REGISTERED, S.WARM_FAILED, S.DRAINED},
             "retire_plan": retire_plan(v) if v.state in RETIRABLE else "",
         }
         for v in versions

@@ -1,6 +1,6 @@
 """Analysis without Django: analyzer configurations and their fingerprints, the
-streamed history of a repository, git's numstat records, content-defined chunks and
-languages. See docs/analysis.md."""
+streamed history of a repository, git's numstat records, content-defined chunks,
+languages and the code version derived from this source. See docs/analysis.md."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from workers.analysis.analyzer import (
     queue_name,
 )
 from workers.analysis.chunks import chunk_key, chunk_target, iter_chunks
+from workers.analysis.code_version import derive as derive_code_version
 from workers.analysis.history import list_commits, renamed_commits, stream_commits
 from workers.analysis.numstat import CommitRecord, CommitTooLarge, HistoryError
 
@@ -34,6 +35,7 @@ __all__ = [
     "chunk_key",
     "chunk_target",
     "config_for",
+    "derive_code_version",
     "iter_chunks",
     "list_commits",
     "path_excluded",

@@ -1,6 +1,7 @@
 """Analyzer versions: code version + config, identified by a fingerprint (docs/rollouts.md).
 
-An analyzer version is what a worker analyses with: :data:`CODE_VERSION` plus one
+An analyzer version is what a worker analyses with: :data:`CODE_VERSION` (derived from
+the installed analysis code, ``workers.analysis.code_version``) plus one
 :class:`AnalyzerConfig`.  Contracts:
 
 * An ``AnalyzerConfig`` is immutable and always valid: the constructor checks types and
@@ -13,9 +14,12 @@ An analyzer version is what a worker analyses with: :data:`CODE_VERSION` plus on
 * :meth:`AnalyzerConfig.fingerprint` hashes exactly what the worker analyses with: the
   canonical JSON ``{"code": CODE_VERSION, "config": <canonical config>}`` (sorted keys, no
   whitespace, ASCII), SHA-256, first 16 hex digits.  It uses no ``hash()`` or ``repr``,
-  so it is equal across processes, hosts and Python versions.  The default configuration
-  keeps the fingerprint it had before the configuration reached git (``01faaf06ff1b8dc2``),
-  so results stored under it stay valid.
+  so it is equal across processes, hosts and Python versions.  A change to the analysis
+  code changes :data:`CODE_VERSION` and so every fingerprint: results of the old code stay
+  stored under the old fingerprints, and the new code is rolled out beside the old one
+  (docs/rollouts.md#code-rollouts-bluegreen).  With the code version ``"1"`` of the
+  releases before it was derived, the default configuration's fingerprint is still
+  ``01faaf06ff1b8dc2``.
 * :func:`workers.analysis.history.stream_commits` turns the config into git arguments; nothing
   else interprets it.
 """
@@ -29,6 +33,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from workers.analysis.code_version import derive as derive_code_version
 
 __all__ = [
     "CODE_VERSION",
@@ -44,8 +50,9 @@ __all__ = [
     "queue_name",
 ]
 
-#: Bump when the analysis code changes what it stores; the fingerprint changes with it.
-CODE_VERSION = "1"
+#: The installed analysis code's version, ``<package version>+<source hash>``, computed
+#: once per process (docs/analysis.md#code-version); the fingerprint changes with it.
+CODE_VERSION = derive_code_version()
 
 #: The fields of a stored result a change of the analysis may change
 #: (docs/rollouts.md#result-contract): ``files`` — which file rows a commit has (and so
