@@ -51,7 +51,7 @@ from dashboard import infra, locks, runs, versions
 from dashboard.infra import close_thread_connections, use_direct_connections
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts import DRIVER_QUEUE
-from workers.analysis import CODE_VERSION, DEFAULT, AnalyzerConfig, queue_name
+from workers.analysis import CODE_VERSION, DECLARED_EFFECT, DEFAULT, AnalyzerConfig, queue_name
 from workers.jobs import MovedPathsJob, load_versions, loaded_fingerprints
 from workers.runtime import ForkGuard, die_with_parent, kill_tree
 
@@ -414,7 +414,7 @@ def learn_own_code(actor: str) -> None:
     try:
         if versions.current_version() is None:
             versions.ensure_baseline(actor=actor)
-        versions.learn_code_version(CODE_VERSION, actor=actor)
+        versions.learn_code_version(CODE_VERSION, declared=DECLARED_EFFECT, actor=actor)
     except Exception:
         log.exception("could not report code version %s", CODE_VERSION)
     finally:

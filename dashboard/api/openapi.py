@@ -537,6 +537,7 @@ SCHEMAS: dict[str, Any] = {
                         "queue": {"type": "string"},
                         "physical_queue": {"type": "string"},
                         "code_version": {"type": "string"},
+                        "declared_effect": {"type": "array", "items": {"type": "string"}},
                         "config": {"type": "object"},
                         "state": {"type": "string"},
                         "ramp_percent": {"type": "integer"},

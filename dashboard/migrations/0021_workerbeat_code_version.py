@@ -8,6 +8,11 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
+            model_name="analyzerversion",
+            name="declared_effect",
+            field=models.JSONField(blank=True, default=list),
+        ),
+        migrations.AddField(
             model_name="workerbeat",
             name="code_version",
             field=models.CharField(blank=True, default="", max_length=64),

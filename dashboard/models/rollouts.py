@@ -27,6 +27,10 @@ class AnalyzerVersion(models.Model):
     queue = models.CharField(max_length=100, default="analysis")
     fingerprint = models.CharField(max_length=64)
     code_version = models.CharField(max_length=64)
+    #: What the version's code declares it changes in the stored results against the code
+    #: before it (``workers.analysis.DECLARED_EFFECT``), as its workers reported it when
+    #: gitward learned the code; the result contract reads it (docs/rollouts.md#result-contract).
+    declared_effect = models.JSONField(default=list, blank=True)
     #: The normalised analyzer config the fingerprint was computed from.
     config = models.JSONField(default=dict)
     state = models.CharField(max_length=16, choices=State.choices, default=State.REGISTERED)

@@ -258,11 +258,14 @@ def check_pairs(
 
 def expectation_for(ro: Rollout) -> Expectation:
     """The expectation of ``ro``'s change (previous version → its version). The new code
-    version's declaration is read from the analysis package this process runs when it
-    is that code version; a code version this process does not run declares nothing."""
+    version's declaration is the one its workers reported when gitward learned the code
+    (``AnalyzerVersion.declared_effect``), so a driver running the old code knows it; a
+    version of the code this process runs also has the analysis package's own."""
     prev, new = ro.previous, ro.version
     assert prev is not None
-    declared = analysis.DECLARED_EFFECT if new.code_version == analysis.CODE_VERSION else ()
+    declared = set(new.declared_effect or ())
+    if new.code_version == analysis.CODE_VERSION:
+        declared |= set(analysis.DECLARED_EFFECT)
     return expected_effect(
         AnalyzerConfig.from_mapping(prev.config),
         AnalyzerConfig.from_mapping(new.config),

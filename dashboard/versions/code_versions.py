@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -42,11 +43,18 @@ __all__ = [
 
 
 def learn_code_version(
-    code_version: str, *, queue: str = QUEUE, actor: Any = "system"
+    code_version: str,
+    *,
+    declared: Iterable[str] = (),
+    queue: str = QUEUE,
+    actor: Any = "system",
 ) -> AnalyzerVersion | None:
     """Register the version of ``code_version`` with the current configuration (the
     deployed default on a queue without a current version) if the queue has no version
-    of that code yet; return it, or None when the code was known.
+    of that code yet; return it, or None when the code was known. ``declared`` is what
+    that code declares it changes (``workers.analysis.DECLARED_EFFECT``), kept on the
+    version so that the result contract knows it in any process, whatever code that
+    process runs (docs/rollouts.md#result-contract).
 
     Race: two workers of a new code register at once. Both may find no version of the
     code, but both register the same (queue, fingerprint) — the fingerprint is a function
@@ -62,13 +70,20 @@ def learn_code_version(
         return None
     current = current_version(queue)
     config = dict(current.config) if current is not None else analysis.DEFAULT.to_dict()
-    return register_version(
+    version = register_version(
         queue=queue,
         config=config,
         actor=actor,
         code_version=code_version,
         reason=f"learned: a worker runs code {code_version}",
     )
+    effect = sorted(set(declared) & set(analysis.EFFECT_FIELDS))
+    if effect and version.declared_effect != effect:
+        # Two workers of the code racing here write the same list (it is part of the
+        # code, as the code version is), so the last write is as good as the first.
+        AnalyzerVersion.objects.filter(pk=version.pk).update(declared_effect=effect)
+        version.declared_effect = effect
+    return version
 
 
 def live_workers() -> dict[str, list[dict[str, Any]]]:
@@ -119,6 +134,7 @@ def version_rows(queue: str | None = None) -> list[dict[str, Any]]:
             "queue": v.queue,
             "physical_queue": physical_queue(v.queue, v.fingerprint),
             "code_version": v.code_version,
+            "declared_effect": list(v.declared_effect or []),
             "config": v.config,
             "state": v.state,
             "ramp_percent": v.ramp_percent,

@@ -18,10 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The green install's change: every added line counts ten times.
 ORIGINAL = "                    added = int(a)\n"
 PATCHED = "                    added = int(a) * 10  # green: counts differently\n"
+#: ... and declares it, as the change that makes the analysis store other numbers must
+#: (docs/rollouts.md#result-contract): without it the contract stops the rollout.
+UNDECLARED = "DECLARED_EFFECT: frozenset[str] = frozenset()\n"
+DECLARED = 'DECLARED_EFFECT: frozenset[str] = frozenset({"insertions"})\n'
 
 
 def install(dest: Path, *, patch: bool) -> Path:
-    """A copy of this source tree at ``dest``; with ``patch``, counting added lines ×10."""
+    """A copy of this source tree at ``dest``; with ``patch``, counting added lines ×10
+    (and declaring that it changes insertions)."""
     dest.mkdir(parents=True)
     shutil.copy2(ROOT / "manage.py", dest / "manage.py")
     for name in ("dashboard", "workers", "templates"):
@@ -31,6 +36,12 @@ def install(dest: Path, *, patch: bool) -> Path:
         text = numstat.read_text()
         assert text.count(ORIGINAL) == 1, "the patched line moved: update tests/support/installs.py"
         numstat.write_text(text.replace(ORIGINAL, PATCHED))
+        analyzer = dest / "workers" / "analysis" / "analyzer.py"
+        text = analyzer.read_text()
+        assert text.count(UNDECLARED) == 1, (
+            "the declaration moved: update tests/support/installs.py"
+        )
+        analyzer.write_text(text.replace(UNDECLARED, DECLARED))
     return dest
 
 

@@ -137,6 +137,13 @@ def test_a_code_rollout_runs_on_its_own_workers_and_rolls_back(
         "green's code learned",
     )
     assert (learned.state, learned.config) == (S.REGISTERED, base.config)
+    # with what its code declares it changes (the result contract allows exactly that)
+    learned = poll(
+        lambda: AnalyzerVersion.objects.filter(
+            pk=learned.pk, declared_effect=["insertions"]
+        ).first(),
+        "green's declaration recorded",
+    )
     row = poll(
         lambda: next(
             (r for r in code_versions.version_rows()

@@ -477,9 +477,17 @@ def test_a_new_code_version_is_held_to_what_its_code_declares(
     ro, _driver = start({"ignore_whitespace": True})
     AnalyzerVersion.objects.filter(pk=ro.version_id).update(code_version="2")
     ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
-    assert ro.previous is not None and ro.previous.code_version == "1"
-    # this process runs code version 1: version 2's declaration is unknown here
+    assert ro.previous is not None and ro.previous.code_version == workers.analysis.CODE_VERSION
+    # this process runs the previous version's code: version 2's declaration is unknown here
     assert contract.expectation_for(ro) == Expectation(whitespace="lower", code_changed=True)
+    # ... unless its workers reported it when gitward learned the code (stored on the row)
+    AnalyzerVersion.objects.filter(pk=ro.version_id).update(declared_effect=["deletions"])
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
+    assert contract.expectation_for(ro) == Expectation(
+        whitespace="lower", code_changed=True, declared=frozenset({"deletions"})
+    )
+    AnalyzerVersion.objects.filter(pk=ro.version_id).update(declared_effect=[])
+    ro = Rollout.objects.select_related("version", "previous").get(pk=ro.pk)
     monkeypatch.setattr(workers.analysis, "CODE_VERSION", "2")
     monkeypatch.setattr(workers.analysis, "DECLARED_EFFECT", frozenset({"binary"}))
     assert contract.expectation_for(ro) == Expectation(

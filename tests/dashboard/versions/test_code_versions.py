@@ -85,6 +85,19 @@ def test_an_unknown_code_version_is_learned_once_with_the_current_configuration(
     assert AnalyzerVersion.objects.count() == 2
 
 
+def test_what_a_new_code_declares_it_changes_is_kept_on_its_version() -> None:
+    """docs/rollouts.md#result-contract: the declaration travels with the code version,
+    so a driver running other code reads it from the row; unknown fields are dropped."""
+    ensure_baseline(actor="setup")
+    learned = learn_code_version(NEW_CODE, declared={"insertions", "colour"}, actor="w1")
+    assert learned is not None
+    assert AnalyzerVersion.objects.get(pk=learned.pk).declared_effect == ["insertions"]
+    [row] = [r for r in version_rows() if r["code_version"] == NEW_CODE]
+    assert row["declared_effect"] == ["insertions"]
+    plain = learn_code_version(NEW_CODE + "b", actor="w2")
+    assert plain is not None and AnalyzerVersion.objects.get(pk=plain.pk).declared_effect == []
+
+
 def test_the_current_configuration_is_what_a_new_code_is_learned_with() -> None:
     ensure_baseline(actor="setup")
     AnalyzerVersion.objects.filter(state=S.CURRENT).update(config={"detect_renames": True})
