@@ -342,6 +342,9 @@ JOB_TIMEOUT = env_int("GITWARD_JOB_TIMEOUT", 1800, minimum=10)
 #: succeeded, instead of enqueueing it (one RQ job fewer per submission: workers/jobs.py).
 INLINE_CHUNK = env_bool("GITWARD_INLINE_CHUNK", True)
 MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
+#: How many analyze runs of one repository may wait in one RQ queue at once; the rest are
+#: parked in the database and released one by one (docs/scheduling.md). 0: no limit (FIFO).
+FAIR_WEIGHT = env_int("GITWARD_FAIR_WEIGHT", 2, minimum=0)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 

@@ -83,6 +83,7 @@ urlpatterns = [
     path(
         "api/rollouts/<id:rollout_id>/<str:action>", api.rollout_action, name="api-rollout-action"
     ),
+    path("api/versions", api.versions_collection, name="api-versions"),
     path("api/versions/<str:fingerprint>/retire", api.version_retire, name="api-version-retire"),
     path("api/runs/<id:run_id>", api.run_detail, name="api-run"),
     path("api/runs/<id:run_id>/cancel", api.run_cancel, name="api-run-cancel"),

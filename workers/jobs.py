@@ -59,7 +59,7 @@ from workers.git import (
 )
 from workers.locks import Lock, LockLost, LockNotAcquired
 from workers.remotes import InvalidRemote, Remote
-from workers.runtime import altered, failpoint
+from workers.runtime import altered, failpoint, perturbs
 
 log = logging.getLogger(__name__)
 
@@ -327,6 +327,10 @@ def _analyze(attempt: runs.Attempt) -> str:
             if len(records) == 1:
                 failpoint("analyze.parsing", repo.name)
         runs.mark_phase(attempt, analysed_at=timezone.now())
+        # A fault test's stand-in for a code version that silently stores other numbers
+        # (docs/rollouts.md#result-contract); unarmed, it changes nothing.
+        records = [_perturbed(r) if perturbs("analyze.perturb", chunk.fingerprint, r.sha)
+                   else r for r in records]  # fmt: skip
         lock.check()
         failpoint("analyze.before_write", repo.name)
         if altered("analyze.alter_row", repo.name):
@@ -335,6 +339,17 @@ def _analyze(attempt: runs.Attempt) -> str:
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     repositories.finish_chunk(chunk)
     return f"stored {written} commits"
+
+
+def _perturbed(record: CommitRecord) -> CommitRecord:
+    """``record`` with one more insertion in its first text file (the failpoint
+    ``analyze.perturb``, docs/testing.md#failpoints); a commit with none is left alone."""
+    files = list(record.files)
+    for i, f in enumerate(files):
+        if not f.binary:
+            files[i] = f._replace(added=f.added + 1)
+            return record._replace(files=tuple(files))
+    return record
 
 
 def _alter_one_row(records: list[CommitRecord]) -> list[CommitRecord]:

@@ -4,10 +4,13 @@ Which workers run (``desired_workers``, re-read from the versions table every fe
 seconds, so a rollout changes the pool without a restart): ``size`` workers of the
 current version (its physical queue + sync + maintenance), one worker of every other
 staffed version (warming, verified, ramping, draining: its physical queue only), and
-one worker of the ``rollouts`` driver queue. Each version's worker loads exactly that
-version's ``AnalyzerConfig`` (``manage.py worker --analyzer FP``); a drained version's
-workers are stopped (warm shutdown). A worker whose version's gate is closed (draining)
-listens on nothing, so it takes no job while its running one finishes.
+one worker of the ``rollouts`` driver queue. Only versions of the pool's own code are
+staffed; a pool of new code beside the current one (blue/green) puts its ``size``
+workers on its own version being rolled out (docs/rollouts.md#code-rollouts-bluegreen).
+Each version's worker loads exactly that version's ``AnalyzerConfig`` (``manage.py
+worker --analyzer FP``); a drained version's workers are stopped (warm shutdown). A
+worker whose version's gate is closed (draining) listens on nothing, so it takes no job
+while its running one finishes.
 
 Shutdown (``GITWARD_WORKER_GRACE``, default 60 s): SIGTERM/SIGINT to the pool sends
 SIGTERM to every child. A child stops taking jobs at once (RQ's warm shutdown) and lets
@@ -48,7 +51,7 @@ from dashboard import infra, locks, runs, versions
 from dashboard.infra import close_thread_connections, use_direct_connections
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts import DRIVER_QUEUE
-from workers.analysis import DEFAULT, AnalyzerConfig, queue_name
+from workers.analysis import CODE_VERSION, DECLARED_EFFECT, DEFAULT, AnalyzerConfig, queue_name
 from workers.jobs import MovedPathsJob, load_versions, loaded_fingerprints
 from workers.runtime import ForkGuard, die_with_parent, kill_tree
 
@@ -346,7 +349,12 @@ def run_one_worker(
                 with guard:
                     try:
                         if time.monotonic() >= next_beat:
-                            locks.beat(name=name, queues_=list(queue_names), version=version)
+                            locks.beat(
+                                name=name,
+                                queues_=list(queue_names),
+                                version=version,
+                                code_version=CODE_VERSION,
+                            )
                             next_beat = time.monotonic() + interval
                         infra.promote_due_jobs(list(queue_names))
                         runs.beat_host()
@@ -360,7 +368,8 @@ def run_one_worker(
             stop.wait(1.0)
 
     load_contexts()
-    locks.beat(name=name, queues_=list(queue_names), version=version)
+    learn_own_code(f"worker {name}")
+    locks.beat(name=name, queues_=list(queue_names), version=version, code_version=CODE_VERSION)
     with contextlib.suppress(Exception):  # the heartbeat retries every second
         runs.beat_host()
     beat_thread = threading.Thread(target=heartbeat, name="gitward-heartbeat", daemon=True)
@@ -391,14 +400,42 @@ def release_locks_of(pid: int) -> int:
     return locks.release_locks_of(host=socket.gethostname(), pid=pid)
 
 
+def learn_own_code(actor: str) -> None:
+    """Report this process's code version (docs/rollouts.md#code-rollouts-bluegreen).
+
+    On a queue without a current version, the first fleet to start adopts the deployed
+    default of its own code as the baseline (``ensure_baseline``): otherwise each fleet
+    would take its own code's default for the served version, and a second code's
+    workers would run the shared queues beside the first's. Otherwise a code gitward has
+    no version of is learned as a ``registered`` version with the current configuration,
+    ready to be rolled out. A failure (the deploy lock held by a rollout, a database
+    error) is logged: the worker still serves what it can load, and the next start
+    reports again."""
+    try:
+        if versions.current_version() is None:
+            versions.ensure_baseline(actor=actor)
+        versions.learn_code_version(CODE_VERSION, declared=DECLARED_EFFECT, actor=actor)
+    except Exception:
+        log.exception("could not report code version %s", CODE_VERSION)
+    finally:
+        close_old_connections()
+
+
 def version_config(fingerprint: str) -> AnalyzerConfig:
     """The configuration of the version with this fingerprint (its row's config, checked
-    to hash to the same fingerprint under this code), or the default's."""
+    to hash to the same fingerprint under this code), or the default's. A version of
+    another code is refused, naming both codes: this worker cannot analyse under it
+    (docs/rollouts.md#code-rollouts-bluegreen)."""
     if fingerprint == DEFAULT.fingerprint():
         return DEFAULT
     row = AnalyzerVersion.objects.filter(fingerprint=fingerprint).first()
     if row is None:
         raise ValueError(f"no analyzer version {fingerprint}")
+    if row.code_version != CODE_VERSION:
+        raise ValueError(
+            f"version {fingerprint} is code {row.code_version}; this worker runs code "
+            f"{CODE_VERSION} and cannot load it"
+        )
     config = AnalyzerConfig.from_mapping(row.config)
     if config.fingerprint() != fingerprint:
         raise ValueError(
@@ -411,17 +448,42 @@ def version_config(fingerprint: str) -> AnalyzerConfig:
 Spec = tuple[str, ...]
 
 
+#: A pool whose code is not the current version's puts its ``size`` workers on the
+#: version of its code that is furthest along (docs/rollouts.md#code-rollouts-bluegreen).
+LEAD_ORDER = (
+    AnalyzerVersion.State.RAMPING,
+    AnalyzerVersion.State.VERIFIED,
+    AnalyzerVersion.State.WARMING,
+)
+
+
 def desired_workers(size: int) -> list[Spec]:
-    """The children the pool should run now (see the module docstring)."""
+    """The children the pool should run now (see the module docstring).
+
+    Only versions of this pool's own code (``CODE_VERSION``) are staffed: a worker can
+    load no other (its fingerprint would not match), so a version of another code is
+    left to that code's pool (blue/green, docs/rollouts.md#code-rollouts-bluegreen).
+    When the current version is of another code, this pool runs no shared (sync,
+    maintenance) workers; its ``size`` workers serve the version of its code being
+    rolled out, if any.
+    """
+    S = AnalyzerVersion.State
     rows = list(
         AnalyzerVersion.objects.filter(queue=versions.QUEUE, state__in=versions.STAFFED)
         .order_by("pk")
-        .values_list("fingerprint", "state")
+        .values_list("fingerprint", "state", "code_version")
     )
-    current = next((fp for fp, st in rows if st == AnalyzerVersion.State.CURRENT), None)
-    served = current or DEFAULT.fingerprint()
-    specs: list[Spec] = [("--analyzer", served, "--shared")] * size
-    specs += [("--analyzer", fp) for fp, _ in rows if fp != served]
+    current = next(((fp, code) for fp, st, code in rows if st == S.CURRENT), None)
+    mine = [(fp, st) for fp, st, code in rows if code == CODE_VERSION]
+    specs: list[Spec] = []
+    if current is None or current[1] == CODE_VERSION:
+        served = current[0] if current is not None else DEFAULT.fingerprint()
+        specs += [("--analyzer", served, "--shared")] * size
+        specs += [("--analyzer", fp) for fp, _ in mine if fp != served]
+    else:
+        lead = next((fp for state in LEAD_ORDER for fp, st in mine if st == state), None)
+        specs += [("--analyzer", lead)] * size if lead is not None else []
+        specs += [("--analyzer", fp) for fp, _ in mine if fp != lead]
     specs.append(("--queues", DRIVER_QUEUE))
     return specs
 
@@ -490,6 +552,8 @@ class Pool:
         )
 
     def start(self) -> None:
+        if self.versioned:
+            learn_own_code(f"pool {socket.gethostname()}.{os.getpid()}")
         self.children = [(spec, self._spawn(spec)) for spec in self.desired()]
         self._next_plan = time.monotonic() + self.poll
 

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db.models import F, Min, Q, Sum
 from django.utils import timezone
 
-from dashboard import infra
+from dashboard import infra, runs
 from dashboard.accounts import record_audit
 from dashboard.analytics.verify import CannotVerify, verify_repository
 from dashboard.infra import publish_event
@@ -107,7 +107,12 @@ def schedule_verifications(*, now: datetime | None = None) -> dict[str, int]:
             continue  # another round claimed it
         try:
             if infra.enqueue_unique(
-                q, VERIFY_FUNC, row.repository_id, fp, job_id=job_id(row.repository_id)
+                q,
+                VERIFY_FUNC,
+                row.repository_id,
+                fp,
+                job_id=job_id(row.repository_id),
+                priority=runs.VERIFICATION,  # the last class (docs/scheduling.md#classes)
             ):
                 enqueued += 1
         except infra.QueueUnavailable:

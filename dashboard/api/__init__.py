@@ -35,6 +35,7 @@ from dashboard.api.rollouts import (
     rollouts_collection,
     rollouts_freeze,
     version_retire,
+    versions_collection,
 )
 from dashboard.api.runs import run_cancel, run_detail, runs, runs_cancel
 
@@ -81,4 +82,5 @@ __all__ = [
     "runs_cancel",
     "status",
     "version_retire",
+    "versions_collection",
 ]

@@ -119,10 +119,25 @@ SCHEMAS: dict[str, Any] = {
         },
         {
             "summary": {"type": ["object", "null"]},
+            "waiting": {"oneOf": [_ref("Waiting"), {"type": "null"}]},
             "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
             "withheld": STR_OR_NULL,
         },
     ),
+    "Waiting": _obj(
+        {
+            "position": {"type": ["integer", "null"], "minimum": 1},
+            "eta_seconds": {"type": ["number", "null"], "minimum": 0},
+            "reason": {"type": "string"},
+            "class": {"enum": ["interactive", "refresh", "catch-up", "verification"]},
+        }
+    )
+    | {
+        "description": "Why a queued run or a repository in progress waits "
+        "(docs/scheduling.md#why-is-this-waiting): its place in its queue (1: next; null: "
+        "in no line, e.g. a retry scheduled for later), an estimate from the queue's recent "
+        "throughput, and what holds it. Null for a run or repository that waits for nothing."
+    },
     "Verification": _obj(
         {
             "state": {"enum": ["pending", "ok", "mismatch", "cleared"]},
@@ -283,6 +298,7 @@ SCHEMAS: dict[str, Any] = {
             "state": {"type": "string"},
             "repository": _ref("RunRepository"),
             "attempts": {"type": "integer", "minimum": 0},
+            "waiting": {"oneOf": [_ref("Waiting"), {"type": "null"}]},
         }
     ),
     "Status": _obj(
@@ -369,6 +385,8 @@ SCHEMAS: dict[str, Any] = {
         },
         {
             "timeline": {"type": "array", "items": {"type": "object"}},
+            # docs/rollouts.md#result-contract: {} until the first check.
+            "contract": {"type": "object"},
             # docs/rollouts.md#checks-and-gates: each step's check and gate measurements.
             "measurements": {"type": "array", "items": _ref("StepMeasurements")},
             # docs/rollouts.md#pinning
@@ -422,11 +440,14 @@ SCHEMAS: dict[str, Any] = {
     "RolloutStarted": _obj({"id": ID, "state": {"type": "string"}, "rollout": _ref("Rollout")}),
     "RolloutSpec": {
         "type": "object",
-        "required": ["config"],
+        # a configuration of the web's code, or a known version (a code rollout:
+        # docs/rollouts.md#code-rollouts-bluegreen)
+        "oneOf": [{"required": ["config"]}, {"required": ["version"]}],
         "additionalProperties": False,
         "properties": {
             "queue": {"const": "analysis"},
             "config": {"type": "object"},
+            "version": {"type": "string", "description": "a fingerprint (4 to 64 hex digits)"},
             "steps": {"type": "array", "items": {"type": "integer"}},
             "auto": {"type": "boolean"},
             "warm_set": {
@@ -507,6 +528,33 @@ SCHEMAS: dict[str, Any] = {
             "force": {"type": "boolean"},
         },
     },
+    "Versions": _obj(
+        {
+            "versions": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "fingerprint": {"type": "string"},
+                        "queue": {"type": "string"},
+                        "physical_queue": {"type": "string"},
+                        "code_version": {"type": "string"},
+                        "declared_effect": {"type": "array", "items": {"type": "string"}},
+                        "config": {"type": "object"},
+                        "state": {"type": "string"},
+                        "ramp_percent": {"type": "integer"},
+                        "workers": _obj(
+                            {
+                                "count": {"type": "integer"},
+                                "hosts": {"type": "array", "items": {"type": "string"}},
+                                "serving": {"type": "integer"},
+                            }
+                        ),
+                        "created_at": {"type": "string"},
+                    }
+                ),
+            }
+        }
+    ),
     "RetiredVersion": _obj(
         {
             "queue": {"type": "string"},
@@ -1172,9 +1220,17 @@ PATHS: dict[str, Any] = {
             requestBody=_body(_ref("Reason")),
         )
     },
+    "/api/versions": {
+        "get": _op(
+            "Every analyzer version with its code version, configuration, state and live "
+            "workers (view_jobrun, start_rollout or rollback_rollout).",
+            _responses({"200": _ok(_ref("Versions"), "the versions, oldest first")}),
+        )
+    },
     "/api/versions/{fingerprint}/retire": {
         "post": _op(
-            "Retire a drained or warm-failed version (staff + rollback_rollout; audited).",
+            "Retire a registered, drained or warm-failed version "
+            "(staff + rollback_rollout; audited).",
             _responses({"200": _ok(_ref("RetiredVersion"), "retired")}, "409"),
             parameters=[_path("fingerprint", {"type": "string"}, "4 to 64 hex digits")],
             requestBody=_body(_ref("Reason")),

@@ -7,6 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard import analytics
 from dashboard.api.endpoint import api_view, error, json_body, rate_limited
+from dashboard.infra import QueueUnavailable
 from dashboard.models import Repository
 from dashboard.repositories import (
     EXISTING,
@@ -18,7 +19,7 @@ from dashboard.repositories import (
     repository_summary,
     user_submission,
 )
-from dashboard.runs import CancelRefused, cancel_repository
+from dashboard.runs import CancelRefused, cancel_repository, repository_waiting
 from workers.remotes import InvalidRemote
 
 
@@ -52,6 +53,10 @@ def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
     if repo is None:
         return error("repository not found", 404)
     body = repository_status(repo)
+    try:
+        body["waiting"] = repository_waiting(repo)
+    except QueueUnavailable:  # the queue is unknown while its server is down
+        body["waiting"] = None
     body["verification"] = analytics.verification_status(repo)
     # withheld results (docs/analytics.md#verification): the reason instead of numbers
     body["withheld"] = withheld = analytics.withheld_reason(repo)

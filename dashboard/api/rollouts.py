@@ -2,7 +2,8 @@
 
 ``POST /api/rollouts`` starts one (CI after a merge), ``GET`` lists them; the actions
 go to the rollout's driver or, for a dead driver, take the deploy lock here
-(dashboard.rollouts.deploy_lock). ``POST /api/versions/<fingerprint>/retire`` ends a drained or
+(dashboard.rollouts.deploy_lock). ``GET /api/versions`` lists every analyzer version with
+its live workers; ``POST /api/versions/<fingerprint>/retire`` ends a registered, drained or
 warm-failed version for good. Every refusal is audited; accepted actions are audited by the
 rollout's own timeline (rollouts.record_event writes an AuditEntry per event).
 """
@@ -41,6 +42,7 @@ from dashboard.versions import (
     VersionNotFound,
     actor_name,
     retire_version,
+    version_rows,
 )
 
 ROLLOUT_ACTIONS = {
@@ -74,9 +76,11 @@ def _rollout_reader(request: HttpRequest) -> JsonResponse | None:
 @api_view(("GET", "POST"))
 def rollouts_collection(request: HttpRequest) -> HttpResponse:
     """``GET`` → ``{"rollouts": [...]}`` (newest first, ``?queue=``, ``?limit=``);
-    ``POST {queue?, config, steps?, auto?, warm_set?, options?}`` → 202 ``{id, state,
-    rollout}``: the rollout is pending until its driver (the ``rollouts`` queue) takes
-    the deploy lock; poll ``GET /api/rollouts/<id>``."""
+    ``POST {queue?, config | version, steps?, auto?, warm_set?, options?}`` → 202 ``{id,
+    state, rollout}`` (``version``: the fingerprint of a known version, a code rollout,
+    docs/rollouts.md#code-rollouts-bluegreen; unknown → 404): the rollout is pending
+    until its driver (the ``rollouts`` queue) takes the deploy lock; poll ``GET
+    /api/rollouts/<id>``."""
     if request.method == "GET":
         if (refused := _rollout_reader(request)) is not None:
             return refused
@@ -99,6 +103,8 @@ def rollouts_collection(request: HttpRequest) -> HttpResponse:
         return _refuse_rollout(request, "start", request.path, str(exc), 400)
     try:
         ro = start_rollout(actor=request.user, **spec)
+    except VersionNotFound as exc:
+        return _refuse_rollout(request, "start", spec["queue"], str(exc), 404)
     except RolloutBusy as exc:
         return _refuse_rollout(request, "start", spec["queue"], str(exc), 409)
     except RolloutError as exc:
@@ -112,14 +118,20 @@ def rollouts_collection(request: HttpRequest) -> HttpResponse:
 def _rollout_spec(data: dict[str, Any]) -> dict[str, Any]:
     """The body of ``POST /api/rollouts`` checked for shape (values are checked by
     ``start_rollout``): ValueError naming the field otherwise."""
-    unknown = sorted(set(data) - {"queue", "config", "steps", "auto", "warm_set", "options"})
+    known = {"queue", "config", "version", "steps", "auto", "warm_set", "options"}
+    unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"unknown field(s): {', '.join(unknown)}")
     queue = data.get("queue", ROLLOUT_QUEUE)
     if queue != ROLLOUT_QUEUE:
         raise ValueError(f'"queue" must be {ROLLOUT_QUEUE!r} (the only logical queue)')
-    config = data.get("config")
-    if not isinstance(config, dict):
+    config, version = data.get("config"), data.get("version")
+    if version is not None:
+        if config is not None:
+            raise ValueError('give "config" or "version", not both')
+        if not isinstance(version, str):
+            raise ValueError('"version" must be a fingerprint (a string of hex digits)')
+    elif not isinstance(config, dict):
         raise ValueError('"config" must be a JSON object, e.g. {"detect_renames": true}')
     steps = data.get("steps")
     if steps is not None and not (
@@ -136,6 +148,7 @@ def _rollout_spec(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "queue": queue,
         "config": config,
+        "version": version,
         "steps": steps,
         "auto": auto,
         "warm_set": _warm_spec(data.get("warm_set") or {}),
@@ -254,11 +267,22 @@ def _run_rollout_action(
     return ro, 202
 
 
+@api_view(("GET",))
+def versions_collection(request: HttpRequest) -> HttpResponse:
+    """``GET /api/versions`` → ``{"versions": [...]}``: every analyzer version, oldest
+    first, with its fingerprint, code version, configuration, state and live workers
+    (``workers: {count, hosts, serving}``: the live workers of its code, and how many of
+    them have it loaded). docs/rollouts.md#code-rollouts-bluegreen."""
+    if (refused := _rollout_reader(request)) is not None:
+        return refused
+    return JsonResponse({"versions": version_rows()})
+
+
 @api_view(("POST",))
 def version_retire(request: HttpRequest, fingerprint: str) -> HttpResponse:
     """``POST /api/versions/<fingerprint>/retire`` ``{reason?}`` (a prefix of 4+ hex
-    digits naming one version of the ``analysis`` queue): drained | warm_failed →
-    retired, ``200 {queue, fingerprint, state}``; ``404`` no such version, ``409`` its
+    digits naming one version of the ``analysis`` queue): registered | drained |
+    warm_failed → retired, ``200 {queue, fingerprint, state}``; ``404`` no such version, ``409`` its
     state allows no retirement (named), ``400`` a bad fingerprint or reason. Staff +
     ``dashboard.rollback_rollout``; refusals are audited (``rollout.retire``), the
     transition audits itself (``rollout.transition``)."""

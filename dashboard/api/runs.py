@@ -6,10 +6,17 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.endpoint import api_view, error, int_param, json_body, operator_refusal
-from dashboard.infra import is_db_id
+from dashboard.infra import QueueUnavailable, is_db_id
 from dashboard.models import JobRun
 from dashboard.observability import run_trace
-from dashboard.runs import CancelRefused, cancel_filtered, cancel_run, run_dict, search_runs
+from dashboard.runs import (
+    CancelRefused,
+    cancel_filtered,
+    cancel_run,
+    run_dict,
+    run_waiting,
+    search_runs,
+)
 from dashboard.web.list_params import positive_int
 
 
@@ -47,10 +54,15 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
     if (refused := operator_refusal(request)) is not None:
         return refused
-    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    found = JobRun.objects.select_related("repository", "chunk").filter(pk=run_id).first()
     if found is None:
         return error("run not found", 404)
-    return JsonResponse(run_trace(found))
+    body = run_trace(found)
+    try:
+        body["waiting"] = run_waiting(found)
+    except QueueUnavailable:  # the queue is unknown while its server is down
+        body["waiting"] = None
+    return JsonResponse(body)
 
 
 @api_view(("POST",))

@@ -250,7 +250,57 @@ def analysis_queue(fingerprint: str) -> Queue:
     return queue(queue_name(fingerprint))
 
 
-def _put(q: Queue, func: str, args: tuple[object, ...], job_id: str, delay: float) -> None:
+#: The job-hash field that holds a job's scheduling class (docs/scheduling.md#classes);
+#: RQ saves a job with ``HSET`` of its own fields, so this one survives every save.
+PRIORITY_FIELD = "gitward_priority"
+
+#: Moves a job id, just pushed at the tail of a queue, behind the last job of its class or
+#: a more urgent one (a lower number): each class stays FIFO, and a more urgent class is
+#: taken first. KEYS[1] the queue's list; ARGV[1] the job id, ARGV[2] its class ("" read
+#: it from the job's hash: a scheduled job promoted), ARGV[3] the job-hash key prefix.
+#: A job id no longer in the list (a worker took it meanwhile) is left alone. Scans from
+#: the tail in pages and stops at the first job of its class or a more urgent one, so a
+#: push behind its own class costs one page. Jobs without the field (the rollout driver,
+#: maintenance batches) count as class 0.
+_PLACE = """
+local key, id, prefix = KEYS[1], ARGV[1], ARGV[3]
+local p = tonumber(ARGV[2])
+if p == nil then
+  p = tonumber(redis.call('HGET', prefix .. id, ARGV[4]) or '0') or 0
+end
+local tail = redis.call('LINDEX', key, -1)
+if tail ~= id then
+  -- not at the tail: already placed, or taken by a worker; leave it
+  return -1
+end
+local n = redis.call('LLEN', key)
+local stop = n - 1
+while stop > 0 do
+  local start = math.max(0, stop - 64)
+  local page = redis.call('LRANGE', key, start, stop - 1)
+  for i = #page, 1, -1 do
+    local other = page[i]
+    local q = tonumber(redis.call('HGET', prefix .. other, ARGV[4]) or '0') or 0
+    if q <= p then
+      if start + i == n - 1 then return n - 1 end
+      redis.call('RPOP', key)
+      redis.call('LINSERT', key, 'AFTER', other, id)
+      return start + i
+    end
+  end
+  stop = start
+end
+if n > 1 then
+  redis.call('RPOP', key)
+  redis.call('LPUSH', key, id)
+end
+return 0
+"""
+
+
+def _put(
+    q: Queue, func: str, args: tuple[object, ...], job_id: str, delay: float, priority: int
+) -> None:
     options: dict[str, object] = {
         "job_id": job_id,
         "unique": True,
@@ -259,19 +309,45 @@ def _put(q: Queue, func: str, args: tuple[object, ...], job_id: str, delay: floa
     }
     if delay > 0:
         q.enqueue_in(timedelta(seconds=delay), func, *args, **options)
+        if priority:
+            q.connection.hset(Job.key_for(job_id), PRIORITY_FIELD, str(priority))
     else:
         q.enqueue(func, *args, **options)
+        if priority:
+            q.connection.hset(Job.key_for(job_id), PRIORITY_FIELD, str(priority))
+        place(q, job_id)
 
 
-def enqueue_unique(q: Queue, func: str, *args: object, job_id: str, delay: float = 0.0) -> bool:
+def place(q: Queue, job_id: str) -> int:
+    """Move ``job_id``, just pushed at the tail of ``q``, to its class's place
+    (``_PLACE``); returns its index, or -1 when it was no longer at the tail.
+
+    Race: a worker pops the queue's head between the push and this script. The script
+    is atomic, so it sees the list before or after the pop: the id is still at the tail
+    (moved) or was the one popped (left alone). Two pushers placing at once run one
+    after the other; the second's id is the tail, the first's is not, so the first is
+    left where the second's script put it (behind its class: correct) or at the tail
+    (one class too late for one job: never lost, only later). A job pushed between the
+    enqueue and this script by someone else leaves this one unplaced (FIFO), which the
+    same rule makes harmless."""
+    script = q.connection.register_script(_PLACE)
+    args = [job_id, "", Job.redis_job_namespace_prefix, PRIORITY_FIELD]
+    return int(script(keys=[q.key], args=args))
+
+
+def enqueue_unique(
+    q: Queue, func: str, *args: object, job_id: str, delay: float = 0.0, priority: int = 0
+) -> bool:
     """Enqueue under a deterministic id; False if that job already exists in Redis.
+    ``priority`` is the job's scheduling class (0 the most urgent): the job is placed
+    behind the last job of its class or a more urgent one (``place``).
 
     Two processes enqueuing the same id concurrently: RQ's ``unique`` enqueue is one Lua
     script (check-and-save), so exactly one succeeds and the other gets
     DuplicateJobError. The job itself is idempotent too, so a redelivery is harmless.
     """
     try:
-        _put(q, func, args, job_id, delay)
+        _put(q, func, args, job_id, delay, priority)
     except DuplicateJobError:
         pass
     else:
@@ -289,7 +365,7 @@ def enqueue_unique(q: Queue, func: str, *args: object, job_id: str, delay: float
     if status is not None:
         existing.delete()
     try:
-        _put(q, func, args, job_id, delay)
+        _put(q, func, args, job_id, delay, priority)
     except DuplicateJobError:
         return False
     return True
@@ -317,6 +393,7 @@ def promote_due_jobs(queue_names: list[str]) -> int:
             except NoSuchJobError:
                 continue
             q.enqueue_job(job)
+            place(q, job_id)  # its class's place, read from its hash
             moved += 1
     return moved
 

@@ -17,12 +17,15 @@ from django.utils import timezone
 
 from dashboard.infra import publish_event
 from dashboard.models import JobRun, WorkerBeat
-from workers.analysis import DEFAULT
+from workers.analysis import CODE_VERSION, DEFAULT
 
 
-def beat(*, name: str, queues_: list[str], version: str | None = None) -> None:
+def beat(
+    *, name: str, queues_: list[str], version: str | None = None, code_version: str = ""
+) -> None:
     """Refresh a worker's heartbeat row (called every few seconds by the worker);
-    ``version`` is the fingerprint of the analyzer the worker loaded."""
+    ``version`` is the fingerprint of the analyzer the worker loaded, ``code_version``
+    its analysis code's version (docs/rollouts.md#code-rollouts-bluegreen)."""
     now = timezone.now()
     rss = _rss_of_tree(os.getpid())
     publish_event("worker.heartbeat", {"worker": name, "last_seen": now.isoformat(), "rss": rss})
@@ -34,6 +37,7 @@ def beat(*, name: str, queues_: list[str], version: str | None = None) -> None:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "version": version or DEFAULT.fingerprint(),
+                "code_version": code_version or CODE_VERSION,
                 "queues": ",".join(queues_),
                 "last_seen": now,
             },
@@ -111,6 +115,7 @@ def worker_rows(*, limit: int = 200) -> list[dict[str, Any]]:
                 "host": w.host,
                 "pid": w.pid,
                 "version": w.version,
+                "code_version": w.code_version,
                 "state": state,
                 "dead": state == "dead",
                 "rss_mb": round(w.rss / 2**20, 1) if w.rss else None,

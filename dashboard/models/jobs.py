@@ -64,10 +64,17 @@ class JobRun(models.Model):
     analysed_at = models.DateTimeField(null=True, blank=True)
     written_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Kept in the database by the dispatcher, not in RQ: its repository already has its
+    #: fair share of runs waiting in this queue (docs/scheduling.md#fairness). Only a
+    #: ``queued`` run is parked; ``runs.release_parked`` enqueues it when a slot frees.
+    parked = models.BooleanField(default=False)
 
     class Meta:
         indexes = [
             models.Index(fields=["state", "kind"]),
+            models.Index(
+                fields=["repository", "queue", "state", "parked"], name="jobrun_dispatch_idx"
+            ),
             # Covers the DLQ grouping (count, first/last seen, repositories, versions)
             # so 100,000 dead letters are grouped from the index alone.
             models.Index(
@@ -135,6 +142,9 @@ class WorkerBeat(models.Model):
     host = models.CharField(max_length=200)
     pid = models.IntegerField()
     version = models.CharField(max_length=64, blank=True, default="")
+    #: The worker's analysis code version (``workers.analysis.CODE_VERSION``): which
+    #: versions it can load (docs/rollouts.md#code-rollouts-bluegreen).
+    code_version = models.CharField(max_length=64, blank=True, default="")
     queues = models.CharField(max_length=500, blank=True, default="")
     current_run = models.ForeignKey(JobRun, null=True, blank=True, on_delete=models.SET_NULL)
     #: Resident memory of the worker and its work horse(s), bytes, at the last beat.

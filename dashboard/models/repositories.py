@@ -52,6 +52,12 @@ class Repository(models.Model):
     refresh_interval = models.FloatField(default=0.0)
     refresh_head = models.CharField(max_length=40, blank=True, default="")
     refresh_failures = models.IntegerField(default=0)
+    #: The scheduling class of its current generation (docs/scheduling.md#classes):
+    #: 0 interactive (a submission, a re-analyse), 1 scheduled refresh, 2 catch-up.
+    priority = models.SmallIntegerField(default=0)
+    #: How many of its runs may wait in one RQ queue at once (docs/scheduling.md#weights);
+    #: None: ``GITWARD_FAIR_WEIGHT``.
+    fair_weight = models.PositiveSmallIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -27,6 +27,10 @@ class AnalyzerVersion(models.Model):
     queue = models.CharField(max_length=100, default="analysis")
     fingerprint = models.CharField(max_length=64)
     code_version = models.CharField(max_length=64)
+    #: What the version's code declares it changes in the stored results against the code
+    #: before it (``workers.analysis.DECLARED_EFFECT``), as its workers reported it when
+    #: gitward learned the code; the result contract reads it (docs/rollouts.md#result-contract).
+    declared_effect = models.JSONField(default=list, blank=True)
     #: The normalised analyzer config the fingerprint was computed from.
     config = models.JSONField(default=dict)
     state = models.CharField(max_length=16, choices=State.choices, default=State.REGISTERED)
@@ -122,6 +126,9 @@ class Rollout(models.Model):
     warm_set = models.JSONField(default=dict)
     verdict = models.JSONField(default=dict)
     diff = models.JSONField(default=dict)
+    #: The result contract's state (docs/rollouts.md#result-contract): what the change may
+    #: do, what was checked, and the commits and fields it could not explain.
+    contract = models.JSONField(default=dict, blank=True)
     outcome = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

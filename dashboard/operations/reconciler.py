@@ -26,6 +26,7 @@ from dashboard.runs import (
     closed_fingerprints,
     crash_attempt,
     enqueue_run,
+    release_all_parked,
     sweep_closed_queues,
 )
 
@@ -50,7 +51,10 @@ def reconcile() -> dict[str, int]:
        killed before it claimed the attempt), marked queued but in no queue (its worker
        died between dequeue and start), started by a dead worker, or scheduled and long
        overdue. The attempt is claimed in the database, so even a false alarm here
-       cannot run the work twice.
+       cannot run the work twice. Parked runs (docs/scheduling.md#fairness) are not
+       missing their job: every repository with parked runs and room in its share gets
+       them released (``runs.release_all_parked``), so a release lost to a crash
+       between a claim and its release costs one round, never a wedged repository.
     3. Analysing repositories whose chunks have all ended are marked ready (or failed).
     4. Queued runs of closed analyzer versions are cancelled (a retry scheduled just
        before a rollback), and every draining version gets a drain check
@@ -94,6 +98,7 @@ def reconcile() -> dict[str, int]:
     )
     try:
         promoted, requeued = _requeue_stale()
+        released = release_all_parked()
         closed = closed_fingerprints()
         cancelled = sum(
             cancel_runs(fingerprint=fp, reason="its analyzer version is closed") for fp in closed
@@ -110,8 +115,8 @@ def reconcile() -> dict[str, int]:
         # answers) finds their RQ jobs missing and enqueues them; cancels, drain checks
         # and the catch-up (which read and edit the queues) wait for it too.
         log.warning("reconciler: %s; queued runs wait for it", exc)
-        promoted = requeued = cancelled = swept = drained = drivers = caught_up = refreshed = 0
-        verifications = 0
+        promoted = requeued = released = cancelled = swept = drained = drivers = 0
+        caught_up = refreshed = verifications = 0
         queue_down = 1
     completed = 0
     for repo in Repository.objects.filter(status=Repository.Status.ANALYZING):
@@ -122,6 +127,7 @@ def reconcile() -> dict[str, int]:
     result = {
         "crashed": crashed,
         "requeued": requeued,
+        "released": released,
         "completed": completed,
         "promoted": promoted,
         "cancelled": cancelled,
@@ -154,7 +160,11 @@ def _requeue_stale() -> tuple[int, int]:
             )
         )
     )
-    pending = JobRun.objects.filter(state__in=[JobRun.State.QUEUED, JobRun.State.FAILED])
+    # A parked run has no RQ job on purpose (docs/scheduling.md#fairness): the release
+    # below (``release_all_parked``) is what enqueues it.
+    pending = JobRun.objects.filter(
+        state__in=[JobRun.State.QUEUED, JobRun.State.FAILED], parked=False
+    )
     live = live_worker_names()
     in_queue: dict[str, set[str]] = {}
     last = 0

@@ -28,7 +28,7 @@ from dashboard.repositories.lifecycle import (
     refresh_repository,
 )
 from dashboard.repositories.summaries import repository_summary
-from dashboard.runs import enqueue_after_commit, ensure_run
+from dashboard.runs import CATCH_UP, enqueue_after_commit, ensure_run
 from dashboard.versions import planned_fingerprints, repository_key, served_fingerprint
 from workers.analysis import chunk_key, chunk_target, iter_chunks, queue_name
 
@@ -640,6 +640,7 @@ def enqueue_catch_up(fingerprint: str, after: int = 0) -> bool:
         after,
         job_id=f"catchup-{fingerprint[:8]}-{after}",
         delay=delay,
+        priority=CATCH_UP,  # behind interactive and refresh work (docs/scheduling.md#classes)
     )
 
 

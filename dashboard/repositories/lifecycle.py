@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
-from dashboard import infra
+from dashboard import infra, runs
 from dashboard.infra import publish_event
 from dashboard.models import Chunk, CommitCount, JobRun, Repository
 from dashboard.repositories.commit_counts import stored_commits, stored_commits_subquery
@@ -85,6 +85,7 @@ def submit_repository(
                 status=Repository.Status.QUEUED,
                 generation=F("generation") + 1,
                 error="",
+                priority=runs.INTERACTIVE,
                 updated_at=timezone.now(),
             )
             repo.refresh_from_db()
@@ -95,9 +96,12 @@ def submit_repository(
     return repo, created
 
 
-def refresh_repository(*, repo_id: int, fingerprint: str) -> bool:
+def refresh_repository(*, repo_id: int, fingerprint: str, priority: int = runs.CATCH_UP) -> bool:
     """Start a new sync generation of a repository whose results under ``fingerprint``
     lag (a promote or rollback changed the served version); True if this call did.
+    ``priority`` is the generation's scheduling class (docs/scheduling.md#classes): a
+    catch-up's by default, a scheduled refresh or push passes ``runs.REFRESH``, a
+    re-analyse click ``runs.INTERACTIVE``.
 
     Race: two catch-ups (or a catch-up and a user's re-submission) at once. The change
     is one conditional UPDATE — ready/failed, or analysing for another fingerprint
@@ -115,6 +119,7 @@ def refresh_repository(*, repo_id: int, fingerprint: str) -> bool:
                 status=Repository.Status.QUEUED,
                 generation=F("generation") + 1,
                 error="",
+                priority=priority,
                 updated_at=timezone.now(),
             )
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dashboard import runs
 from dashboard.accounts import record_audit
 from dashboard.models import Repository
 from dashboard.repositories.lifecycle import current_fingerprint, refresh_repository
@@ -30,7 +31,9 @@ def reanalyse(repo: Repository, user: Any) -> tuple[int, str]:
         record_audit(user=user, action="repo.reanalyse", target=target,
                      outcome="refused: permission denied")  # fmt: skip
         return 403, "you do not have permission to re-analyse repositories"
-    if refresh_repository(repo_id=repo.pk, fingerprint=current_fingerprint()):
+    if refresh_repository(
+        repo_id=repo.pk, fingerprint=current_fingerprint(), priority=runs.INTERACTIVE
+    ):
         outcome = "queued: the branch is fetched again and new commits analysed"
         status = 202
     else:

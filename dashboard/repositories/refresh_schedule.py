@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from dashboard import runs
 from dashboard.models import Repository
 from dashboard.repositories.lifecycle import current_fingerprint, refresh_repository
 
@@ -81,7 +82,9 @@ def refresh_due(*, now: datetime | None = None) -> dict[str, int]:
                 continue
             # A busy repository (syncing or analysing its served version) is not
             # refreshed now: the run in progress fetches or has fetched recently.
-            if refresh_repository(repo_id=repo.pk, fingerprint=current_fingerprint()):
+            if refresh_repository(
+                repo_id=repo.pk, fingerprint=current_fingerprint(), priority=runs.REFRESH
+            ):
                 refreshed += 1
             else:
                 busy += 1

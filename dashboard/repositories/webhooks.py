@@ -34,7 +34,7 @@ from django.utils import timezone
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from dashboard import infra
+from dashboard import infra, runs
 from dashboard.accounts import record_audit
 from dashboard.models import JobRun, Repository
 from dashboard.repositories.lifecycle import current_fingerprint, refresh_repository
@@ -188,7 +188,8 @@ def _debounce(q: Any, repo_id: int, key: str) -> str | None:
             return "delayed"
         return None  # promoted meanwhile: queued now
     # none, or a finished or failed leftover: replaced
-    infra.enqueue_unique(q, PUSH_FUNC, repo_id, 0, job_id=key, delay=delay)
+    # a push is refresh work (docs/scheduling.md#classes)
+    infra.enqueue_unique(q, PUSH_FUNC, repo_id, 0, job_id=key, delay=delay, priority=runs.REFRESH)
     return "scheduled"
 
 
@@ -212,11 +213,14 @@ def sync_after_push(repo_id: int, step: int = 0) -> str:
         or (sync.started_at is not None and sync.started_at >= repo.pushed_at)
     ):
         return f"covered by {sync.job_id}"
-    if refresh_repository(repo_id=repo_id, fingerprint=current_fingerprint()):
+    if refresh_repository(
+        repo_id=repo_id, fingerprint=current_fingerprint(), priority=runs.REFRESH
+    ):
         return "sync queued"
     nxt = job_id(repo_id, f"g{repo.generation}-{step + 1}")
     infra.enqueue_unique(infra.queue(infra.MAINTENANCE_QUEUE), PUSH_FUNC, repo_id, step + 1,
-                         job_id=nxt, delay=float(settings.HOOK_DEBOUNCE))  # fmt: skip
+                         job_id=nxt, delay=float(settings.HOOK_DEBOUNCE),
+                         priority=runs.REFRESH)  # fmt: skip
     return f"busy: looked at again by {nxt}"
 
 

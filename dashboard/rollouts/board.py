@@ -37,11 +37,12 @@ from dashboard.rollouts.rollback_offers import (
     suspect_rollouts,
 )
 from dashboard.rollouts.warming import warm_progress
-from dashboard.versions import RETIRABLE
+from dashboard.versions import RETIRABLE, live_workers
 
 __all__ = [
     "DESTRUCTIVE", "NEWLY_CURRENT", "PERMISSION", "VERBS", "Action", "actions_for",
-    "canary_offers", "checklist_blocks", "config_text", "dead_letter_offers", "holder_alive",
+    "canary_offers", "checklist_blocks", "config_text", "contract_view", "dead_letter_offers",
+    "holder_alive",
     "label", "live_snapshot", "perform", "permitted", "retire", "rollout_view",
     "rollouts_page", "suspect_rollouts", "version_rows",
 ]  # fmt: skip
@@ -68,8 +69,9 @@ def config_text(config: dict[str, Any]) -> str:
 
 
 def version_rows() -> list[dict[str, Any]]:
-    """Every version, by queue, with its workers (``WorkerBeat`` rows of its fingerprint)
-    and, for one that may be retired (drained, warm_failed), the Retire button's plan."""
+    """Every version, by queue, with its workers (``WorkerBeat`` rows of its fingerprint),
+    the live workers of its code (``code_workers``) and, for one that may be retired
+    (registered, drained, warm_failed), the Retire button's plan."""
     versions = list(AnalyzerVersion.objects.exclude(state=S.RETIRED).order_by("queue", "-pk"))
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_DEAD_AFTER)
     beats: dict[str, list[dict[str, Any]]] = {}
@@ -79,6 +81,7 @@ def version_rows() -> list[dict[str, Any]]:
         beats.setdefault(w.version, []).append(
             {"name": w.name, "host": w.host, "pid": w.pid, "alive": w.last_seen >= cutoff}
         )
+    by_code = live_workers()  # docs/rollouts.md#code-rollouts-bluegreen
     return [
         {
             "version": v,
@@ -86,6 +89,10 @@ def version_rows() -> list[dict[str, Any]]:
             "config": config_text(v.config),
             "workers": beats.get(v.fingerprint, []),
             "live_workers": sum(1 for w in beats.get(v.fingerprint, []) if w["alive"]),
+            # live workers whose code can load this version; none: nothing can warm,
+            # ramp or serve it, and a code rollout of it is refused
+            "code_workers": len(by_code.get(v.code_version, [])),
+            "startable": v.state in {S.REGISTERED, S.WARM_FAILED, S.DRAINED},
             "retire_plan": retire_plan(v) if v.state in RETIRABLE else "",
         }
         for v in versions
@@ -160,6 +167,8 @@ def verdict_view(ro: Rollout) -> dict[str, Any] | None:
         "errors": f"{verdict.get('errors', '?')} errors",
         "fingerprint": f"{verdict.get('foreign_rows', '?')} rows with another fingerprint",
         "workers": f"{len(verdict.get('workers') or [])} worker(s) report the new fingerprint",
+        "contract": "result contract "
+        + str((verdict.get("contract") or {}).get("summary", "checked")),
     }
     checks = [
         {"name": k, "ok": bool(v), "text": names.get(k, k)}
@@ -169,6 +178,20 @@ def verdict_view(ro: Rollout) -> dict[str, Any] | None:
         "ok": verdict.get("ok") is True,
         "summary": verdict.get("summary", ""),
         "checks": checks,
+    }
+
+
+def contract_view(ro: Rollout) -> dict[str, Any] | None:
+    """The result contract's state (docs/rollouts.md#result-contract): what may change,
+    what was checked, and each offending commit with its fields."""
+    contract = ro.contract or {}
+    if not contract:
+        return None
+    return {
+        "ok": contract.get("ok", True) is True,
+        "summary": contract.get("summary", ""),
+        "expected": contract.get("expected") or [],
+        "violations": contract.get("violations") or [],
     }
 
 
@@ -192,6 +215,7 @@ def rollout_view(ro: Rollout) -> dict[str, Any]:
         "progress": progress_view(ro),
         "verdict": verdict_view(ro),
         "diff": diff_view(ro),
+        "contract": contract_view(ro),
         "timeline": timeline(ro),
         "actions": actions_for(ro, alive=alive),
         # Changes no rollout.* event announces (warming writes commits; the diff and a

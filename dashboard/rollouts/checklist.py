@@ -7,6 +7,7 @@ from typing import Any
 
 from dashboard.models import Rollout, RolloutEvent
 from dashboard.rollouts.checks import measurements
+from dashboard.rollouts.contract import contract_lines
 from dashboard.rollouts.pins import pinned
 from dashboard.rollouts.waiting import waiting
 from dashboard.versions import physical_queue
@@ -44,6 +45,8 @@ def describe_rollout(ro: Rollout, *, timeline: bool = False) -> dict[str, Any]:
         "pending_action": ro.pending_action,
         "verdict": ro.verdict,
         "diff": ro.diff,
+        # docs/rollouts.md#result-contract: what may change, what was checked, offenders.
+        "contract": ro.contract,
         "outcome": ro.outcome,
         "created_at": ro.created_at.isoformat(),
         "finished_at": ro.finished_at.isoformat() if ro.finished_at else None,
@@ -91,6 +94,21 @@ def _rollback_line(e: RolloutEvent) -> str:
     counts = _md(e.detail.get("counts", "")) if e.action == "drain.check" else ""
     change = f"{e.from_state or ''}→{e.to_state or ''}" if e.to_state else ""
     return f"- {_when(e)} {_md(e.actor)}: {e.action} {change} {_md(e.reason)} {counts}".rstrip()
+
+
+def _contract_items(ro: Rollout, events: list[RolloutEvent], item: Any) -> list[str]:
+    """The result contract's line (docs/rollouts.md#result-contract), and under a broken
+    one each offending commit with its fields and what changed."""
+    state = ro.contract or {}
+    if not state:
+        return [item(None, "Result contract checked")]
+    failed = next((e for e in events if e.action == "contract.failed"), None)
+    if state.get("ok", True):
+        return [f"- [x] Result contract {_md(state.get('summary', ''))}"]
+    out = [f"- [ ] Result contract **{_md(state.get('summary', ''))}**"
+           + (f" — {_when(failed)}" if failed else "")]  # fmt: skip
+    out += [f"- Offending: {_md(line)}" for line in contract_lines(state)[1:]]
+    return out
 
 
 def rollout_checklist(rollout: Rollout) -> str:
@@ -168,6 +186,7 @@ def rollout_checklist(rollout: Rollout) -> str:
         ),
         item(diff, "Result diff reviewed: " + (_md(diff.reason) if diff else "")),
     ]
+    lines += _contract_items(ro, events, item)
     for r in ramps:
         lines.append(
             item(r, f"Ramp {r.detail.get('ramp_from', 0)}% → {r.detail.get('ramp_percent')}%")

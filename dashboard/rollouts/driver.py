@@ -28,7 +28,7 @@ from dashboard import locks, observability, versions
 from dashboard.accounts import record_audit
 from dashboard.locks import check_token
 from dashboard.models import AnalyzerVersion, Rollout, RolloutEvent
-from dashboard.rollouts import checks, drains, freeze, start, steps, waiting, warming
+from dashboard.rollouts import checks, contract, drains, freeze, start, steps, waiting, warming
 from dashboard.rollouts.steps import abort_in_place
 from dashboard.versions import RolloutBusy, RolloutError, canary_health, describe_lock
 from workers import locks as workers_locks
@@ -443,15 +443,23 @@ class RolloutDriver:
             return
         if version.state == S.WARMING:
             verdict = warming.verify_warm_set(version=version, warm_set=ro.warm_set)
+            # The result contract, checked on the warm commits stored so far: a broken
+            # one fails the verdict at once (docs/rollouts.md#result-contract).
+            verdict = contract.judge_warming(ro, verdict, token=token)
             _record_progress(ro, verdict, token, actor)
             since = version.state_changed_at or ro.created_at
             timed_out = timezone.now() - since > timedelta(seconds=self.warm_timeout)
-            definitive = not verdict["checks"]["errors"] or not verdict["checks"]["fingerprint"]
+            passed = verdict["checks"]
+            definitive = not all(passed.get(k, True) for k in ("errors", "fingerprint", "contract"))
             if verdict["ok"] or definitive or timed_out:
                 if timed_out and not verdict["ok"]:
                     verdict["summary"] += f" (gave up after {self.warm_timeout:.0f}s)"
                 steps.record_verdict(rollout=ro, verdict=verdict, token=token, actor=actor)
             return
+        if version.state in {S.VERIFIED, S.RAMPING} and contract.broken(
+            ro, token=token, actor=actor
+        ):
+            return  # rolled back: the result contract (docs/rollouts.md#result-contract)
         if version.state == S.VERIFIED:
             if not ro.diff and ro.previous is not None:
                 diff = warming.diff_results(

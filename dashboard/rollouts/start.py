@@ -34,7 +34,9 @@ from dashboard.versions import (
     current_version,
     describe_lock,
     ensure_baseline,
+    find_version,
     fingerprint_config,
+    no_workers_reason,
     publish_rollout_event,
     record_event,
     register_version,
@@ -149,10 +151,23 @@ def validate_steps(steps: Sequence[int] | None) -> list[int]:
     return chosen
 
 
+def _code_rollout_without_workers(
+    version: AnalyzerVersion, base: AnalyzerVersion | None
+) -> str | None:
+    """Why a *code* rollout (its version's code differs from ``base``'s, the version it
+    replaces) cannot go on: no live worker runs its code, so nothing could warm, ramp or
+    serve it (docs/rollouts.md#code-rollouts-bluegreen). None for a configuration
+    rollout, or while workers of the code live."""
+    if base is None or version.code_version == base.code_version:
+        return None
+    return no_workers_reason(version)
+
+
 def start_rollout(
     *,
     queue: str = QUEUE,
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    version: str | None = None,
     steps: Sequence[int] | None = None,
     auto: bool = False,
     actor: Any,
@@ -160,11 +175,15 @@ def start_rollout(
     options: Mapping[str, Any] | None = None,
     enqueue_driver: bool = True,
 ) -> Rollout:
-    """Create a rollout of ``config`` on ``queue`` in state ``pending``; refuse at once if
-    the queue already has one (``RolloutBusy`` naming its holder and since when).
+    """Create a rollout of ``config`` (a configuration of this process's code) or of the
+    known ``version`` (a fingerprint or a prefix of one: a code rollout of a version
+    learned from its workers, docs/rollouts.md#code-rollouts-bluegreen) on ``queue`` in
+    state ``pending``; refuse at once if the queue already has one (``RolloutBusy``
+    naming its holder and since when).
 
     1. Validate config, steps and options; the config must not be the current
        version's (a queue without one first adopts the deployed default: the baseline).
+       A version of another code than the current one's needs a live worker of its code.
     2. Refuse if an active rollout row exists for the queue, or its deploy lock is held.
        Then register the version (idempotent); it must be registered, warm_failed or
        drained (startable).
@@ -181,10 +200,15 @@ def start_rollout(
     chosen = validate_steps(steps)
     knobs = validate_options(options)
     refuse_if_frozen("start")  # docs/rollouts.md#freeze-windows: a 409 naming the window
-    fp, _ = fingerprint_config(config)
+    if (config is None) == (version is None):
+        raise RolloutError("give either a configuration or a version's fingerprint to roll out")
+    known = find_version(version, queue=queue) if version is not None else None
+    fp = known.fingerprint if known is not None else fingerprint_config(config or {})[0]
     current = current_version(queue) or ensure_baseline(queue=queue, actor=actor)
     if current is not None and current.fingerprint == fp:
         raise RolloutError(f"{current} is already current: nothing to roll out")
+    if known is not None and (why := _code_rollout_without_workers(known, current)):
+        raise RolloutError(f"start refused: {why}")
     # Refused before anything is written: a refused start leaves no trace but its message.
     busy = busy_message(queue) or _lock_busy_message(queue)
     if busy:
@@ -196,7 +220,7 @@ def start_rollout(
         # concurrent start that won the queue) rolls the registration back with it, so
         # a refused start leaves no ``registered`` version behind.
         with transaction.atomic():
-            registered = register_version(queue=queue, config=config, actor=actor)
+            registered = known or register_version(queue=queue, config=config or {}, actor=actor)
             # Lock the queue's versions (pk order, as ``do_transition`` does) and check
             # the state on the locked row. Race: a retire of this version locks the
             # same rows and refuses while a rollout targets it, so either it committed
@@ -208,12 +232,12 @@ def start_rollout(
                 .filter(queue=queue)
                 .order_by("pk")
             }
-            version = rows[registered.pk]
-            if version.state not in STARTABLE:
-                raise RolloutError(f"{version} cannot be rolled out from state {version.state}")
+            target = rows[registered.pk]
+            if target.state not in STARTABLE:
+                raise RolloutError(f"{target} cannot be rolled out from state {target.state}")
             ro = Rollout.objects.create(
                 queue=queue,
-                version=version,
+                version=target,
                 previous=current_version(queue),
                 steps=chosen,
                 auto=auto,
@@ -224,7 +248,7 @@ def start_rollout(
             )
             record_event(
                 ro,
-                version,
+                target,
                 "rollout",
                 "",
                 Rollout.State.PENDING,
@@ -233,9 +257,9 @@ def start_rollout(
                 None,
                 # "driver": a driver job is owed to this rollout (the reconciler enqueues
                 # it if the queue server did not take it: reconcile_pending_drivers).
-                {"steps": chosen, "auto": auto, "config": version.config, "driver": enqueue_driver},
+                {"steps": chosen, "auto": auto, "config": target.config, "driver": enqueue_driver},
             )
-            publish_rollout_event(version, ro, Rollout.State.PENDING)
+            publish_rollout_event(target, ro, Rollout.State.PENDING)
             if enqueue_driver:
                 transaction.on_commit(lambda: enqueue_driver_or_leave(ro.pk))
     except IntegrityError:
@@ -349,6 +373,9 @@ def refusal(rollout: Rollout, action: str) -> str | None:
             return (
                 f"{version} is {version.state}: nothing to {verb} before it passed the warming gate"
             )
+        previous = rollout.previous if rollout.previous_id is not None else None
+        if why := _code_rollout_without_workers(version, previous):
+            return f"{why}: nothing to {verb}"
         return None
     if action in {"abort", "takeover"}:
         if ended:

@@ -1,6 +1,7 @@
-"""Job runs: attempts, retries, the dead-letter queue and its counts, where a run's job
-is placed (mirror affinity) and the per-git-host fetch limits its fetch passes.
-See docs/lifecycle.md."""
+"""Job runs: attempts, retries, the dead-letter queue and its counts, the dispatcher
+(fairness and scheduling classes), why a run waits, where a run's job is placed (mirror
+affinity) and the per-git-host fetch limits its fetch passes.
+See docs/lifecycle.md and docs/scheduling.md."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
         is_run_job,
         mark_phase,
         record_lock,
+        release_all_parked,
+        release_parked,
         repository_name,
         reroute_attempt,
         running_runs_of,
@@ -67,15 +70,37 @@ if TYPE_CHECKING:
         run_dict,
         start_bulk,
     )
+    from dashboard.runs.dispatch import (
+        CATCH_UP,
+        CLASS_NAMES,
+        INTERACTIVE,
+        REFRESH,
+        VERIFICATION,
+        run_class,
+        weight_of,
+    )
     from dashboard.runs.fetch_limits import fetch_gate, fetch_wait_reason, host_of, host_statuses
+    from dashboard.runs.waiting import (
+        REASON_PROVIDERS,
+        WaitContext,
+        repository_waiting,
+        run_waiting,
+    )
 
 __all__ = [
     "CANCELLABLE",
     "CANCEL_REPO_PERMISSION",
     "CANCEL_RUN_PERMISSION",
+    "CATCH_UP",
+    "CLASS_NAMES",
+    "INTERACTIVE",
+    "REASON_PROVIDERS",
+    "REFRESH",
+    "VERIFICATION",
     "Attempt",
     "CancelRefused",
     "Cancelled",
+    "WaitContext",
     "act_now",
     "base_queue",
     "beat_host",
@@ -115,16 +140,22 @@ __all__ = [
     "placement_reason",
     "record_lock",
     "record_mirror",
+    "release_all_parked",
+    "release_parked",
     "repository_name",
+    "repository_waiting",
     "reroute_attempt",
     "run_bulk",
+    "run_class",
     "run_dict",
+    "run_waiting",
     "running_runs_of",
     "search_runs",
     "start_bulk",
     "succeed_attempt",
     "sweep_closed_queues",
     "sweep_queue",
+    "weight_of",
 ]
 
 #: Each public name and the module that defines it. A module loads when one of its names is
@@ -145,6 +176,17 @@ _SURFACE: dict[str, str] = {
     "fetch_wait_reason": "dashboard.runs.fetch_limits",
     "host_of": "dashboard.runs.fetch_limits",
     "host_statuses": "dashboard.runs.fetch_limits",
+    "CATCH_UP": "dashboard.runs.dispatch",
+    "CLASS_NAMES": "dashboard.runs.dispatch",
+    "INTERACTIVE": "dashboard.runs.dispatch",
+    "REFRESH": "dashboard.runs.dispatch",
+    "VERIFICATION": "dashboard.runs.dispatch",
+    "run_class": "dashboard.runs.dispatch",
+    "weight_of": "dashboard.runs.dispatch",
+    "REASON_PROVIDERS": "dashboard.runs.waiting",
+    "WaitContext": "dashboard.runs.waiting",
+    "repository_waiting": "dashboard.runs.waiting",
+    "run_waiting": "dashboard.runs.waiting",
     "CANCELLABLE": "dashboard.runs.cancels",
     "CANCEL_REPO_PERMISSION": "dashboard.runs.cancels",
     "CANCEL_RUN_PERMISSION": "dashboard.runs.cancels",
@@ -181,6 +223,8 @@ _SURFACE: dict[str, str] = {
     "mark_phase": "dashboard.runs.attempts",
     "record_lock": "dashboard.runs.attempts",
     "repository_name": "dashboard.runs.attempts",
+    "release_all_parked": "dashboard.runs.attempts",
+    "release_parked": "dashboard.runs.attempts",
     "reroute_attempt": "dashboard.runs.attempts",
     "running_runs_of": "dashboard.runs.attempts",
     "search_runs": "dashboard.runs.attempts",

@@ -26,11 +26,12 @@ from rq.registry import ScheduledJobRegistry
 from dashboard import infra, observability
 from dashboard.infra import publish_event
 from dashboard.models import AnalyzerVersion, Chunk, JobAttempt, JobRun, WorkerBeat
-from dashboard.runs import dead_letter_counts
+from dashboard.runs import dead_letter_counts, dispatch
 from dashboard.runs.affinity import physical_queue
 from dashboard.versions import GATE_OPEN, served_fingerprint
 from workers.analysis import DEFAULT, queue_name
 from workers.remotes import redact
+from workers.runtime import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
         run.attempts + 1,
         job_id=run.rq_id(),
         delay=delay,
+        priority=dispatch.run_class(run),
     )
     if new:
         _event("job.queued", run, delay=delay)
@@ -268,12 +270,36 @@ def enqueue_or_leave(run: JobRun, *, delay: float = 0.0) -> bool:
 
 
 def enqueue_after_commit(run_ids: list[int]) -> None:
+    """After commit, enqueue the runs still queued, through the dispatcher: analyze runs
+    beyond their repository's share are parked instead (``dispatch.admit``,
+    docs/scheduling.md#fairness)."""
+
     def go() -> None:
         queued = JobRun.objects.filter(pk__in=run_ids, state__in=[JobRun.State.QUEUED])
-        for run in queued.select_related("repository"):
+        for run in dispatch.admit(list(queued.select_related("repository"))):
             enqueue_or_leave(run)
 
     transaction.on_commit(go)
+
+
+def release_parked(repo_id: int, queue: str) -> int:
+    """Enqueue as many of the repository's parked runs in ``queue`` as its share has
+    room for (``dispatch.take_parked``); returns how many. Called when one of its
+    waiting runs is claimed, and by the reconciler for every repository with parked runs.
+    A run unparked here whose enqueue fails (queue server down) is queued with no RQ
+    job: the reconciler's step 2 enqueues it."""
+    released = 0
+    for run in dispatch.take_parked(repo_id, queue):
+        if run.state == JobRun.State.QUEUED and enqueue_or_leave(run):
+            released += 1
+    return released
+
+
+def release_all_parked() -> int:
+    """The reconciler's safety net: ``release_parked`` for every repository and queue
+    with parked runs, so a release lost to a crash (a work horse killed between its
+    claim and its release) delays that repository by one reconciler round at most."""
+    return sum(release_parked(repo_id, queue) for repo_id, queue in dispatch.parked_slots())
 
 
 # ---------------------------------------------------------------------------- attempts
@@ -303,7 +329,22 @@ def begin_attempt(
     the claim, its attempt row and the worker's current run become visible together.
     """
     with transaction.atomic():
-        return _claim(run_id=run_id, number=number, worker=worker, version=version)
+        attempt = _claim(run_id=run_id, number=number, worker=worker, version=version)
+    if attempt is not None and attempt.run.kind == JobRun.Kind.ANALYZE:
+        _release_after_claim(attempt.run)
+    return attempt
+
+
+def _release_after_claim(run: JobRun) -> None:
+    """The claimed run no longer waits: release the repository's next parked run into
+    its queue (docs/scheduling.md#fairness). After the claim committed, so a crash here
+    loses only the release (the reconciler's ``release_all_parked`` makes it up), never
+    the claim; a failure is logged and never fails the job."""
+    failpoint("dispatch.release", run.repository.name)
+    try:
+        release_parked(run.repository_id, run.queue)
+    except Exception:
+        log.exception("release after the claim of run %s left to the reconciler", run.pk)
 
 
 def _claim(*, run_id: int, number: int, worker: str, version: str | None) -> Attempt | None:

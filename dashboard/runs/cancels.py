@@ -33,7 +33,7 @@ from dashboard import infra, locks
 from dashboard.accounts import record_audit
 from dashboard.infra import publish_event
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository
-from dashboard.runs.attempts import _event, drop_rq_job
+from dashboard.runs.attempts import _event, drop_rq_job, release_parked
 from dashboard.versions import served_fingerprint
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,25 @@ def cancel_runs_matching(qs: QuerySet[JobRun], *, by: str) -> Cancelled:
     reason = f"cancelled by {by}"
     for run in qs.filter(state__in=CANCELLABLE).select_related("repository").order_by("pk"):
         _cancel_one(run, reason, done)
+    _release_freed(done.runs)
     return done
+
+
+def _release_freed(run_ids: list[int]) -> None:
+    """A cancelled waiting analyze run frees a place in its repository's share: release
+    its next parked run (docs/scheduling.md#fairness). A repository cancelled as a whole
+    has no parked run left (they were cancelled too), so this releases nothing there.
+    With the queue server down the reconciler's release does it later."""
+    slots = set(
+        JobRun.objects.filter(pk__in=run_ids, kind=JobRun.Kind.ANALYZE).values_list(
+            "repository_id", "queue"
+        )
+    )
+    for repo_id, queue in sorted(slots):
+        try:
+            release_parked(repo_id, queue)
+        except infra.QueueUnavailable:
+            log.warning("release after the cancel left to the reconciler")
 
 
 def _cancel_one(run: JobRun, reason: str, done: Cancelled) -> None:

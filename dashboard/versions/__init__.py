@@ -1,6 +1,7 @@
 """Analyzer versions: the state machine every version moves through (checked against
 the deploy lock's fencing token) and the canary that routes a share of repositories to a
-ramping version. See docs/rollouts.md#states."""
+ramping version, and the code versions learned from the workers that run
+(docs/rollouts.md#code-rollouts-bluegreen). See docs/rollouts.md#states."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dashboard.versions.canary import canary_health, planned_fingerprints, repository_key
+    from dashboard.versions.code_versions import (
+        find_version,
+        learn_code_version,
+        live_workers,
+        no_workers_reason,
+        version_rows,
+    )
     from dashboard.versions.state_machine import (
         ALLOWED,
         GATE_OPEN,
@@ -62,7 +70,11 @@ __all__ = [
     "describe_lock",
     "do_transition",
     "ensure_baseline",
+    "find_version",
     "fingerprint_config",
+    "learn_code_version",
+    "live_workers",
+    "no_workers_reason",
     "physical_queue",
     "planned_fingerprints",
     "publish_rollout_event",
@@ -72,6 +84,7 @@ __all__ = [
     "repository_key",
     "retire_version",
     "served_fingerprint",
+    "version_rows",
 ]
 
 #: Each public name and the module that defines it. A module loads when one of its names is
@@ -82,6 +95,11 @@ _SURFACE: dict[str, str] = {
     "canary_health": "dashboard.versions.canary",
     "planned_fingerprints": "dashboard.versions.canary",
     "repository_key": "dashboard.versions.canary",
+    "find_version": "dashboard.versions.code_versions",
+    "learn_code_version": "dashboard.versions.code_versions",
+    "live_workers": "dashboard.versions.code_versions",
+    "no_workers_reason": "dashboard.versions.code_versions",
+    "version_rows": "dashboard.versions.code_versions",
     "ALLOWED": "dashboard.versions.state_machine",
     "GATE_OPEN": "dashboard.versions.state_machine",
     "InvalidConfig": "dashboard.versions.state_machine",

@@ -8,6 +8,7 @@ Every state change of an ``AnalyzerVersion`` goes through :func:`do_transition`:
     draining | drained → current                                   (rollback to previous)
     drained → warming                                              (re-activation)
     registered → current                   (the queue's first version only: the baseline)
+    registered → retired                   (a learned code version never rolled out)
 
 ``current → draining`` is never asked for directly: it happens inside the transition that
 makes another version current, so a queue always has a current version once it had one.
@@ -51,7 +52,9 @@ QUEUE = "analysis"
 S = AnalyzerVersion.State
 
 ALLOWED: dict[str, frozenset[str]] = {
-    S.REGISTERED: frozenset({S.WARMING, S.CURRENT}),
+    # registered: a configuration given to a start, or a code version a worker reported
+    # (``dashboard.versions.code_versions.learn_code_version``); both start the same way.
+    S.REGISTERED: frozenset({S.WARMING, S.CURRENT, S.RETIRED}),
     S.WARMING: frozenset({S.VERIFIED, S.WARM_FAILED, S.DRAINING}),
     S.WARM_FAILED: frozenset({S.WARMING, S.DRAINING, S.RETIRED}),
     S.VERIFIED: frozenset({S.RAMPING, S.DRAINING}),
@@ -71,7 +74,8 @@ STAFFED = frozenset({S.WARMING, S.VERIFIED, S.RAMPING, S.CURRENT, S.DRAINING})
 GATE_OPEN = frozenset({S.WARMING, S.VERIFIED, S.RAMPING, S.CURRENT})
 #: Bookkeeping the drain reconciler does without the deploy lock.
 TOKENLESS = frozenset({S.DRAINED, S.RETIRED})
-#: States a version may be retired from (``retire_version``): drained, warm_failed.
+#: States a version may be retired from (``retire_version``): registered, drained,
+#: warm_failed.
 RETIRABLE = frozenset(src for src, targets in ALLOWED.items() if S.RETIRED in targets)
 
 
@@ -106,18 +110,22 @@ def actor_name(actor: Any) -> str:
     return str(getattr(actor, "username", None) or actor or "system")[:150]
 
 
-def fingerprint_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(fingerprint, normalised config)`` of an analyzer config.
+def fingerprint_config(
+    config: Mapping[str, Any], *, code_version: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """``(fingerprint, normalised config)`` of an analyzer config under ``code_version``
+    (default: this process's own code, ``workers.analysis.CODE_VERSION``).
 
     The only place that knows how a fingerprint is computed: it builds the worker's own
     ``workers.analysis.analyzer.AnalyzerConfig`` and asks it, so the fingerprint is the one a
-    worker that loaded this config reports. Unknown keys and wrong types are refused.
+    worker of that code that loaded this config reports. Unknown keys and wrong types are
+    refused.
     """
     try:
         cfg = analysis.AnalyzerConfig.from_mapping(dict(config))
     except analysis.InvalidConfig as exc:
         raise InvalidConfig(str(exc)) from exc
-    return cfg.fingerprint(), cfg.to_dict()
+    return cfg.fingerprint(code_version or analysis.CODE_VERSION), cfg.to_dict()
 
 
 def physical_queue(queue: str, fingerprint: str) -> str:
@@ -160,26 +168,33 @@ def version_of(fingerprint: str, queue: str = QUEUE) -> AnalyzerVersion | None:
 
 
 def register_version(
-    *, queue: str = QUEUE, config: Mapping[str, Any], actor: Any
+    *,
+    queue: str = QUEUE,
+    config: Mapping[str, Any],
+    actor: Any,
+    code_version: str | None = None,
+    reason: str = "registered",
 ) -> AnalyzerVersion:
-    """Get or create the version of ``config`` on ``queue`` (idempotent on the fingerprint).
+    """Get or create the version of ``config`` under ``code_version`` (default: this
+    process's code) on ``queue`` (idempotent on the fingerprint).
 
     Race: two registrations of one config; the unique (queue, fingerprint) constraint
-    keeps one row and the loser reads it back.
+    keeps one row and the loser reads it back (on PostgreSQL its INSERT waits for the
+    winner's transaction, then fails on the index; the savepoint of ``atomic`` keeps the
+    caller's transaction usable).
     """
     workers_locks.deploy(queue)  # validates the queue name
-    fp, normalised = fingerprint_config(config)
+    code = code_version or analysis.CODE_VERSION
+    fp, normalised = fingerprint_config(config, code_version=code)
     try:
         with transaction.atomic():
             version, created = AnalyzerVersion.objects.get_or_create(
                 queue=queue,
                 fingerprint=fp,
-                defaults={"code_version": analysis.CODE_VERSION, "config": normalised},
+                defaults={"code_version": code, "config": normalised},
             )
             if created:
-                record_event(
-                    None, version, "transition", "", S.REGISTERED, actor, "registered", None
-                )
+                record_event(None, version, "transition", "", S.REGISTERED, actor, reason, None)
                 publish_rollout_event(version, None, S.REGISTERED)
     except IntegrityError:
         version = AnalyzerVersion.objects.get(queue=queue, fingerprint=fp)
@@ -404,8 +419,9 @@ def _apply(
 def retire_version(
     *, fingerprint: str, actor: Any, queue: str = QUEUE, reason: str = ""
 ) -> AnalyzerVersion:
-    """drained | warm_failed → retired (docs/rollouts.md#states): the version is done for
-    good — never staffed, routed or rolled out again (its stored results stay, unserved).
+    """registered | drained | warm_failed → retired (docs/rollouts.md#states): the
+    version is done for good — never staffed, routed or rolled out again (its stored
+    results stay, unserved).
 
     ``fingerprint`` may be a prefix naming exactly one version of ``queue``. Drain
     bookkeeping, so no deploy-lock token (``TOKENLESS``): a retired version has no gate

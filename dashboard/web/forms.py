@@ -62,6 +62,9 @@ class StartRolloutForm(forms.Form):
     page and the CLI refuse the same things with the same words."""
 
     queue = forms.CharField(label="Queue", max_length=100, initial="analysis")
+    #: A known version's fingerprint instead of a configuration: a code rollout of a
+    #: version learned from its workers (docs/rollouts.md#code-rollouts-bluegreen).
+    version = forms.CharField(label="Version", max_length=64, required=False)
     detect_renames = forms.BooleanField(label="detect_renames (like git log -M)", required=False)
     ignore_whitespace = forms.BooleanField(
         label="ignore_whitespace (like git log -w)", required=False
@@ -97,6 +100,10 @@ class StartRolloutForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        data["version"] = str(data.get("version") or "").strip() or None
+        if data["version"] is not None:  # the version's own configuration
+            data["config"] = None
+            return data
         config = {
             "detect_renames": bool(data.get("detect_renames")),
             "ignore_whitespace": bool(data.get("ignore_whitespace")),

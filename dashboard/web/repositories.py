@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 
 from dashboard import analytics
 from dashboard.accounts import check
-from dashboard.infra import RedisUnavailable
+from dashboard.infra import QueueUnavailable, RedisUnavailable
 from dashboard.live.snapshots import repository_live
 from dashboard.models import JobRun, Repository
 from dashboard.repositories import (
@@ -32,7 +32,7 @@ from dashboard.repositories import (
     repository_with_status,
     user_submission,
 )
-from dashboard.runs import CANCEL_REPO_PERMISSION
+from dashboard.runs import CANCEL_REPO_PERMISSION, repository_waiting
 from dashboard.web.charts import history_bars
 from dashboard.web.forms import SubmitRepositoryForm
 from dashboard.web.list_params import positive_int, query_prefix
@@ -134,6 +134,10 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
         commits, nxt = commit_page(repo, fingerprint=fp, limit=50, cursor=request.GET.get("cursor"))
     except BadCursor:
         commits, nxt = commit_page(repo, fingerprint=fp, limit=50)
+    try:
+        waiting = repository_waiting(repo)
+    except QueueUnavailable:  # the banner says the queue server is down
+        waiting = None
     return render(
         request,
         "repository.html",
@@ -159,6 +163,7 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "mirror": repository_mirror(repo),  # this host's mirror, read by GitPython
             "can_reanalyse": may_reanalyse(request.user),
             "can_cancel": request.user.has_perm(CANCEL_REPO_PERMISSION),
+            "waiting": waiting,
             "verification": verification,
         },
     )

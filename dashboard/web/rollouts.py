@@ -92,12 +92,13 @@ def rollout_start(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         reason = data.get("reason") or ""
-        detail = {"config": data["config"], "steps": data["steps"], "auto": data["auto"],
-                  "reason": reason}  # fmt: skip
+        detail = {"config": data["config"], "version": data["version"], "steps": data["steps"],
+                  "auto": data["auto"], "reason": reason}  # fmt: skip
         try:
             ro = start_rollout(
                 queue=data["queue"],
                 config=data["config"],
+                version=data["version"],
                 steps=data["steps"],
                 auto=data["auto"],
                 actor=request.user,
@@ -217,7 +218,7 @@ def rollout_action(request: HttpRequest, rollout_id: int, verb: str) -> HttpResp
 @login_required
 @require_http_methods(["POST"])
 def version_retire(request: HttpRequest, version_id: int) -> HttpResponse:
-    """The Versions table's Retire button after its confirm step (drained | warm_failed
+    """The Versions table's Retire button after its confirm step (registered | drained | warm_failed
     → retired): permission-checked, audited with the reason, then back to the page; a
     state that allows no retirement is said in the page's error message."""
     if not permitted(request.user, "retire"):

@@ -8,9 +8,10 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from dashboard.infra import QueueUnavailable
 from dashboard.models import JobRun
 from dashboard.observability import run_trace
-from dashboard.runs import CANCEL_RUN_PERMISSION, CANCELLABLE, search_runs
+from dashboard.runs import CANCEL_RUN_PERMISSION, CANCELLABLE, run_waiting, search_runs
 from dashboard.web.list_params import positive_int, query_prefix
 
 
@@ -55,11 +56,19 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
     Operations data: needs ``dashboard.view_jobrun``."""
     if not request.user.has_perm("dashboard.view_jobrun"):
         return render(request, "forbidden.html", status=403)
-    found = JobRun.objects.select_related("repository").filter(pk=run_id).first()
+    found = JobRun.objects.select_related("repository", "chunk").filter(pk=run_id).first()
     if found is None:
         raise Http404("run not found")
     can_cancel = found.state in CANCELLABLE and request.user.has_perm(CANCEL_RUN_PERMISSION)
-    return render(request, "run.html", {"run": run_trace(found), "can_cancel": can_cancel})
+    try:
+        waiting = run_waiting(found)
+    except QueueUnavailable:  # the banner says the queue server is down
+        waiting = None
+    return render(
+        request,
+        "run.html",
+        {"run": run_trace(found), "can_cancel": can_cancel, "waiting": waiting},
+    )
 
 
 @login_required

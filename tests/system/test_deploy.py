@@ -172,6 +172,39 @@ def test_k8s_worker_pods_each_claim_their_own_workspace() -> None:
     assert "volumes" not in spec["template"]["spec"]  # nothing shared between pods
 
 
+def test_the_green_worker_slot_is_the_blue_one_beside_it() -> None:
+    """docs/rollouts.md#code-rollouts-bluegreen: the green slot runs the same workers (grace,
+    workspace, probes, arguments, configuration) from another image, at 0 replicas between
+    releases; its pods are selected by its own StatefulSet, Service and budget only, and
+    Compose's green service is the worker service under a profile."""
+    blue = find("StatefulSet", "gitward-worker")["spec"]
+    green = find("StatefulSet", "gitward-worker-green")["spec"]
+    assert green["replicas"] == 0 and blue["replicas"] > 0
+    blue_pod, green_pod = blue["template"]["spec"], green["template"]["spec"]
+    (blue_c,), (green_c,) = blue_pod["containers"], green_pod["containers"]
+    assert green_c["image"] != blue_c["image"]
+    assert {k: v for k, v in green_c.items() if k != "image"} == {
+        k: v for k, v in blue_c.items() if k != "image"
+    }
+    assert {k: v for k, v in green_pod.items() if k != "containers"} == {
+        k: v for k, v in blue_pod.items() if k != "containers"
+    }
+    assert green["volumeClaimTemplates"] == blue["volumeClaimTemplates"]
+    blue_sel, green_sel = blue["selector"]["matchLabels"], green["selector"]["matchLabels"]
+    assert blue_sel != green_sel
+    assert not set(green_sel.items()) <= set(blue["template"]["metadata"]["labels"].items())
+    assert not set(blue_sel.items()) <= set(green["template"]["metadata"]["labels"].items())
+    for kind in ("Service", "PodDisruptionBudget"):
+        selector = find(kind, "gitward-worker-green")["spec"]["selector"]
+        assert selector.get("matchLabels", selector) == green_sel
+    services = compose()["services"]
+    worker, slot = services["worker"], services["worker-green"]
+    assert slot["profiles"] == ["green"] and "profiles" not in worker
+    assert slot["image"] != worker["image"]
+    same = ("command", "healthcheck", "volumes", "stop_grace_period", "deploy", "environment")
+    assert {k: slot[k] for k in same} == {k: worker[k] for k in same}
+
+
 def test_k8s_probes_use_readyz_the_ready_command_and_healthz() -> None:
     web = find("Deployment", "gitward-web")["spec"]["template"]["spec"]["containers"][0]
     worker = find("StatefulSet", "gitward-worker")["spec"]["template"]["spec"]["containers"][0]

@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from dashboard.models import AnalyzerVersion, Commit, JobRun, Repository, Rollout, RolloutEvent
+from dashboard.models import (
+    AnalyzerVersion,
+    Commit,
+    FileChange,
+    JobRun,
+    Repository,
+    Rollout,
+    RolloutEvent,
+)
 from dashboard.repositories.lifecycle import submit_repository
 from dashboard.rollouts.waiting import waiting
 from dashboard.versions.state_machine import ensure_baseline
@@ -138,6 +146,24 @@ def test_a_quiet_auto_rollout_gets_shadow_samples_and_ends_by_itself(
         )
         assert sorted(runs.values_list("state", flat=True)) == ["succeeded"] * 20 * len(shadows)
         assert not RolloutEvent.objects.filter(rollout=ro, action="step.deadline").exists()
+        # The result contract held (docs/rollouts.md#result-contract), and the commits
+        # whose numbers changed are exactly those in which git itself reports a rename.
+        assert ro.contract["ok"] is True and ro.contract["violating"] == 0, ro.contract
+        assert ro.contract["checked"] == COMMITS
+        renames = set(origin.git("log", "-M", "--diff-filter=R", "--format=%H").split())
+        assert len(renames) == (COMMITS - 1) // 4
+
+        def rows(fp: str) -> dict[str, list[tuple[str, int, int]]]:
+            out: dict[str, list[tuple[str, int, int]]] = {}
+            for sha, path, a, d in FileChange.objects.filter(
+                repository=repo, fingerprint=fp
+            ).values_list("commit__sha", "path", "added", "deleted"):
+                out.setdefault(sha, []).append((path, a, d))
+            return {sha: sorted(files) for sha, files in out.items()}
+
+        old, changed = rows(base.fingerprint), rows(new.fingerprint)
+        assert {sha for sha in newest if old.get(sha) != changed.get(sha)} == renames
+        assert ro.contract["changed"] == ro.contract["renames"] == len(renames)
     finally:
         stop.set()
         supervisor.join(timeout=10)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,11 +31,12 @@ from rq import SimpleWorker
 from dashboard.infra import queues
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts.start import DRIVER_QUEUE
+from dashboard.versions.state_machine import ensure_baseline
 from tests.support.mirror_writers import wait_for
 from tests.support.processes import worker_env
 from tests.support.sysproc import proc_state
 from workers import pool as pool_module
-from workers.analysis.analyzer import DEFAULT, AnalyzerConfig, queue_name
+from workers.analysis.analyzer import CODE_VERSION, DEFAULT, AnalyzerConfig, queue_name
 from workers.jobs import loaded_fingerprints
 from workers.pool import PauseAware, Pool, desired_workers, run_one_worker, version_config
 
@@ -57,10 +59,12 @@ while True:
 """
 
 
-def version(fp: str, state: str, *, queue: str = "analysis") -> AnalyzerVersion:
+def version(
+    fp: str, state: str, *, queue: str = "analysis", code: str = CODE_VERSION
+) -> AnalyzerVersion:
     extra: dict[str, Any] = {"verified_at": timezone.now()} if state in {"verified"} else {}
     return AnalyzerVersion.objects.create(
-        fingerprint=fp * 64, code_version="c", state=state, queue=queue, **extra
+        fingerprint=fp * 64, code_version=code, state=state, queue=queue, **extra
     )
 
 
@@ -130,6 +134,71 @@ def test_the_current_version_gets_size_workers_and_every_other_staffed_version_o
         *[("--analyzer", v.fingerprint) for v in staffed],
         ("--queues", DRIVER_QUEUE),
     ]
+
+
+OTHER_CODE = "0.0.9+000000000000"
+
+
+def test_the_pool_never_staffs_a_version_of_another_code() -> None:
+    """Blue/green (docs/rollouts.md#code-rollouts-bluegreen): the old code is current and
+    this pool runs new code; it starts no shared worker and no worker for the old code's
+    versions, and puts its workers on its own version being rolled out."""
+    version("c", S.CURRENT, code=OTHER_CODE)
+    version("d", S.DRAINING, code=OTHER_CODE)
+    assert desired_workers(3) == [("--queues", DRIVER_QUEUE)]  # nothing of its code staffed
+    registered = version("n", S.REGISTERED)
+    assert desired_workers(3) == [("--queues", DRIVER_QUEUE)]  # learned, not yet warming
+    AnalyzerVersion.objects.filter(pk=registered.pk).update(state=S.WARMING)
+    assert desired_workers(3) == [
+        *[("--analyzer", registered.fingerprint)] * 3,
+        ("--queues", DRIVER_QUEUE),
+    ]
+    mine_draining = version("m", S.DRAINING)  # an earlier attempt of this code, draining
+    AnalyzerVersion.objects.filter(pk=registered.pk).update(state=S.RAMPING, ramp_percent=10,
+                                                            verified_at=timezone.now())  # fmt: skip
+    assert desired_workers(2) == [
+        *[("--analyzer", registered.fingerprint)] * 2,
+        ("--analyzer", mine_draining.fingerprint),
+        ("--queues", DRIVER_QUEUE),
+    ]
+
+
+def test_once_its_code_is_current_the_pool_runs_the_shared_workers_again() -> None:
+    """After the promotion of the new code, the old code's pool keeps one worker for its
+    draining version (its gate closed) and the new code's pool serves everything."""
+    old = version("o", S.DRAINING, code=OTHER_CODE)
+    new = version("n", S.CURRENT)
+    assert desired_workers(2) == [
+        *[("--analyzer", new.fingerprint, "--shared")] * 2,
+        ("--queues", DRIVER_QUEUE),
+    ]
+    assert ("--analyzer", old.fingerprint) not in desired_workers(2)
+
+
+def test_a_pool_that_starts_reports_its_code_and_learns_it(children: Children) -> None:
+    version("c", S.CURRENT, code=OTHER_CODE)
+    pool = children.pool(2, grace=10)
+    pool.start()
+    learned = AnalyzerVersion.objects.get(code_version=CODE_VERSION)
+    assert learned.state == S.REGISTERED
+    assert learned.fingerprint == AnalyzerConfig.from_mapping({}).fingerprint()
+    assert sorted(children.ready(pool).values()) == [
+        ["worker", "--workers", "1", "--queues", DRIVER_QUEUE]
+    ]
+
+
+def test_on_a_fresh_queue_the_first_pool_adopts_its_code_as_the_baseline(
+    children: Children,
+) -> None:
+    """The first fleet's code serves; a second code started later is learned beside it
+    and gets no shared worker (not both fleets' defaults served at once)."""
+    pool = children.pool(2, grace=10)
+    pool.start()
+    (base,) = AnalyzerVersion.objects.all()
+    assert (base.state, base.code_version) == (S.CURRENT, CODE_VERSION)
+    assert base.fingerprint == DEFAULT.fingerprint()
+    assert sorted(pool.specs()) == sorted(desired_workers(2))  # the default, as before
+    assert ensure_baseline(actor="setup").pk == base.pk
 
 
 def test_start_runs_one_child_per_wanted_worker_with_its_arguments(
@@ -288,14 +357,20 @@ def test_a_versions_config_is_read_from_its_row_and_checked(settings: Any) -> No
     assert version_config(DEFAULT.fingerprint()) is DEFAULT
     renames = AnalyzerConfig.from_mapping({"detect_renames": True})
     AnalyzerVersion.objects.create(
-        fingerprint=renames.fingerprint(), code_version="c", config={"detect_renames": True}
+        fingerprint=renames.fingerprint(),
+        code_version=CODE_VERSION,
+        config={"detect_renames": True},
     )
     assert version_config(renames.fingerprint()) == renames
     with pytest.raises(ValueError, match="no analyzer version"):
         version_config("e" * 64)
-    AnalyzerVersion.objects.create(fingerprint="f" * 64, code_version="c", config={})
+    AnalyzerVersion.objects.create(fingerprint="f" * 64, code_version=CODE_VERSION, config={})
     with pytest.raises(ValueError, match="hashes to"):
         version_config("f" * 64)
+    old_code = AnalyzerConfig().fingerprint(OTHER_CODE)
+    AnalyzerVersion.objects.create(fingerprint=old_code, code_version=OTHER_CODE, config={})
+    with pytest.raises(ValueError, match=re.escape(f"is code {OTHER_CODE}; this worker runs code")):
+        version_config(old_code)
 
 
 @pytest.mark.slow  # a pool of real Django worker processes

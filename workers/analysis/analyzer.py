@@ -1,6 +1,7 @@
 """Analyzer versions: code version + config, identified by a fingerprint (docs/rollouts.md).
 
-An analyzer version is what a worker analyses with: :data:`CODE_VERSION` plus one
+An analyzer version is what a worker analyses with: :data:`CODE_VERSION` (derived from
+the installed analysis code, ``workers.analysis.code_version``) plus one
 :class:`AnalyzerConfig`.  Contracts:
 
 * An ``AnalyzerConfig`` is immutable and always valid: the constructor checks types and
@@ -13,9 +14,12 @@ An analyzer version is what a worker analyses with: :data:`CODE_VERSION` plus on
 * :meth:`AnalyzerConfig.fingerprint` hashes exactly what the worker analyses with: the
   canonical JSON ``{"code": CODE_VERSION, "config": <canonical config>}`` (sorted keys, no
   whitespace, ASCII), SHA-256, first 16 hex digits.  It uses no ``hash()`` or ``repr``,
-  so it is equal across processes, hosts and Python versions.  The default configuration
-  keeps the fingerprint it had before the configuration reached git (``01faaf06ff1b8dc2``),
-  so results stored under it stay valid.
+  so it is equal across processes, hosts and Python versions.  A change to the analysis
+  code changes :data:`CODE_VERSION` and so every fingerprint: results of the old code stay
+  stored under the old fingerprints, and the new code is rolled out beside the old one
+  (docs/rollouts.md#code-rollouts-bluegreen).  With the code version ``"1"`` of the
+  releases before it was derived, the default configuration's fingerprint is still
+  ``01faaf06ff1b8dc2``.
 * :func:`workers.analysis.history.stream_commits` turns the config into git arguments; nothing
   else interprets it.
 """
@@ -25,23 +29,43 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workers.analysis.code_version import derive as derive_code_version
+
 __all__ = [
     "CODE_VERSION",
+    "DECLARED_EFFECT",
     "DEFAULT",
+    "EFFECT_FIELDS",
     "KEYS",
     "AnalyzerConfig",
     "InvalidConfig",
     "VersionNotLoaded",
     "config_for",
+    "path_excluded",
     "queue_name",
 ]
 
-#: Bump when the analysis code changes what it stores; the fingerprint changes with it.
-CODE_VERSION = "1"
+#: The installed analysis code's version, ``<package version>+<source hash>``, computed
+#: once per process (docs/analysis.md#code-version); the fingerprint changes with it.
+CODE_VERSION = derive_code_version()
+
+#: The fields of a stored result a change of the analysis may change
+#: (docs/rollouts.md#result-contract): ``files`` — which file rows a commit has (and so
+#: its ``files_changed``), ``insertions`` and ``deletions`` — the lines counted per file
+#: and in total, ``binary`` — whether a file row counts as binary.
+EFFECT_FIELDS = ("files", "insertions", "deletions", "binary")
+
+#: What this code version declares it changes in the stored results, compared with the
+#: code version before it: a subset of :data:`EFFECT_FIELDS`. Empty (the default) means
+#: "the same numbers": a rollout of a new code version whose results differ in any other
+#: field is stopped by the result contract (docs/rollouts.md#result-contract). Set it in
+#: the same change that makes the analysis store different numbers.
+DECLARED_EFFECT: frozenset[str] = frozenset()
 
 #: Every configuration key, in documentation order.
 KEYS = ("detect_renames", "ignore_whitespace", "exclude_paths")
@@ -240,6 +264,81 @@ def config_for(
     raise VersionNotLoaded(
         f"analyzer version {fingerprint} is not loaded by this worker (loaded: {have})"
     )
+
+
+def _glob_regex(pattern: str) -> str:
+    """A git ``:(glob)`` pattern as a regular expression (git's wildmatch with
+    ``WM_PATHNAME``): ``*`` and ``?`` stay inside one directory, ``**/`` is any number of
+    leading directories, ``/**`` everything below, ``[...]`` a class (``!`` or ``^``
+    negates), ``\\`` escapes."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*" and pattern.startswith("**", i):
+            j = i + 2
+            at_start = i == 0 or pattern[i - 1] == "/"
+            if at_start and j < n and pattern[j] == "/":
+                out.append("(?:.*/)?")
+                i = j + 1
+                continue
+            if at_start and j == n:
+                out.append(".*")
+                i = j
+                continue
+            out.append("[^/]*")  # other consecutive asterisks are one asterisk
+            while i < n and pattern[i] == "*":
+                i += 1
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(pattern[i]))
+        elif c == "[":
+            j = i + 1
+            if j < n and pattern[j] in "!^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : j]
+                negate = body[:1] in ("!", "^")
+                body = body[1:] if negate else body
+                body = body.replace("\\", "\\\\").replace("^", "\\^")
+                out.append(f"[^/{body}]" if negate else f"(?!/)[{body}]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def _has_wildcard(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[\\")
+
+
+def path_excluded(path: str, patterns: Iterable[str]) -> bool:
+    """Whether git's ``:(exclude,glob)PATTERN`` pathspecs (``exclude_paths``) leave
+    ``path`` out: a pattern with a wildcard must match the whole path; one without is
+    the path itself or one of its leading directories (``vendor`` takes
+    ``vendor/a/b.js``). ``tests/workers/analysis/test_analyzer.py`` checks it against
+    git itself."""
+    for pattern in patterns:
+        if _has_wildcard(pattern):
+            if re.fullmatch(_glob_regex(pattern), path, flags=re.DOTALL):
+                return True
+        else:
+            literal = pattern.rstrip("/")
+            if path == literal or path.startswith(literal + "/"):
+                return True
+    return False
 
 
 def queue_name(fingerprint: str) -> str:

@@ -67,6 +67,7 @@ __all__ = [
     "HistoryError",
     "default_git_runner",
     "list_commits",
+    "renamed_commits",
     "stream_commits",
 ]
 
@@ -360,3 +361,62 @@ def list_commits(
         if not finished:
             proc.kill()
     return out
+
+
+def renamed_commits(
+    git_dir: str | Path, shas: Iterable[str], *, git: GitRunner | None = None
+) -> set[str]:
+    """The commits among ``shas`` in which git reports a rename: ``git log -M
+    --name-status`` against the first parent, exactly as ``detect_renames`` analyses
+    them (``-M``, ``--diff-merges=first-parent``, ``--root``), from one git process.
+
+    The result contract asks it about the commits whose stored numbers changed only
+    (docs/rollouts.md#result-contract), so its cost is bounded by those. Parsed from
+    ``-z`` output token by token (a status, then one path, or two for a rename or
+    copy), so no path can pass for a status or a commit. Raises :class:`HistoryError`
+    if git fails (an unknown sha, a missing mirror).
+    """
+    lines = list(dict.fromkeys(_check_rev(s) for s in shas))
+    if not lines:
+        return set()
+    args = [
+        "log",
+        "--no-walk=unsorted",
+        "--stdin",
+        "-z",
+        "-M",
+        "--name-status",
+        "--diff-merges=first-parent",
+        "--root",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--format=%x01%H",
+    ]
+    runner = git or default_git_runner
+    proc = _Proc(runner(args, cwd=git_dir, stdin=subprocess.PIPE), b"\n".join(lines) + b"\n")
+    finished = False
+    try:
+        out = b"".join(proc.blocks())
+        proc.finish()
+        finished = True
+    finally:
+        if not finished:
+            proc.kill()
+    renamed: set[str] = set()
+    current = ""
+    tokens = out.split(b"\0")
+    i = 0
+    while i < len(tokens):
+        token = tokens[i].lstrip(b"\n")
+        if token.startswith(b"\x01"):
+            current = token[1:].decode("ascii", "replace")
+            i += 1
+        elif not token:
+            i += 1
+        else:
+            status = token[:1]
+            if status == b"R":
+                renamed.add(current)
+            i += 3 if status in (b"R", b"C") else 2
+    return renamed

@@ -4,7 +4,7 @@ See docs/testing.md#failpoints."""
 
 from __future__ import annotations
 
-from workers.runtime.failpoints import altered, failpoint, parse_failpoints
+from workers.runtime.failpoints import altered, failpoint, parse_failpoints, perturbs
 from workers.runtime.fork_safety import ForkGuard
 from workers.runtime.process_tree import die_with_parent, kill_tree
 from workers.runtime.redis_server import RedisNode
@@ -21,5 +21,6 @@ __all__ = [
     "kill_tree",
     "parse_failpoints",
     "parse_sentinel_url",
+    "perturbs",
     "safe_sentinel_url",
 ]

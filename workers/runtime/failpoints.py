@@ -10,6 +10,11 @@ that reaches a named point act on itself, for real:
 - ``alter``  nothing here: the caller asks ``altered(name)`` and alters its own data
   (``analyze.alter_row`` changes one stored file row, for the verifier's tests:
   docs/analytics.md#verification).
+- ``perturb:N`` the point's caller changes its output for one key in N (chosen by the
+  key's SHA-256, so the same keys every time): :func:`perturbs` answers. It stands for a
+  code version that silently stores other numbers, e.g. ``analyze.perturb#<fingerprint>
+  =perturb:200`` adds one insertion to 1 commit in 200 of that analyzer version
+  (docs/rollouts.md#result-contract).
 
 ``name#tag=action`` arms a point for one tag only (jobs pass the repository name), so
 one "poison" repository can crash its worker every time while the others run.
@@ -27,15 +32,24 @@ imports no Django), so a typo stops the process before any job runs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
 import time
 
+__all__ = [
+    "EXPECTED", "FailpointError", "altered", "failpoint", "parse_failpoints", "perturbs",
+]  # fmt: skip
+
 #: ``name`` or ``name#tag``: dotted point names; a tag is anything but ``,`` and ``=``.
 _POINT = re.compile(r"[A-Za-z0-9_.-]+(?:#[^,=]+)?")
-_ACTION = re.compile(r"(?:stop|kill|raise|alter|sleep:(?:\d+(?:\.\d*)?|\.\d+))(?:\*[1-9]\d*)?")
-EXPECTED = "name[#tag][=stop|kill|raise|alter|sleep:SECONDS][*N], comma-separated"
+_ACTION = re.compile(
+    r"(?:stop|kill|raise|alter|sleep:(?:\d+(?:\.\d*)?|\.\d+))(?:\*[1-9]\d*)?|perturb:[1-9]\d*"
+)
+EXPECTED = (
+    "name[#tag][=stop|kill|raise|alter|sleep:SECONDS][*N] or name[#tag]=perturb:N, comma-separated"
+)
 
 
 class FailpointError(RuntimeError):
@@ -85,8 +99,8 @@ def _armed(name: str, tag: str) -> str | None:
     actions = _actions()
     key = f"{name}#{tag}" if tag and f"{name}#{tag}" in actions else name
     action = actions.get(key)
-    if action is None:
-        return None
+    if action is None or action.startswith("perturb:"):
+        return None  # a perturbation is its caller's to make (``perturbs``)
     action, _, times = action.partition("*")
     once_dir = os.environ.get("GITWARD_FAILPOINTS_ONCE")
     if once_dir and not _claim(once_dir, key, int(times or 1)):
@@ -124,3 +138,18 @@ def _act(name: str, action: str) -> None:
         raise FailpointError(f"failpoint {name}")
     else:
         raise ValueError(f"unknown failpoint action {action!r} for {name}")
+
+
+def perturbs(name: str, tag: str, key: str) -> bool:
+    """Whether ``name`` (or ``name#tag``) is armed with ``perturb:N`` and ``key`` is one
+    of the one in N keys it perturbs: those whose SHA-256 is 0 modulo N (the same keys
+    in every process and every run)."""
+    if "GITWARD_FAILPOINTS" not in os.environ:
+        return False
+    actions = _actions()
+    action = actions.get(f"{name}#{tag}") if tag else None
+    action = action or actions.get(name)
+    if action is None or not action.startswith("perturb:"):
+        return False
+    every = int(action.split(":", 1)[1])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % every == 0

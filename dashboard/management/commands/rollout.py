@@ -82,6 +82,11 @@ class Command(BaseCommand):
         src = start.add_mutually_exclusive_group(required=True)
         src.add_argument("--config", type=Path, help="a JSON file with the analyzer config")
         src.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config key")
+        src.add_argument(
+            "--version",
+            metavar="FP",
+            help="a known version's fingerprint (a code rollout: docs/rollouts.md)",
+        )
         start.add_argument("--steps", help="ramp percentages, e.g. 10,50,100")
         start.add_argument("--auto", action="store_true", help="advance steps by health check")
         start.add_argument(
@@ -150,7 +155,9 @@ class Command(BaseCommand):
             p = sub.add_parser(name, help=text)
             p.add_argument("id", type=int)
             p.add_argument("repositories", type=int, nargs="+", metavar="REPO_ID")
-        retire = sub.add_parser("retire", help="retire a drained or warm-failed version for good")
+        retire = sub.add_parser(
+            "retire", help="retire a registered, drained or warm-failed version"
+        )
         retire.add_argument("fingerprint", help="the version's fingerprint (or a prefix)")
         retire.add_argument("--queue", default=dashboard_versions.QUEUE)
         retire.add_argument("--reason", default="")
@@ -177,7 +184,10 @@ class Command(BaseCommand):
     # ------------------------------------------------------------------------ actions
 
     def do_start(self, o: dict[str, Any]) -> None:
-        if o["config"] is not None:
+        config: dict[str, Any] | None
+        if o["version"] is not None:
+            config = None
+        elif o["config"] is not None:
             try:
                 config = json.loads(o["config"].read_text())
             except (OSError, ValueError) as exc:
@@ -227,6 +237,7 @@ class Command(BaseCommand):
         ro = rollouts.start_rollout(
             queue=o["queue"],
             config=config,
+            version=o["version"],
             steps=parse_steps(o["steps"]),
             auto=o["auto"],
             actor=o["actor"],
@@ -342,6 +353,7 @@ class Command(BaseCommand):
                     "fingerprint": v.fingerprint,
                     "state": v.state,
                     "ramp_percent": v.ramp_percent,
+                    "code_version": v.code_version,
                     "config": v.config,
                     "queue": dashboard_versions.physical_queue(v.queue, v.fingerprint),
                     "verified_at": v.verified_at.isoformat() if v.verified_at else None,
@@ -352,6 +364,10 @@ class Command(BaseCommand):
             "deploy_lock": describe_lock(lock) if lock else None,
             "frozen": rollouts.rollout_freeze(active) if active else None,
         }
+        # The queue's latest rollout, also once it ended: a rollout the result contract
+        # rolled back names its offending commits there (docs/rollouts.md#result-contract).
+        last = Rollout.objects.filter(queue=o["queue"]).order_by("-pk").first()
+        data["latest"] = describe_rollout(last) if last else None
         if o["json"]:
             self.stdout.write(json.dumps(data))
             return
@@ -365,6 +381,10 @@ class Command(BaseCommand):
                 f"rollout {active.pk} {active.state}: {active.version.fp12} by "
                 f"{active.started_by}; lock {data['deploy_lock'] or 'not held'}"
             )
+        result = (data["latest"] or {}).get("contract") or {}
+        if result:
+            latest = data["latest"]["id"]
+            self.stdout.write(f"result contract (rollout {latest}): {result['summary']}")
         if data["frozen"]:
             held = f" ({data['frozen']['step']} waits)" if data["frozen"]["step"] else ""
             self.stdout.write(f"frozen: {data['frozen']['message']}{held}")

@@ -218,6 +218,9 @@ def test_real_responses_of_every_operation_validate(
     a.call("post", "/api/versions/{fingerprint}/retire", {"reason": "done"},
            fingerprint=fingerprint[:12])  # fmt: skip
     a.call("post", "/api/versions/{fingerprint}/retire", fingerprint="abcdef0123")
+    listed = a.call("get", "/api/versions").json()["versions"]
+    assert [v["fingerprint"] for v in listed if v["fingerprint"] == fingerprint] == [fingerprint]
+    a.call("post", "/api/rollouts", {"version": "abcdef0123"})  # unknown: 404
 
     operations = {(t, m) for t, item in PATHS.items() for m in item} - {
         ("/api/openapi.json", "get")

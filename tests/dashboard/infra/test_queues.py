@@ -69,3 +69,34 @@ def test_a_changed_queue_timeout_gets_a_client_with_that_timeout(settings: Any) 
     assert after.connection_pool.connection_kwargs["socket_timeout"] == 0.37
     assert before.connection_pool.connection_kwargs["socket_timeout"] == 0.71
     assert queues.connection() is after  # still one shared client per setting
+
+
+def test_a_job_is_placed_behind_the_last_job_of_its_class_or_a_more_urgent_one() -> None:
+    """``enqueue_unique(priority=…)`` (docs/scheduling.md#classes): a more urgent class is
+    taken first, each class stays FIFO, and a job without a class counts as class 0."""
+    q = queues.queue("placing")
+    pushes = [("c1", 2), ("c2", 2), ("r1", 1), ("i1", 0), ("c3", 2), ("i2", 0), ("r2", 1)]
+    for job_id, priority in pushes:
+        assert queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id=job_id,
+                                     priority=priority)  # fmt: skip
+    assert q.get_job_ids() == ["i1", "i2", "r1", "r2", "c1", "c2", "c3"]
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="plain")
+    assert q.get_job_ids() == ["i1", "i2", "plain", "r1", "r2", "c1", "c2", "c3"]
+
+
+def test_a_promoted_retry_takes_its_class_place_from_its_hash() -> None:
+    q = queues.queue("placing")
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="c1", priority=2)
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="i-retry", priority=0,
+                          delay=0.01)  # fmt: skip
+    time.sleep(1.1)  # RQ schedules by the whole second
+    assert queues.promote_due_jobs(["placing"]) == 1
+    assert q.get_job_ids() == ["i-retry", "c1"]
+
+
+def test_placing_a_job_a_worker_already_took_leaves_the_queue_alone() -> None:
+    q = queues.queue("placing")
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="c1", priority=2)
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="c2", priority=2)
+    assert queues.place(q, "c1") == -1  # not at the tail: taken, or placed already
+    assert q.get_job_ids() == ["c1", "c2"]

@@ -20,7 +20,10 @@ Read through RQ's public API where it is fast enough (``Job.key_for``, ``Job.exi
 * the scheduled registry's ``remove`` returns how many it removed (``promote_due_jobs``:
   exactly one promoter wins a job);
 * a job whose hash is deleted is skipped by a worker that dequeues its id
-  (``cancel_runs``).
+  (``cancel_runs``);
+* a field of gitward's own in a job's hash (``queues.PRIORITY_FIELD``, its scheduling
+  class: docs/scheduling.md#classes) survives RQ's saves of the job, and a job's hash is
+  ``Job.redis_job_namespace_prefix`` + its id (``queues.place`` reads it inside Lua).
 """
 
 from __future__ import annotations
@@ -230,3 +233,14 @@ def test_a_stop_job_command_marks_the_job_stopped_then_kills_the_horse() -> None
     finally:
         worker.register_death()
         conn.close()
+
+
+def test_a_field_of_our_own_in_a_jobs_hash_survives_rqs_saves() -> None:
+    q = queues.queue("pinned")
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="own-field", priority=2)
+    job = Job.fetch("own-field", connection=q.connection)
+    assert Job.key_for("own-field") == Job.redis_job_namespace_prefix + "own-field"
+    job.set_status(JobStatus.STARTED)
+    job.save()
+    job.save_meta()
+    assert q.connection.hget(job.key, queues.PRIORITY_FIELD) == b"2"

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, overload
 
 import pytest
+from django.conf import settings
 from django.db.models import Sum
 
 from dashboard.infra import queues
@@ -87,7 +88,12 @@ def test_it_plans_every_pending_commit_once_and_enqueues_after_commit() -> None:
     assert sorted(run_ids) == sorted(
         JobRun.objects.filter(kind=JobRun.Kind.ANALYZE).values_list("pk", flat=True)
     )
-    assert len(queues.queue(queue_name(FP)).job_ids) == len(chunks)
+    # The dispatcher's share (docs/scheduling.md#fairness): the first GITWARD_FAIR_WEIGHT
+    # runs go to RQ, the others wait parked in the database.
+    weight = settings.FAIR_WEIGHT
+    runs = list(JobRun.objects.filter(kind=JobRun.Kind.ANALYZE).order_by("pk"))
+    assert queues.queue(queue_name(FP)).job_ids == [r.rq_id() for r in runs[:weight]]
+    assert [r.parked for r in runs] == [False] * weight + [True] * (len(chunks) - weight)
     repo.refresh_from_db()
     assert repo.status == Repository.Status.ANALYZING and repo.head == SHAS[-1]
     assert repo.commits_total == len(SHAS) and repo.fingerprint == FP

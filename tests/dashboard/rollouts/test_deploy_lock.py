@@ -264,7 +264,7 @@ def test_the_cli_drives_a_rollout_and_rolls_it_back(env, tmp_path: Path) -> None
     ("args", "fragment"),
     [
         ((), "arguments are required: action"),
-        (("start",), "one of the arguments --config --set is required"),
+        (("start",), "one of the arguments --config --set --version is required"),
         (("start", "--config", "c.json", "--set", "detect_renames=true"), "not allowed with"),
         (("promote", "seven"), "invalid int value: 'seven'"),
         (("explode",), "invalid choice: 'explode'"),

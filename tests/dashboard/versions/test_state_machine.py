@@ -129,7 +129,7 @@ def _edge_kwargs(src: str, to: str) -> dict:
 #: failure and its retry, the rollback edges (→ draining; draining/drained → current),
 #: drain bookkeeping and retirement, and a rolled-back version rolled out again.
 ALLOWED_EDGES = [
-    (S.REGISTERED, S.WARMING), (S.REGISTERED, S.CURRENT),
+    (S.REGISTERED, S.WARMING), (S.REGISTERED, S.CURRENT), (S.REGISTERED, S.RETIRED),
     (S.WARMING, S.VERIFIED), (S.WARMING, S.WARM_FAILED), (S.WARMING, S.DRAINING),
     (S.WARM_FAILED, S.WARMING), (S.WARM_FAILED, S.DRAINING), (S.WARM_FAILED, S.RETIRED),
     (S.VERIFIED, S.RAMPING), (S.VERIFIED, S.DRAINING),

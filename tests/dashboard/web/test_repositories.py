@@ -112,3 +112,24 @@ def test_a_duplicate_submission_by_the_form_starts_nothing_without_the_permissio
     assert repo.status == Repository.Status.READY
     assert JobRun.objects.filter(repository=repo, kind="sync").count() == 1
     assert not AuditEntry.objects.exists()
+
+
+def test_the_repository_and_run_pages_say_why_they_wait(client: Client, settings) -> None:
+    """docs/scheduling.md#why-is-this-waiting on the pages: the same answer as the API."""
+    from dashboard.runs import attempts, dispatch
+    from tests.dashboard.runs.test_dispatch import repo_with_runs
+
+    settings.FAIR_WEIGHT = 1
+    client.force_login(User.objects.create_superuser("ops", password="pw-ops-12345"))
+    _, ahead = repo_with_runs("ahead", 1)
+    repo, runs = repo_with_runs("behind", 2, status=Repository.Status.ANALYZING)
+    for group in (ahead, runs):
+        for run in dispatch.admit(group):
+            attempts.enqueue_run(run)
+    page = client.get(f"/repos/{repo.pk}/").content.decode()
+    assert 'data-position="2"' in page
+    assert "behind 1 repository in its class (interactive); 1 more of its runs parked" in page
+    run_page = client.get(f"/runs/{runs[1].pk}/").content.decode()
+    assert 'data-position="3"' in run_page and "fair share: 1 of its repository" in run_page
+    body = client.get(f"/api/runs/{runs[1].pk}").json()
+    assert body["waiting"]["position"] == 3 and body["waiting"]["class"] == "interactive"

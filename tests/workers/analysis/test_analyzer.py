@@ -4,6 +4,7 @@ version streams, checked against git's own ``-M`` / ``-w`` / pathspec-excluded o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -27,9 +28,15 @@ from workers.analysis.numstat import CommitRecord
 
 ROOT = Path(__file__).resolve().parents[3]
 
-#: The default fingerprint before the configuration reached git: results stored under
-#: it must stay valid, so it must never change by accident.
-DEFAULT_FINGERPRINT = "01faaf06ff1b8dc2"
+#: The default fingerprint under the code version "1" of the releases before the code
+#: version was derived (and before the configuration reached git): results stored under it
+#: must stay valid, so the formula must never change by accident.
+LEGACY_DEFAULT_FINGERPRINT = "01faaf06ff1b8dc2"
+_DEFAULT_TEXT = '{"detect_renames":false,"exclude_paths":[],"ignore_whitespace":false}'
+#: The default fingerprint of this code, written out by hand from the derived code version.
+DEFAULT_FINGERPRINT = hashlib.sha256(
+    f'{{"code":"{CODE_VERSION}","config":{_DEFAULT_TEXT}}}'.encode()
+).hexdigest()[:16]
 
 # --------------------------------------------------------------------------- config
 
@@ -37,9 +44,8 @@ DEFAULT_FINGERPRINT = "01faaf06ff1b8dc2"
 def test_the_default_config_keeps_its_fingerprint() -> None:
     assert DEFAULT == AnalyzerConfig() == AnalyzerConfig.from_mapping({})
     assert DEFAULT.fingerprint() == DEFAULT_FINGERPRINT
-    assert DEFAULT.canonical_json() == (
-        '{"detect_renames":false,"exclude_paths":[],"ignore_whitespace":false}'
-    )
+    assert DEFAULT.fingerprint(code_version="1") == LEGACY_DEFAULT_FINGERPRINT
+    assert DEFAULT.canonical_json() == _DEFAULT_TEXT
 
 
 @pytest.mark.parametrize(
@@ -470,3 +476,36 @@ def test_an_analyze_job_refuses_a_chunk_of_a_version_its_worker_has_not_loaded(
     assert "not loaded by this worker" in attempt.error and foreign in attempt.error
     assert not Commit.objects.filter(repository=repo, fingerprint=foreign).exists()
     assert Commit.objects.filter(repository=repo, fingerprint=DEFAULT_FINGERPRINT).count() == 3
+
+
+# ---------------------------------------------------------------------------- path_excluded
+
+EXCLUDE_PATHS = [
+    "top.js", "a.min.js", "README.md", "vendor/y.js", "vendor/a/b/x.js", "vendor/a/c.py",
+    "docs/guide/intro.md", "docs/x", "web/js/app.min.js", "web/css/site.css", "src/a.py",
+    "src/ab.py", "src/sub/a.py", "vendors/z.js", "b[1].txt",
+]  # fmt: skip
+EXCLUDE_PATTERNS = [
+    "vendor/*", "vendor", "vendor/", "vendor/**", "*.js", "**/*.js", "vendor/a", "vendor/a*",
+    "vendor/*/b", "vend*", "**/b", "vendor/**/x.js", "**", "v?ndor/y.js", "[tv]op.js",
+    "[!t]op.js", "**/*.min.js", "docs", "*.md", "**/*.md", "web/*/app.min.js", "src/?.py",
+    "src/**/a.py", "src/*", "b\\[1].txt", "a**.js",
+]  # fmt: skip
+
+
+def test_path_excluded_matches_as_git_does(tmp_path: Path) -> None:
+    """Every pattern against every path, compared with what ``git log --numstat --
+    :(exclude,glob)PATTERN`` keeps of one commit adding them all."""
+    from tests.support.gitrepo import GitRepo
+    from workers.analysis.analyzer import path_excluded
+
+    repo = GitRepo.create(tmp_path / "r")
+    repo.commit("all", {p: "x\n" for p in EXCLUDE_PATHS})
+    for pattern in EXCLUDE_PATTERNS:
+        out = repo.git(
+            "log", "-1", "--sparse", "--numstat", "--format=", "-z", "--",
+            f":(exclude,glob){pattern}",
+        )  # fmt: skip
+        kept = {field.split("\t")[-1] for field in out.strip("\n\0").split("\0") if field}
+        ours = {p for p in EXCLUDE_PATHS if not path_excluded(p, [pattern])}
+        assert ours == kept, pattern

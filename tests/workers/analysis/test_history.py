@@ -767,3 +767,25 @@ def test_co_authored_by_trailers_are_read_as_git_parses_them(repo: Repo) -> None
         assert got[paired].co_authors == ("Cy <cy@example.com>", "Dee Long <dee@example.com>")
     renamed = {c.sha: c for c in stream_commits(bare, [paired], config=RENAMES)}[paired]
     assert [(f.path, f.old_path) for f in renamed.files] == [("b.py", "a.py")]
+
+
+def test_renamed_commits_are_the_commits_git_log_reports_a_rename_in(tmp_path: Path) -> None:
+    """Asked of git itself: ``git log -M --diff-filter=R`` over the same history."""
+    from tests.support.gitrepo import GitRepo
+
+    repo = GitRepo.create(tmp_path / "r")
+    body = "".join(f"line {i}\n" for i in range(30))
+    repo.commit("start", {"a.py": body, "R100": "a path named like a status\n"})
+    repo.commit("rename", {"a.py": None, "b.py": body})
+    repo.commit("edit", {"b.py": body + "x\n"})
+    repo.commit("rename a status-like path", {"R100": None, "M": "a path named like a status\n"})
+    repo.commit("copy, no rename", {"c.py": body + "x\n"})
+    repo.commit("replace", {"b.py": None, "d.py": "something else entirely\n"})
+    shas = repo.shas()
+    expected = set(repo.git("log", "-M", "--diff-filter=R", "--format=%H").split())
+    assert len(expected) == 2
+    assert history.renamed_commits(repo.path / ".git", shas) == expected
+    assert history.renamed_commits(repo.path / ".git", shas[:1]) == expected & {shas[0]}
+    assert history.renamed_commits(repo.path / ".git", []) == set()
+    with pytest.raises(HistoryError):
+        history.renamed_commits(repo.path / ".git", ["0" * 40])

@@ -118,6 +118,25 @@ def test_sleep_pauses_then_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert slept == [2.5]
 
 
+def test_perturb_picks_one_key_in_n_and_only_for_its_tag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.runtime.failpoints import altered, perturbs
+
+    keys = [f"{i:040x}" for i in range(4000)]
+    assert not any(perturbs("analyze.perturb", "fp1", k) for k in keys)  # unset
+    monkeypatch.setenv("GITWARD_FAILPOINTS", "analyze.perturb#fp1=perturb:200")
+    assert parse_failpoints("analyze.perturb#fp1=perturb:200") == {
+        "analyze.perturb#fp1": "perturb:200"
+    }
+    chosen = [k for k in keys if perturbs("analyze.perturb", "fp1", k)]
+    assert 5 <= len(chosen) <= 40  # about 1 in 200 of 4000
+    assert chosen == [k for k in keys if perturbs("analyze.perturb", "fp1", k)]  # the same keys
+    assert not any(perturbs("analyze.perturb", "fp2", k) for k in keys)  # another version
+    failpoint("analyze.perturb", "fp1")  # a perturb point does nothing to the process
+    assert altered("analyze.perturb", "fp1") is False  # nor does it alter anything
+    with pytest.raises(ValueError, match="malformed"):
+        parse_failpoints("analyze.perturb=perturb:0")
+
+
 def test_alter_is_the_callers_to_act_on_once_per_claim(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
