@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connection
 
+from dashboard.analytics.aggregates import file_parts
 from dashboard.analytics.rows import Scope, as_instant, directory_ctes, fetch
 from dashboard.models import Commit
 
@@ -53,12 +54,12 @@ def file_hotspots(scope: Scope, *, limit: int = 50) -> list[dict[str, Any]]:
     mid = midpoint(scope)
     if mid is None:
         return []
-    head, params = scope.rows_cte()
+    head, params = file_parts(scope, mid)
     found = fetch(
-        f"WITH {head} SELECT path, COUNT(*), SUM(added + deleted), COUNT(DISTINCT author), "  # noqa: S608
-        "SUM(CASE WHEN at >= %s THEN 1 ELSE 0 END) FROM scoped GROUP BY path "
-        "ORDER BY COUNT(*) DESC, SUM(added + deleted) DESC, path LIMIT %s",
-        [*params, connection.ops.adapt_datetimefield_value(mid), limit],
+        f"WITH {head} SELECT path, SUM(revs), SUM(churn), COUNT(DISTINCT author), "  # noqa: S608
+        "SUM(recent) FROM parts GROUP BY path "
+        "ORDER BY SUM(revs) DESC, SUM(churn) DESC, path LIMIT %s",
+        [*params, limit],
     )
     return _rows(found, "path")
 

@@ -1,0 +1,242 @@
+"""Per-month aggregates of the stored file rows (docs/analytics.md#performance): a window
+is split into the whole UTC calendar months inside it, read from ``MonthAggregate`` rows
+(one per month, path and author), and the edges, read from the stored rows as before.
+A month's aggregates are computed from its stored rows the first time a view needs
+them, and are current while the month's ``MonthStamp`` version is the one they were
+computed at: every write adding or deleting commits of the month bumps it in its own
+transaction (``repositories.bump_months``), so no view ever combines stale aggregates
+with newer stored rows. The month now running, and months after it, are always read from
+the stored rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from dashboard.analytics.rows import Scope, as_instant, fetch
+from dashboard.analytics.window import Window
+from dashboard.models import Commit, FileChange, MonthAggregate, MonthStamp
+
+__all__ = ["Split", "ensure_months", "file_parts", "split"]
+
+
+def month_of(moment: datetime) -> date:
+    """The first day of the UTC month holding ``moment``."""
+    return moment.astimezone(UTC).date().replace(day=1)
+
+
+def next_month(month: date) -> date:
+    return date(month.year + month.month // 12, month.month % 12 + 1, 1)
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A window as runs of whole months (first and last month of each run, both
+    included) read from the aggregates, and the windows between them read from the
+    stored rows; together they cover the window exactly once."""
+
+    runs: tuple[tuple[date, date], ...] = ()
+    raw: tuple[Window, ...] = ()
+
+
+def _first_stored(scope: Scope) -> datetime | None:
+    sql = (
+        f"SELECT MIN(c.committed_at) FROM {Commit._meta.db_table} c "  # noqa: S608
+        "WHERE c.repository_id = %s AND c.fingerprint = %s"
+    )
+    (first,) = fetch(sql, [scope.repo.pk, scope.fingerprint])[0]
+    return None if first is None else as_instant(first)
+
+
+def split(scope: Scope, cut: datetime | None = None) -> Split:
+    """The whole months of the scope's window before the month now running, except the
+    month strictly holding ``cut`` (the hotspots' midpoint: its revisions are split at
+    an instant inside it), and the rest of the window as raw windows."""
+    if not scope.aggregates:
+        return Split((), (scope.window,))
+    start, end = scope.window.start, scope.window.end
+    lo = start or _first_stored(scope)
+    if lo is None:
+        return Split((), (scope.window,))
+    first = month_of(lo) if _midnight(month_of(lo)) == lo else next_month(month_of(lo))
+    limit = month_of(timezone.now())  # the month now running is never aggregated
+    months = []
+    month = first
+    while month < limit and (end is None or _midnight(next_month(month)) <= end):
+        if not (cut is not None and _midnight(month) < cut < _midnight(next_month(month))):
+            months.append(month)
+        month = next_month(month)
+    runs: list[tuple[date, date]] = []
+    for m in months:
+        if runs and next_month(runs[-1][1]) == m:
+            runs[-1] = (runs[-1][0], m)
+        else:
+            runs.append((m, m))
+    if not runs:
+        return Split((), (scope.window,))
+    raw: list[Window] = []
+    edge = start
+    for a, b in runs:
+        if edge is None or edge < _midnight(a):
+            raw.append(Window(edge, _midnight(a)))
+        edge = _midnight(next_month(b))
+    after = _midnight(next_month(runs[-1][1]))
+    if end is None or after < end:
+        raw.append(Window(after, end))
+    return Split(tuple(runs), tuple(raw))
+
+
+def _months(runs: tuple[tuple[date, date], ...]) -> list[date]:
+    out = []
+    for a, b in runs:
+        m = a
+        while m <= b:
+            out.append(m)
+            m = next_month(m)
+    return out
+
+
+def _compute(scope: Scope, month: date) -> None:
+    """Compute one month's aggregates from its stored rows, unless they are current.
+
+    Race: two readers computing the same month, and a write of the month's commits.
+    The stamp row is created if missing (a concurrent creation is ignored by ON CONFLICT
+    DO NOTHING) and then locked (PostgreSQL FOR UPDATE; SQLite's IMMEDIATE transaction
+    holds the database's write lock): the second reader waits, then finds them current
+    and does nothing. A write bumps the stamp under the same lock (``bump_months``):
+    committed before our lock, its rows are seen by the INSERT … SELECT below (a later
+    statement); committed after, it leaves ``version`` above ``aggregated``, and the next
+    reader computes the month again."""
+    repo_id, fp = scope.repo.pk, scope.fingerprint
+    ops = connection.ops
+    stamps = connection.ops.quote_name(MonthStamp._meta.db_table)
+    aggs = connection.ops.quote_name(MonthAggregate._meta.db_table)
+    day = ops.adapt_datefield_value(month)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {stamps} (repository_id, fingerprint, month, version) "  # noqa: S608
+                "VALUES (%s, %s, %s, 0) ON CONFLICT (repository_id, fingerprint, month) "
+                "DO NOTHING",
+                [repo_id, fp, day],
+            )
+        stamp = (
+            MonthStamp.objects.select_for_update()
+            .filter(repository_id=repo_id, fingerprint=fp, month=month)
+            .values_list("version", "aggregated")
+            .get()
+        )
+        version, aggregated = stamp
+        if aggregated == version:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {aggs} WHERE repository_id = %s AND fingerprint = %s "  # noqa: S608
+                "AND month = %s",
+                [repo_id, fp, day],
+            )
+            cursor.execute(
+                f"INSERT INTO {aggs} (repository_id, fingerprint, month, path, "  # noqa: S608
+                "author_canonical_email, author_canonical_name, revisions, added, deleted, "
+                "last_at) SELECT %s, %s, %s, f.path, c.author_canonical_email, "
+                "c.author_canonical_name, COUNT(*), SUM(f.added), SUM(f.deleted), "
+                f"MAX(c.committed_at) FROM {Commit._meta.db_table} c "
+                f"JOIN {FileChange._meta.db_table} f ON f.commit_id = c.id "
+                "WHERE c.repository_id = %s AND c.fingerprint = %s AND c.is_merge = %s "
+                "AND c.committed_at >= %s AND c.committed_at < %s "
+                "GROUP BY f.path, c.author_canonical_email, c.author_canonical_name",
+                [
+                    repo_id,
+                    fp,
+                    day,
+                    repo_id,
+                    fp,
+                    False,
+                    ops.adapt_datetimefield_value(_midnight(month)),
+                    ops.adapt_datetimefield_value(_midnight(next_month(month))),
+                ],
+            )
+        MonthStamp.objects.filter(repository_id=repo_id, fingerprint=fp, month=month).update(
+            aggregated=version
+        )
+
+
+def ensure_months(scope: Scope, runs: tuple[tuple[date, date], ...]) -> int:
+    """Make the aggregates of every month of ``runs`` current; returns how many months
+    were computed. One query finds the months that are; each other month is computed
+    in its own short transaction (``_compute``)."""
+    if not runs:
+        return 0
+    months = _months(runs)
+    current = set(
+        MonthStamp.objects.filter(
+            repository_id=scope.repo.pk,
+            fingerprint=scope.fingerprint,
+            month__gte=months[0],
+            month__lte=months[-1],
+            aggregated=F("version"),
+        ).values_list("month", flat=True)
+    )
+    missing = [m for m in months if m not in current]
+    for month in missing:
+        _compute(scope, month)
+    return len(missing)
+
+
+def file_parts(scope: Scope, cut: datetime | None = None) -> tuple[str, list[Any]]:
+    """``parts(path, author, revs, churn, recent, at)``: a CTE body (without WITH) of the
+    scope's file rows, per path and author for the whole months (from the aggregates)
+    and per row for the rest (from the stored rows): ``revs``, ``churn`` and ``recent``
+    (the revisions at or after ``cut``) summed over it equal those of the stored rows,
+    ``at`` its last change. The lens filters both alike: paths by ``path``, bots by the
+    author's canonical name and e-mail, people through the identity map."""
+    parts = split(scope, cut)
+    ensure_months(scope, parts.runs)
+    ops = connection.ops
+    cut_at = cut or datetime.max.replace(tzinfo=UTC)
+    selects: list[str] = []
+    params: list[Any] = []
+    if parts.runs:
+        author = scope.lens.person_sql("a.author_canonical_email")
+        months = " OR ".join("(a.month >= %s AND a.month <= %s)" for _ in parts.runs)
+        where = f"a.repository_id = %s AND a.fingerprint = %s AND ({months})"
+        where_params: list[Any] = [scope.repo.pk, scope.fingerprint]
+        for a, b in parts.runs:
+            where_params += [ops.adapt_datefield_value(a), ops.adapt_datefield_value(b)]
+        if "bots" in scope.lens.exclude:
+            where += " AND NOT " + scope.lens.bot_sql(
+                "a.author_canonical_name", "a.author_canonical_email"
+            )
+        files, file_params = scope.file_filter("a")
+        # A whole month is at or after ``cut`` when it starts there: ``split`` left out
+        # the month strictly holding it.
+        cut_month = cut_at.date() if cut is not None else date.max
+        selects.append(
+            f"SELECT a.path AS path, {author} AS author, a.revisions AS revs, "  # noqa: S608
+            "a.added + a.deleted AS churn, "
+            "CASE WHEN a.month >= %s THEN a.revisions ELSE 0 END AS recent, a.last_at AS at "
+            f"FROM {MonthAggregate._meta.db_table} a WHERE {where}{files}"
+        )
+        params += [ops.adapt_datefield_value(cut_month), *where_params, *file_params]
+    for window in parts.raw:
+        sub = scope.within(window)
+        where, where_params = sub.commit_filter()
+        files, file_params = sub.file_filter()
+        selects.append(
+            f"SELECT f.path AS path, {sub.author()} AS author, 1 AS revs, "  # noqa: S608
+            "f.added + f.deleted AS churn, "
+            "CASE WHEN c.committed_at >= %s THEN 1 ELSE 0 END AS recent, c.committed_at AS at "
+            f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
+            f"ON f.commit_id = c.id WHERE {where}{files}"
+        )
+        params += [ops.adapt_datetimefield_value(cut_at), *where_params, *file_params]
+    return "parts AS (" + " UNION ALL ".join(selects) + ")", params
