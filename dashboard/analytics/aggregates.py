@@ -1,12 +1,14 @@
 """Per-month aggregates of the stored file rows (docs/analytics.md#performance): a window
-is split into the whole UTC calendar months inside it, read from ``MonthAggregate`` rows
-(one per month, path and author), and the edges, read from the stored rows as before.
+is split into the whole UTC calendar years and months inside it, read from ``MonthAggregate``
+rows (one per year or month, path and author), and the edges, read from the stored rows as
+before.
 A month's aggregates are computed from its stored rows the first time a view needs
 them, and are current while the month's ``MonthStamp`` version is the one they were
 computed at: every write adding or deleting commits of the month bumps it in its own
 transaction (``repositories.bump_months``), so no view ever combines stale aggregates
-with newer stored rows. The month now running, and months after it, are always read from
-the stored rows."""
+with newer stored rows. A year's aggregates are current while the sum of its twelve
+month versions is the one they were computed at. The month now running, and months after
+it, are always read from the stored rows."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from dashboard.analytics.rows import Scope, as_instant, fetch
 from dashboard.analytics.window import Window
 from dashboard.models import Commit, FileChange, MonthAggregate, MonthStamp
 
-__all__ = ["Split", "ensure_months", "file_parts", "split"]
+__all__ = ["Split", "ensure_months", "ensure_years", "file_parts", "split"]
 
 
 def month_of(moment: datetime) -> date:
@@ -40,12 +42,14 @@ def _midnight(day: date) -> datetime:
 
 @dataclass(frozen=True)
 class Split:
-    """A window as runs of whole months (first and last month of each run, both
-    included) read from the aggregates, and the windows between them read from the
-    stored rows; together they cover the window exactly once."""
+    """A window as whole calendar years (their Januaries) and runs of whole months
+    (first and last month of each run, both included, none in those years) read from
+    the aggregates, and the windows between them read from the stored rows; together
+    they cover the window exactly once."""
 
     runs: tuple[tuple[date, date], ...] = ()
     raw: tuple[Window, ...] = ()
+    years: tuple[date, ...] = ()
 
 
 def _first_stored(scope: Scope) -> datetime | None:
@@ -60,7 +64,8 @@ def _first_stored(scope: Scope) -> datetime | None:
 def split(scope: Scope, cut: datetime | None = None) -> Split:
     """The whole months of the scope's window before the month now running, except the
     month strictly holding ``cut`` (the hotspots' midpoint: its revisions are split at
-    an instant inside it), and the rest of the window as raw windows."""
+    an instant inside it), as whole years where all twelve months of one are there and
+    as months otherwise; and the rest of the window as raw windows."""
     if not scope.aggregates:
         return Split((), (scope.window,))
     start, end = scope.window.start, scope.window.end
@@ -83,6 +88,23 @@ def split(scope: Scope, cut: datetime | None = None) -> Split:
             runs.append((m, m))
     if not runs:
         return Split((), (scope.window,))
+    whole = set(months)
+    years = tuple(
+        sorted(
+            {
+                m
+                for m in months
+                if m.month == 1 and all(m.replace(month=k) in whole for k in range(2, 13))
+            }
+        )
+    )
+    rest = [m for m in months if m.replace(month=1) not in years]
+    month_runs: list[tuple[date, date]] = []
+    for m in rest:
+        if month_runs and next_month(month_runs[-1][1]) == m:
+            month_runs[-1] = (month_runs[-1][0], m)
+        else:
+            month_runs.append((m, m))
     raw: list[Window] = []
     edge = start
     for a, b in runs:
@@ -92,7 +114,7 @@ def split(scope: Scope, cut: datetime | None = None) -> Split:
     after = _midnight(next_month(runs[-1][1]))
     if end is None or after < end:
         raw.append(Window(after, end))
-    return Split(tuple(runs), tuple(raw))
+    return Split(tuple(month_runs), tuple(raw), years)
 
 
 def _months(runs: tuple[tuple[date, date], ...]) -> list[date]:
@@ -141,33 +163,112 @@ def _compute(scope: Scope, month: date) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"DELETE FROM {aggs} WHERE repository_id = %s AND fingerprint = %s "  # noqa: S608
-                "AND month = %s",
+                "AND span = 1 AND month = %s",
                 [repo_id, fp, day],
             )
-            cursor.execute(
-                f"INSERT INTO {aggs} (repository_id, fingerprint, month, path, "  # noqa: S608
-                "author_canonical_email, author_canonical_name, revisions, added, deleted, "
-                "last_at) SELECT %s, %s, %s, f.path, c.author_canonical_email, "
-                "c.author_canonical_name, COUNT(*), SUM(f.added), SUM(f.deleted), "
-                f"MAX(c.committed_at) FROM {Commit._meta.db_table} c "
-                f"JOIN {FileChange._meta.db_table} f ON f.commit_id = c.id "
-                "WHERE c.repository_id = %s AND c.fingerprint = %s AND c.is_merge = %s "
-                "AND c.committed_at >= %s AND c.committed_at < %s "
-                "GROUP BY f.path, c.author_canonical_email, c.author_canonical_name",
-                [
-                    repo_id,
-                    fp,
-                    day,
-                    repo_id,
-                    fp,
-                    False,
-                    ops.adapt_datetimefield_value(_midnight(month)),
-                    ops.adapt_datetimefield_value(_midnight(next_month(month))),
-                ],
-            )
+            _insert(cursor, scope, 1, month, next_month(month))
         MonthStamp.objects.filter(repository_id=repo_id, fingerprint=fp, month=month).update(
             aggregated=version
         )
+
+
+def _compute_year(scope: Scope, january: date) -> None:
+    """Compute one calendar year's aggregates from its stored rows, unless they are
+    current (the sum of its month versions is the one recorded on its January).
+
+    Race: as ``_compute``, over the year's twelve stamp rows: created if missing, then
+    locked in ascending month order (a writer bumps its months in ascending order too,
+    ``bump_months``, so the two never wait on each other in a cycle). A write committed
+    before the lock is in the rows read below; one committed after raises a month's
+    version, hence the sum, and the next reader computes the year again."""
+    repo_id, fp = scope.repo.pk, scope.fingerprint
+    ops = connection.ops
+    stamps = ops.quote_name(MonthStamp._meta.db_table)
+    aggs = ops.quote_name(MonthAggregate._meta.db_table)
+    months = [january.replace(month=k) for k in range(1, 13)]
+    day = ops.adapt_datefield_value(january)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"INSERT INTO {stamps} (repository_id, fingerprint, month, version) "  # noqa: S608
+                "VALUES (%s, %s, %s, 0) ON CONFLICT (repository_id, fingerprint, month) "
+                "DO NOTHING",
+                [(repo_id, fp, ops.adapt_datefield_value(m)) for m in months],
+            )
+        locked = list(
+            MonthStamp.objects.select_for_update()
+            .filter(repository_id=repo_id, fingerprint=fp, month__in=months)
+            .order_by("month")
+            .values_list("version", "year_aggregated")
+        )
+        total = sum(version for version, _ in locked)
+        if locked[0][1] == total:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {aggs} WHERE repository_id = %s AND fingerprint = %s "  # noqa: S608
+                "AND span = 12 AND month = %s",
+                [repo_id, fp, day],
+            )
+            _insert(cursor, scope, 12, january, next_year(january))
+        MonthStamp.objects.filter(repository_id=repo_id, fingerprint=fp, month=january).update(
+            year_aggregated=total
+        )
+
+
+def next_year(january: date) -> date:
+    return january.replace(year=january.year + 1)
+
+
+def _insert(cursor: Any, scope: Scope, span: int, first: date, after: date) -> None:
+    """INSERT … SELECT the aggregates of ``[first, after)`` from the stored rows."""
+    ops = connection.ops
+    aggs = ops.quote_name(MonthAggregate._meta.db_table)
+    cursor.execute(
+        f"INSERT INTO {aggs} (repository_id, fingerprint, span, month, path, "  # noqa: S608
+        "author_canonical_email, author_canonical_name, revisions, added, deleted, "
+        "last_at) SELECT %s, %s, %s, %s, f.path, c.author_canonical_email, "
+        "c.author_canonical_name, COUNT(*), SUM(f.added), SUM(f.deleted), "
+        f"MAX(c.committed_at) FROM {Commit._meta.db_table} c "
+        f"JOIN {FileChange._meta.db_table} f ON f.commit_id = c.id "
+        "WHERE c.repository_id = %s AND c.fingerprint = %s AND c.is_merge = %s "
+        "AND c.committed_at >= %s AND c.committed_at < %s "
+        "GROUP BY f.path, c.author_canonical_email, c.author_canonical_name",
+        [
+            scope.repo.pk,
+            scope.fingerprint,
+            span,
+            ops.adapt_datefield_value(first),
+            scope.repo.pk,
+            scope.fingerprint,
+            False,
+            ops.adapt_datetimefield_value(_midnight(first)),
+            ops.adapt_datetimefield_value(_midnight(after)),
+        ],
+    )
+
+
+def ensure_years(scope: Scope, years: tuple[date, ...]) -> int:
+    """Make the aggregates of every year of ``years`` current; returns how many years
+    were computed (one query reads their months' stamps)."""
+    if not years:
+        return 0
+    found: dict[date, list[tuple[date, int, int | None]]] = {}
+    for month, version, year_aggregated in MonthStamp.objects.filter(
+        repository_id=scope.repo.pk,
+        fingerprint=scope.fingerprint,
+        month__gte=years[0],
+        month__lt=next_year(years[-1]),
+    ).values_list("month", "version", "year_aggregated"):
+        found.setdefault(month.replace(month=1), []).append((month, version, year_aggregated))
+    computed = 0
+    for january in years:
+        rows = sorted(found.get(january, []))
+        if len(rows) == 12 and rows[0][2] == sum(version for _, version, _ in rows):
+            continue
+        _compute_year(scope, january)
+        computed += 1
+    return computed
 
 
 def ensure_months(scope: Scope, runs: tuple[tuple[date, date], ...]) -> int:
@@ -201,24 +302,29 @@ def file_parts(scope: Scope, cut: datetime | None = None) -> tuple[str, list[Any
     author's canonical name and e-mail, people through the identity map."""
     parts = split(scope, cut)
     ensure_months(scope, parts.runs)
+    ensure_years(scope, parts.years)
     ops = connection.ops
     cut_at = cut or datetime.max.replace(tzinfo=UTC)
     selects: list[str] = []
     params: list[Any] = []
-    if parts.runs:
+    if parts.runs or parts.years:
         author = scope.lens.person_sql("a.author_canonical_email")
-        months = " OR ".join("(a.month >= %s AND a.month <= %s)" for _ in parts.runs)
-        where = f"a.repository_id = %s AND a.fingerprint = %s AND ({months})"
+        buckets = ["(a.span = 1 AND a.month >= %s AND a.month <= %s)" for _ in parts.runs]
         where_params: list[Any] = [scope.repo.pk, scope.fingerprint]
         for a, b in parts.runs:
             where_params += [ops.adapt_datefield_value(a), ops.adapt_datefield_value(b)]
+        if parts.years:
+            marks = ", ".join(["%s"] * len(parts.years))
+            buckets.append(f"(a.span = 12 AND a.month IN ({marks}))")
+            where_params += [ops.adapt_datefield_value(y) for y in parts.years]
+        where = f"a.repository_id = %s AND a.fingerprint = %s AND ({' OR '.join(buckets)})"
         if "bots" in scope.lens.exclude:
             where += " AND NOT " + scope.lens.bot_sql(
                 "a.author_canonical_name", "a.author_canonical_email"
             )
         files, file_params = scope.file_filter("a")
-        # A whole month is at or after ``cut`` when it starts there: ``split`` left out
-        # the month strictly holding it.
+        # A whole month or year is at or after ``cut`` when it starts there: ``split``
+        # left out the month strictly holding it, and so its year.
         cut_month = cut_at.date() if cut is not None else date.max
         selects.append(
             f"SELECT a.path AS path, {author} AS author, a.revisions AS revs, "  # noqa: S608

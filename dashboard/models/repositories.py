@@ -379,6 +379,10 @@ class MonthStamp(models.Model):
     month = models.DateField()  # its first day
     version = models.BigIntegerField(default=0, db_default=0)  # raw upserts omit it
     aggregated = models.BigIntegerField(null=True, blank=True)
+    #: On a January's stamp: the sum of its year's twelve month versions when the year's
+    #: aggregates (``MonthAggregate.span`` 12) were computed. Versions only grow, so the
+    #: year's rows are current exactly while the sum is unchanged.
+    year_aggregated = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -389,8 +393,8 @@ class MonthStamp(models.Model):
 
 
 class MonthAggregate(models.Model):
-    """The non-merge file rows of one month of one (repository, fingerprint), summed per
-    path and author (docs/analytics.md#performance): what the file views need of a whole
+    """The non-merge file rows of one month (or one calendar year) of one (repository,
+    fingerprint), summed per path and author (docs/analytics.md#performance): what the file views need of a whole
     month, kept with the path and the author's canonical identity so that a lens filters
     these rows as it filters the stored ones."""
 
@@ -398,6 +402,8 @@ class MonthAggregate(models.Model):
         Repository, on_delete=models.CASCADE, related_name="+", db_index=False
     )
     fingerprint = models.CharField(max_length=64)
+    #: 1: the rows of ``month``; 12: of the calendar year ``month`` (a January) starts.
+    span = models.SmallIntegerField(default=1)
     month = models.DateField()
     path = models.TextField()
     author_canonical_email = models.TextField()
@@ -410,6 +416,7 @@ class MonthAggregate(models.Model):
     class Meta:
         indexes = [
             models.Index(
-                fields=["repository", "fingerprint", "month"], name="monthagg_repo_fp_month_idx"
+                fields=["repository", "fingerprint", "span", "month"],
+                name="monthagg_repo_fp_month_idx",
             )
         ]

@@ -32,7 +32,7 @@ START = 1_700_000_000  # 2023-11-14
 
 
 def build_months(path: Path) -> GitRepo:
-    """About eight months of commits, some days apart: several per month, by several
+    """About sixteen months of commits (2024 whole), some days apart: several per month, by several
     authors (a bot and a ``.mailmap`` alias among them), over lens files and plain ones
     at several depths."""
     repo = GitRepo.create(path)
@@ -49,7 +49,7 @@ def build_months(path: Path) -> GitRepo:
         "static/app.min.js",
         "README.md",
     ]
-    for i in range(40):
+    for i in range(80):
         repo.clock += 5 * DAY + 3 * 3600 * (i % 5)
         touched = {files[(i * k + i // 3) % len(files)] for k in (1, 3, 5)[: 1 + i % 3]}
         repo.commit(
@@ -65,7 +65,7 @@ def at(day: date) -> datetime:
 
 
 FIRST = datetime.fromtimestamp(START, UTC).date()
-DAYS = st.integers(min_value=-20, max_value=260)
+DAYS = st.integers(min_value=-20, max_value=520)
 
 
 def windows() -> st.SearchStrategy[Window]:
@@ -122,26 +122,40 @@ def test_the_aggregates_equal_the_stored_rows_through_backfills_and_rewrites(
     choices = lenses(repo, fp)
     whole = Scope.of(repo, Window())
     parts = split(whole)
-    assert parts.runs, "the whole history holds whole months"
+    assert parts.runs and date(2024, 1, 1) in parts.years, parts
     check_equal(repo, choices)
-    file_hotspots(whole)  # every whole month computed
-    assert MonthAggregate.objects.filter(repository=repo).exists()
-    old = date(2023, 12, 1)
+    file_hotspots(whole)  # every whole month and year computed
+    assert MonthAggregate.objects.filter(repository=repo, span=1).exists()
+    assert MonthAggregate.objects.filter(repository=repo, span=12).exists()
+    old, january = date(2023, 12, 1), date(2024, 1, 1)
     before = MonthStamp.objects.get(repository=repo, fingerprint=fp, month=old)
     assert before.aggregated == before.version
 
-    # A backfill: a new commit whose committer date is in an old, aggregated month.
-    origin.clock = int(at(date(2023, 12, 20)).timestamp())
-    origin.commit("late fix", {"src/lib.py": "fixed\n", "README.md": "late\n"}, author=CY)
+    def year_sum() -> tuple[int | None, int]:
+        year = list(MonthStamp.objects.filter(repository=repo, fingerprint=fp, month__year=2024))
+        recorded = next(s.year_aggregated for s in year if s.month == january)
+        return recorded, sum(s.version for s in year)
+
+    recorded, versions = year_sum()
+    assert recorded == versions
+
+    # Backfills: new commits whose committer dates are in an old month and in an old
+    # year, both aggregated.
+    for day in (date(2023, 12, 20), date(2024, 3, 9)):
+        origin.clock = int(at(day).timestamp())
+        origin.commit(
+            f"late fix {day}", {"src/lib.py": f"{day}\n", "README.md": "late\n"}, author=CY
+        )
     submit_repository(url=str(origin.path))
     run_workers()
     stamp = MonthStamp.objects.get(repository=repo, fingerprint=fp, month=old)
     assert stamp.version == before.version + 1 and stamp.aggregated == before.aggregated
+    assert year_sum() == (recorded, versions + 1)
     late = Scope.of(repo, Window(at(old), at(date(2024, 1, 1))))
     assert "src/lib.py" in {r["path"] for r in file_hotspots(late, limit=100)}
     check_equal(repo, choices)
 
-    # A rewrite: the branch moved back four commits (the backfill among them).
+    # A rewrite: the branch moved back four commits (the backfills among them).
     stored = Commit.objects.filter(repository=repo, fingerprint=fp).count()
     origin.git("reset", "--hard", "-q", "HEAD~4")
     submit_repository(url=str(origin.path))
