@@ -27,6 +27,11 @@ from dashboard.models import Commit, FileChange, MonthAggregate, MonthStamp
 __all__ = ["Split", "ensure_months", "ensure_years", "file_parts", "split"]
 
 
+#: A request that computed this many months and years at once refreshes the aggregate
+#: table's statistics (PostgreSQL).
+ANALYZE_AFTER = 12
+
+
 def month_of(moment: datetime) -> date:
     """The first day of the UTC month holding ``moment``."""
     return moment.astimezone(UTC).date().replace(day=1)
@@ -301,8 +306,14 @@ def file_parts(scope: Scope, cut: datetime | None = None) -> tuple[str, list[Any
     ``at`` its last change. The lens filters both alike: paths by ``path``, bots by the
     author's canonical name and e-mail, people through the identity map."""
     parts = split(scope, cut)
-    ensure_months(scope, parts.runs)
-    ensure_years(scope, parts.years)
+    computed = ensure_months(scope, parts.runs) + ensure_years(scope, parts.years)
+    if computed >= ANALYZE_AFTER and connection.vendor == "postgresql":
+        # Statistics for the rows just written: until autovacuum's next ANALYZE, the
+        # planner would take a table that grew from nothing at once for nearly empty
+        # and sort every aggregate row to group them (measured: ×2 on a 1,000,000-
+        # commit history). ANALYZE reads a sample and blocks neither reads nor writes.
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {connection.ops.quote_name(MonthAggregate._meta.db_table)}")
     ops = connection.ops
     cut_at = cut or datetime.max.replace(tzinfo=UTC)
     selects: list[str] = []
