@@ -70,7 +70,7 @@ def split(scope: Scope, cut: datetime | None = None) -> Split:
     """The whole months of the scope's window before the month now running, except the
     month strictly holding ``cut`` (the hotspots' midpoint: its revisions are split at
     an instant inside it), as whole years where all twelve months of one are there and
-    as months otherwise; and the rest of the window as raw windows."""
+    ``cut`` is not inside it, and as months otherwise; and the rest of the window as raw windows."""
     if not scope.aggregates:
         return Split((), (scope.window,))
     start, end = scope.window.start, scope.window.end
@@ -99,7 +99,10 @@ def split(scope: Scope, cut: datetime | None = None) -> Split:
             {
                 m
                 for m in months
-                if m.month == 1 and all(m.replace(month=k) in whole for k in range(2, 13))
+                if m.month == 1
+                and all(m.replace(month=k) in whole for k in range(2, 13))
+                # a cut on a month's first midnight inside the year splits it too
+                and not (cut is not None and _midnight(m) < cut < _midnight(next_year(m)))
             }
         )
     )
