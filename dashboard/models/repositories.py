@@ -394,9 +394,9 @@ class MonthStamp(models.Model):
 
 class MonthAggregate(models.Model):
     """The non-merge file rows of one month (or one calendar year) of one (repository,
-    fingerprint), summed per path and author (docs/analytics.md#performance): what the file views need of a whole
-    month, kept with the path and the author's canonical identity so that a lens filters
-    these rows as it filters the stored ones."""
+    fingerprint), summed per path and author (docs/analytics.md#performance): what the
+    file views need of a whole month or year, kept with the path and the author's
+    canonical identity so that a lens filters these rows as it filters the stored ones."""
 
     repository = models.ForeignKey(
         Repository, on_delete=models.CASCADE, related_name="+", db_index=False

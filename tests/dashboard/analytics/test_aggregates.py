@@ -43,7 +43,7 @@ def build_months(path: Path) -> GitRepo:
         "src/app/main.py",
         "src/app/util.py",
         "src/lib.py",
-        "docs/guide.md",
+        "manual/guide.md",
         "node_modules/x/index.js",
         "package-lock.json",
         "static/app.min.js",
