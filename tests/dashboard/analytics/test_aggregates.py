@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from dashboard.analytics.age import file_age
 from dashboard.analytics.aggregates import split
-from dashboard.analytics.hotspots import file_hotspots
+from dashboard.analytics.hotspots import file_hotspots, midpoint
 from dashboard.analytics.lenses import Lens, build_lens
 from dashboard.analytics.rows import Scope
 from dashboard.analytics.window import Window
@@ -24,6 +25,7 @@ from dashboard.models import Commit, MonthAggregate, MonthStamp
 from dashboard.repositories.lifecycle import submit_repository
 from tests.conftest import run_workers
 from tests.support.analytics_history import ADA, BOB, BOB_OLD, BOT, CY, DAY, analysed
+from tests.support.checked_threads import CheckedThread
 from tests.support.gitrepo import GitRepo
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -167,3 +169,36 @@ def test_the_aggregates_equal_the_stored_rows_through_backfills_and_rewrites(
         stamp.version + 1
     )
     check_equal(repo, choices)
+
+
+def test_readers_computing_the_same_months_at_once_store_them_once(tmp_path: Path) -> None:
+    """Four readers of a cold history at once: each gets the numbers of the stored
+    rows, and every month and year is stored once (the stamp row lock serializes
+    them; the later ones find the aggregates current)."""
+    from django.db import connection
+
+    repo = analysed(build_months(tmp_path / "origin"))
+    whole = Scope.of(repo, Window())
+    want = file_hotspots(dataclasses.replace(whole, aggregates=False), limit=10_000)
+    assert not MonthAggregate.objects.filter(repository=repo).exists()
+    barrier = threading.Barrier(4)
+    got: list[list] = []
+
+    def read() -> None:
+        try:
+            barrier.wait()
+            got.append(file_hotspots(whole, limit=10_000))
+        finally:
+            connection.close()
+
+    threads = [CheckedThread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [want] * 4
+    stored = MonthAggregate.objects.filter(repository=repo)
+    keys = list(stored.values_list("span", "month", "path", "author_canonical_email"))
+    assert len(keys) == len(set(keys))
+    parts = split(whole, midpoint(whole))
+    assert parts.years and {m for s, m, *_ in keys if s == 12} == set(parts.years)
