@@ -28,7 +28,7 @@ from tests.support.analytics_history import ADA, BOB, BOB_OLD, BOT, CY, DAY, ana
 from tests.support.checked_threads import CheckedThread
 from tests.support.gitrepo import GitRepo
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 START = 1_700_000_000  # 2023-11-14
 
