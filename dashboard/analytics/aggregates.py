@@ -55,6 +55,8 @@ class Split:
     runs: tuple[tuple[date, date], ...] = ()
     raw: tuple[Window, ...] = ()
     years: tuple[date, ...] = ()
+    #: The month of ``runs`` strictly holding the cut, if one does.
+    cut_month: date | None = None
 
 
 def _first_stored(scope: Scope) -> datetime | None:
@@ -67,10 +69,10 @@ def _first_stored(scope: Scope) -> datetime | None:
 
 
 def split(scope: Scope, cut: datetime | None = None) -> Split:
-    """The whole months of the scope's window before the month now running, except the
-    month strictly holding ``cut`` (the hotspots' midpoint: its revisions are split at
-    an instant inside it), as whole years where all twelve months of one are there and
-    ``cut`` is not inside it, and as months otherwise; and the rest of the window as raw windows."""
+    """The whole months of the scope's window before the month now running, as whole
+    years where all twelve months of one are there and ``cut`` (the hotspots' midpoint)
+    is not inside it, and as months otherwise (``cut_month``: the one strictly holding
+    ``cut``); and the rest of the window as raw windows."""
     if not scope.aggregates:
         return Split((), (scope.window,))
     start, end = scope.window.start, scope.window.end
@@ -81,9 +83,11 @@ def split(scope: Scope, cut: datetime | None = None) -> Split:
     limit = month_of(timezone.now())  # the month now running is never aggregated
     months = []
     month = first
+    cut_month = None
     while month < limit and (end is None or _midnight(next_month(month)) <= end):
-        if not (cut is not None and _midnight(month) < cut < _midnight(next_month(month))):
-            months.append(month)
+        if cut is not None and _midnight(month) < cut < _midnight(next_month(month)):
+            cut_month = month
+        months.append(month)
         month = next_month(month)
     runs: list[tuple[date, date]] = []
     for m in months:
@@ -122,7 +126,7 @@ def split(scope: Scope, cut: datetime | None = None) -> Split:
     after = _midnight(next_month(runs[-1][1]))
     if end is None or after < end:
         raw.append(Window(after, end))
-    return Split(tuple(month_runs), tuple(raw), years)
+    return Split(tuple(month_runs), tuple(raw), years, cut_month)
 
 
 def _months(runs: tuple[tuple[date, date], ...]) -> list[date]:
@@ -337,9 +341,19 @@ def file_parts(scope: Scope, cut: datetime | None = None) -> tuple[str, list[Any
                 "a.author_canonical_name", "a.author_canonical_email"
             )
         files, file_params = scope.file_filter("a")
-        # A whole month or year is at or after ``cut`` when it starts there: ``split``
-        # left out the month strictly holding it, and so its year.
+        # A whole month or year is at or after ``cut`` when it starts there, except the
+        # month strictly holding it (``split`` read its year as months): that month
+        # counts as recent or not, whichever half of it is the shorter, and that half's
+        # stored rows correct it below by -1 or +1 (the same rows, so their authors and
+        # last change are already in the month's: only ``recent`` moves).
         cut_month = cut_at.date() if cut is not None else date.max
+        correction: tuple[Window, int] | None = None
+        if cut is not None and parts.cut_month is not None:
+            first, after = _midnight(parts.cut_month), _midnight(next_month(parts.cut_month))
+            if cut - first <= after - cut:
+                cut_month, correction = parts.cut_month, (Window(first, cut), -1)
+            else:
+                cut_month, correction = next_month(parts.cut_month), (Window(cut, after), 1)
         selects.append(
             f"SELECT a.path AS path, {author} AS author, a.revisions AS revs, "  # noqa: S608
             "a.added + a.deleted AS churn, "
@@ -347,6 +361,17 @@ def file_parts(scope: Scope, cut: datetime | None = None) -> tuple[str, list[Any
             f"FROM {MonthAggregate._meta.db_table} a WHERE {where}{files}"
         )
         params += [ops.adapt_datefield_value(cut_month), *where_params, *file_params]
+        if correction is not None:
+            sub = scope.within(correction[0])
+            where, where_params = sub.commit_filter()
+            files, file_params = sub.file_filter()
+            selects.append(
+                f"SELECT f.path AS path, {sub.author()} AS author, 0 AS revs, "  # noqa: S608
+                f"0 AS churn, {int(correction[1])} AS recent, c.committed_at AS at "
+                f"FROM {Commit._meta.db_table} c JOIN {FileChange._meta.db_table} f "
+                f"ON f.commit_id = c.id WHERE {where}{files}"
+            )
+            params += [*where_params, *file_params]
     for window in parts.raw:
         sub = scope.within(window)
         where, where_params = sub.commit_filter()
