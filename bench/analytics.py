@@ -22,14 +22,32 @@ leave them out).
 
     .venv/bin/python bench/analytics.py [--commits 12000] [--rounds 7] [--pydriller 3000]
         [--database-url postgres://postgres@127.0.0.1:5432/gw_analytics_bench]
+
+``--seeded`` (with ``--commits 1000000``) stores a synthetic history directly instead, as
+``bench/pages.py`` does (SQLite ``executemany``, PostgreSQL ``COPY``, in batches): one
+non-merge commit every 8 minutes from 2005 (1,000,000 commits: 15 years, 182 months), every
+40th a merge, 200 authors with a skewed share of the commits, each working mostly in 3 of
+40 directories, 1 to 40 files a commit (2.7 on average) with a few hot files per
+directory. Each view is timed over the whole history, the last 365 and 90 days and a
+window inside the history not aligned on months, ``--rounds`` times after one warm-up
+(median and p95, ms); the views not served from the per-month aggregates
+(docs/analytics.md#performance) ``--slow-rounds`` times (default 1: they take seconds). The
+aggregates' first computation (every month at once) is timed apart (``cold``), and the
+file views read every stored row (``Scope.aggregates=False``) beside them.
+
+    .venv/bin/python bench/analytics.py --seeded --commits 1000000 [--rounds 20]
+        [--database-url postgres://postgres@127.0.0.1:5432/aggregates_bench]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
+import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -37,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +137,182 @@ def setup_django(tmp: Path, nodes: list[Any], database_url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+def quantiles(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+    return {"median_ms": round(statistics.median(ordered), 1), "p95_ms": round(p95, 1)}
+
+
+def timed_p95(fn: Callable[[], Any], rounds: int, warm: bool = True) -> dict[str, float]:
+    if warm:
+        fn()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return quantiles(times)
+
+
+SEED_BATCH = 50_000
+SEED_START = datetime(2005, 1, 1, tzinfo=UTC)
+
+
+def seeded_commit(rng: random.Random, i: int) -> tuple[int, bool, list[tuple[str, int, int]]]:
+    """Commit ``i`` of the seeded history: its author, whether it is a merge, its files."""
+    author = int(rng.paretovariate(1.2)) % 200
+    merge = i % 40 == 39
+    count = min(40, 1 + int(rng.expovariate(0.6)))
+    files: dict[str, tuple[int, int]] = {}
+    for _ in range(count):
+        area = (author * 3 + rng.randrange(3)) % 40 if rng.random() < 0.9 else rng.randrange(40)
+        k = int(rng.paretovariate(1.1)) % 60
+        files[f"d{area}/m{k % 5}/f{k}.py"] = (rng.randrange(1, 30), rng.randrange(0, 20))
+    return author, merge, [(p, a, d) for p, (a, d) in files.items()]
+
+
+def seed_history(repo_id: int, fp: str, n: int) -> int:
+    """Store ``n`` seeded commits and their file rows; returns the file rows stored."""
+    from django.db import connection, transaction
+
+    from dashboard.models import Commit, FileChange
+    from dashboard.repositories.commit_counts import add_stored
+    from dashboard.repositories.commits import COMMIT_COLUMNS, FILE_COLUMNS
+
+    qn = connection.ops.quote_name
+    rng = random.Random(7)
+    commit_cols = ", ".join(qn(Commit._meta.get_field(c).column) for c in COMMIT_COLUMNS)
+    file_cols = ", ".join(qn(FileChange._meta.get_field(c).column) for c in FILE_COLUMNS)
+    stored = 0
+    for lo in range(0, n, SEED_BATCH):
+        rows, files_of = [], []
+        for i in range(lo, min(n, lo + SEED_BATCH)):
+            author, merge, files = seeded_commit(rng, i)
+            when = SEED_START + timedelta(minutes=8 * i)
+            at: Any = str(when.replace(tzinfo=None)) if connection.vendor == "sqlite" else when
+            who = (f"Dev {author}", f"dev{author}@example.com")
+            rows.append((repo_id, fp, f"{i:040x}", f"{i - 1:040x}" if i else "", *who, *who,
+                         at, 0, *who, at, 0, f"change {i}", merge, len(files),
+                         sum(a for _, a, _ in files), sum(d for _, _, d in files), 1))  # fmt: skip
+            files_of.append(files)
+        with transaction.atomic(), connection.cursor() as cur:
+            raw = cur.cursor
+            raw.execute(f"SELECT COALESCE(MAX(id), 0) FROM {qn(Commit._meta.db_table)}")
+            (before,) = raw.fetchone()
+            if connection.vendor == "postgresql":
+                with raw.copy(f"COPY {qn(Commit._meta.db_table)} ({commit_cols}) FROM STDIN") as cp:
+                    for row in rows:
+                        cp.write_row(row)
+            else:
+                marks = ", ".join(["?"] * len(COMMIT_COLUMNS))
+                raw.executemany(
+                    f"INSERT INTO {qn(Commit._meta.db_table)} ({commit_cols}) VALUES ({marks})",
+                    rows,
+                )
+            raw.execute(f"SELECT id, sha FROM {qn(Commit._meta.db_table)} WHERE id > {int(before)}")
+            ids = {sha: cid for cid, sha in raw.fetchall()}
+            add_stored(repo_id, fp, len(rows))
+            file_rows = [
+                (ids[row[2]], repo_id, fp, path, a, d, False, "Python")
+                for row, files in zip(rows, files_of, strict=True)
+                for path, a, d in files
+            ]
+            stored += len(file_rows)
+            if connection.vendor == "postgresql":
+                table = qn(FileChange._meta.db_table)
+                with raw.copy(f"COPY {table} ({file_cols}) FROM STDIN") as cp:
+                    for row in file_rows:
+                        cp.write_row(row)
+            else:
+                marks = ", ".join(["?"] * len(FILE_COLUMNS))
+                raw.executemany(
+                    f"INSERT INTO {qn(FileChange._meta.db_table)} ({file_cols}) VALUES ({marks})",
+                    file_rows,
+                )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
+    return stored
+
+
+def seeded_main(args: argparse.Namespace) -> None:
+    """The ``--seeded`` mode (see the module's docstring)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
+    out: dict[str, Any] = {"commits": args.commits, "load_average": list(os.getloadavg())}
+    with live.redis_nodes(tmp) as nodes:
+        setup_django(tmp, nodes, args.database_url)
+        from django.conf import settings
+        from django.utils import timezone
+
+        from dashboard import analytics
+        from dashboard.models import Commit, MonthAggregate, Repository
+        from dashboard.repositories import current_fingerprint
+
+        repo = Repository.objects.create(
+            url="https://example.com/big/seeded.git", status="ready",
+            commits_total=args.commits, synced_at=timezone.now(), analyzed_at=timezone.now(),
+        )  # fmt: skip
+        fp = current_fingerprint()
+        t0 = time.perf_counter()
+        out["stored_file_rows"] = seed_history(repo.pk, fp, args.commits)
+        out["seed_s"] = round(time.perf_counter() - t0, 1)
+        last = SEED_START + timedelta(minutes=8 * (args.commits - 1))
+        span = last - SEED_START
+        last_day = last.date().isoformat()
+        windows = {
+            "whole history": analytics.parse_window(),
+            "last 365 days": analytics.parse_window(until=last_day, last="365"),
+            "last 90 days": analytics.parse_window(until=last_day, last="90"),
+            "mid-history": analytics.parse_window(
+                (SEED_START + span * 0.37).date().isoformat(),
+                (SEED_START + span * 0.61).date().isoformat(),
+            ),
+        }
+        whole = analytics.Scope.of(repo, windows["whole history"], fp)
+        t0 = time.perf_counter()
+        analytics.file_hotspots(whole)
+        out["cold: every month aggregated (s)"] = round(time.perf_counter() - t0, 1)
+        out["aggregate_rows"] = MonthAggregate.objects.filter(repository=repo).count()
+        hot = analytics.file_hotspots(whole)[0]["path"]
+        for label, window in windows.items():
+            scope = analytics.Scope.of(repo, window, fp)
+            raw = dataclasses.replace(scope, aggregates=False)
+            fast: dict[str, Callable[[], Any]] = {
+                "hotspots (files)": lambda s=scope: analytics.file_hotspots(s),
+                "age (files)": lambda s=scope: analytics.file_age(s),
+            }
+            slow: dict[str, Callable[[], Any]] = {
+                "hotspots (files), every stored row": lambda s=raw: analytics.file_hotspots(s),
+                "age (files), every stored row": lambda s=raw: analytics.file_age(s),
+                "hotspots (directories)": lambda s=scope: analytics.directory_hotspots(s),
+                "age (directories)": lambda s=scope: analytics.directory_age(s),
+                "coupling (files)": lambda s=scope: analytics.file_coupling(s),
+                "coupling (directories, depth 2)": lambda s=scope: analytics.directory_coupling(
+                    s, depth=2
+                ),
+                "coupled with the top hotspot": lambda s=scope: analytics.coupled_with(s, hot),
+                "ownership (files)": lambda s=scope: analytics.file_ownership(s),
+                "ownership (directories)": lambda s=scope: analytics.directory_ownership(s),
+                "knowledge at risk": lambda s=scope: analytics.knowledge_at_risk(s),
+                "authors": lambda s=scope: analytics.authors(s),
+            }
+            out[label] = {
+                "commits": Commit.objects.filter(repository=repo, is_merge=False)
+                .filter(**_bounds(window))
+                .count(),
+                **{name: timed_p95(fn, args.rounds) for name, fn in fast.items()},
+            }
+            if args.slow_rounds:
+                out[label].update(
+                    {name: timed_p95(fn, args.slow_rounds, warm=False) for name, fn in slow.items()}
+                )
+            print(json.dumps({label: out[label]}), file=sys.stderr, flush=True)
+        out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        out["load_average_after"] = list(os.getloadavg())
+    print(json.dumps(out, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--commits", type=int, default=12_000)
@@ -131,7 +326,12 @@ def main() -> None:
         help="also time PyDriller's process metrics over the newest N commits (bench extra)",
     )
     parser.add_argument("--exclude", default="", help="lenses every view leaves out")
+    parser.add_argument("--seeded", action="store_true", help="store a seeded history directly")
+    parser.add_argument("--slow-rounds", type=int, default=1)
     args = parser.parse_args()
+    if args.seeded:
+        seeded_main(args)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
     out: dict[str, Any] = {
         "commits": args.commits,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from dashboard.analytics.aggregates import file_parts
 from dashboard.analytics.rows import Scope, as_instant, directory_ctes, fetch
 
 
@@ -39,8 +40,8 @@ def _rows(found: list[tuple[Any, ...]], key: str, now: datetime) -> list[dict[st
 
 def file_age(scope: Scope) -> list[dict[str, Any]]:
     """Every file of the window: its last change, age in months and revisions; oldest first."""
-    head, params = scope.rows_cte()
-    found = fetch(f"WITH {head} SELECT path, MAX(at), COUNT(*) FROM scoped GROUP BY path", params)  # noqa: S608
+    head, params = file_parts(scope)
+    found = fetch(f"WITH {head} SELECT path, MAX(at), SUM(revs) FROM parts GROUP BY path", params)  # noqa: S608
     return _rows(found, "path", scope.window.reference())
 
 

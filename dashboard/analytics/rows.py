@@ -40,6 +40,9 @@ class Scope:
     fingerprint: str
     window: Window
     lens: Lens = field(default_factory=Lens)
+    #: Read whole months from the per-month aggregates (docs/analytics.md#performance);
+    #: False reads every row as stored (the tests compare the two).
+    aggregates: bool = True
 
     @classmethod
     def of(
@@ -53,7 +56,7 @@ class Scope:
 
     def within(self, window: Window) -> Scope:
         """The same repository, fingerprint and lens over another window."""
-        return Scope(self.repo, self.fingerprint, window, self.lens)
+        return Scope(self.repo, self.fingerprint, window, self.lens, self.aggregates)
 
     def author(self, alias: str = "c") -> str:
         """The SQL of a commit's credited author: its canonical e-mail through the

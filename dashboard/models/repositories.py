@@ -371,3 +371,58 @@ class Verification(models.Model):
             # each reconciler round's due passes (docs/analytics.md#the-scheduled-verifier)
             models.Index(fields=["fingerprint", "next_at"], name="verification_due_idx"),
         ]
+
+
+class MonthStamp(models.Model):
+    """The version of one UTC calendar month of one (repository, fingerprint)'s stored
+    commits (docs/analytics.md#performance): every write that adds or deletes commits
+    of the month bumps ``version`` in its own transaction; ``aggregated`` is the version
+    the month's ``MonthAggregate`` rows were computed at (null: none yet). The rows are
+    current exactly when the two are equal."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    month = models.DateField()  # its first day
+    version = models.BigIntegerField(default=0, db_default=0)  # raw upserts omit it
+    aggregated = models.BigIntegerField(null=True, blank=True)
+    #: On a January's stamp: the sum of its year's twelve month versions when the year's
+    #: aggregates (``MonthAggregate.span`` 12) were computed. Versions only grow, so the
+    #: year's rows are current exactly while the sum is unchanged.
+    year_aggregated = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint", "month"], name="monthstamp_repo_fp_unique"
+            )
+        ]
+
+
+class MonthAggregate(models.Model):
+    """The non-merge file rows of one month (or one calendar year) of one (repository,
+    fingerprint), summed per path and author (docs/analytics.md#performance): what the
+    file views need of a whole month or year, kept with the path and the author's
+    canonical identity so that a lens filters these rows as it filters the stored ones."""
+
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    fingerprint = models.CharField(max_length=64)
+    #: 1: the rows of ``month``; 12: of the calendar year ``month`` (a January) starts.
+    span = models.SmallIntegerField(default=1)
+    month = models.DateField()
+    path = models.TextField()
+    author_canonical_email = models.TextField()
+    author_canonical_name = models.TextField()
+    revisions = models.IntegerField()
+    added = models.BigIntegerField()
+    deleted = models.BigIntegerField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["repository", "fingerprint", "span", "month"],
+                name="monthagg_repo_fp_month_idx",
+            )
+        ]

@@ -21,7 +21,7 @@ from dashboard.infra import publish_event
 from dashboard.locks import check_token
 from dashboard.models import Chunk, Commit, FileChange, JobRun, Repository, Summary
 from dashboard.repositories.commit_counts import remove_stored, stored_commits
-from dashboard.repositories.commits import stored_shas
+from dashboard.repositories.commits import bump_months, stored_shas
 from dashboard.repositories.lifecycle import (
     complete_repository,
     publish_repo_changed,
@@ -191,13 +191,17 @@ def _drop_unreachable(repo_id: int, fingerprint: str, reachable: _Reachable) -> 
     if not stored_commits(repo_id, fingerprint):
         return 0
     commits = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
-    gone = {
-        pk: sha
-        for pk, sha in commits.values_list("pk", "sha").iterator(chunk_size=5000)
-        if sha not in reachable
-    }
+    gone: dict[int, str] = {}
+    gone_at = []
+    for pk, sha, at in commits.values_list("pk", "sha", "committed_at").iterator(chunk_size=5000):
+        if sha not in reachable:
+            gone[pk] = sha
+            gone_at.append(at)
     if not gone:
         return 0
+    # The months of the deleted commits: their aggregates stop being current with this
+    # transaction's commit (docs/analytics.md#performance).
+    bump_months(repo_id, fingerprint, gone_at)
     ids = list(gone)
     deleted = 0
     for i in range(0, len(ids), _SHA_BATCH):

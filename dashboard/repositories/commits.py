@@ -16,7 +16,7 @@ from django.utils import timezone as djtz
 
 from dashboard.infra import DB_INT_MAX
 from dashboard.locks import check_token
-from dashboard.models import Chunk, CoAuthor, Commit, FileChange, Repository
+from dashboard.models import Chunk, CoAuthor, Commit, FileChange, MonthStamp, Repository
 from dashboard.repositories.commit_counts import add_stored
 from workers.analysis import CommitRecord
 from workers.runtime import failpoint
@@ -88,6 +88,34 @@ def _table(model: Any) -> str:
 def _columns(model: Any, columns: Sequence[str]) -> str:
     qn = connection.ops.quote_name
     return ", ".join(qn(model._meta.get_field(c).column) for c in columns)
+
+
+def bump_months(repo_id: int, fp: str, instants: Iterable[datetime]) -> int:
+    """Bump the version of every UTC month holding one of ``instants`` (committer dates
+    of commits being inserted or deleted), creating its stamp when missing; returns the
+    months bumped. Call it inside the transaction that writes those commits
+    (docs/analytics.md#performance): the month's ``MonthAggregate`` rows stop being
+    current when it commits, together with the rows it changed.
+
+    Race: a reader computing the month's aggregates holds the stamp row locked
+    (``analytics.aggregates``); this upsert takes the same row lock (SQLite: one write
+    transaction at a time), so either the reader committed first and this bump marks its
+    rows stale, or this write committed first and the reader's statements, which start
+    after it got the lock, see the new rows. A stamp the reader inserted but has not
+    committed makes this INSERT wait for it, then take the UPDATE branch."""
+    months = sorted({at.astimezone(UTC).date().replace(day=1) for at in instants})
+    if not months:
+        return 0
+    table = _table(MonthStamp)
+    cols = _columns(MonthStamp, ("repository", "fingerprint", "month", "version"))
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} ({cols}) VALUES (%s, %s, %s, 0) "  # noqa: S608
+            "ON CONFLICT (repository_id, fingerprint, month) "
+            f"DO UPDATE SET version = {table}.version + 1",
+            [(repo_id, fp, connection.ops.adapt_datefield_value(m)) for m in months],
+        )
+    return len(months)
 
 
 class _Rows:
@@ -331,6 +359,8 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
                 inserted = _copy_postgresql(fresh, rows)
             else:
                 inserted = _insert_sqlite(fresh, rows)
+        if inserted:
+            bump_months(repo_id, fp, (records[i].committed_at for i in fresh))
         failpoint("analyze.writing", chunk.repository.name)
         Chunk.objects.filter(pk=chunk.pk).update(
             state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()
