@@ -7,7 +7,13 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard import analytics
-from dashboard.api.endpoint import api_view, error, operator_refusal, permission_refusal
+from dashboard.api.endpoint import (
+    api_view,
+    error,
+    json_body,
+    operator_refusal,
+    permission_refusal,
+)
 
 __all__ = ["integrity", "integrity_clear"]
 
@@ -30,6 +36,7 @@ def integrity_clear(request: HttpRequest, verification_id: int) -> HttpResponse:
     )
     if refused is not None:
         return refused
+    json_body(request)  # nothing is read from it, but a malformed body is a 400 as anywhere
     if not analytics.clear_mismatch(verification_id, user=request.user):
         return error("no open integrity mismatch with that id", 409)
     return JsonResponse({"cleared": True, "id": verification_id})

@@ -74,7 +74,7 @@ def api_post_routes() -> list[str]:
     from dashboard.api.openapi import PATHS
 
     samples = {"repo_id": "1", "run_id": "1", "rollout_id": "1", "action": "abort",
-               "fingerprint": "abcd", "identity": "a"}  # fmt: skip
+               "fingerprint": "abcd", "identity": "a", "verification_id": "1"}  # fmt: skip
     out = []
     for route, methods in PATHS.items():
         if "post" not in methods:

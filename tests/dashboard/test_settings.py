@@ -54,7 +54,8 @@ BAD_VALUES = [
     (
         {"GITWARD_FAILPOINTS": "analyze.parsing=explode"},
         "GITWARD_FAILPOINTS: malformed item 'analyze.parsing=explode' (expected"
-        " name[#tag][=stop|kill|raise|sleep:SECONDS][*N], comma-separated)",
+        " name[#tag][=stop|kill|raise|alter|sleep:SECONDS][*N] or name[#tag]=perturb:N,"
+        " comma-separated)",
     ),
     (
         {"GITWARD_FAILPOINTS_ONCE": "/nonexistent/once"},

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 ARGS = {"repo_id": 7, "run_id": 8, "rollout_id": 9, "action_id": 10, "job_id": "sync-1-g1",
         "verb": "promote", "action": "promote", "group": "abc123", "sha": "0abc1234",
         "version_id": 11, "fingerprint": "f" * 64, "analysis": "hotspots",
-        "identity": "ada@example.com"}  # fmt: skip
+        "identity": "ada@example.com", "verification_id": 12}  # fmt: skip
 
 
 def named() -> list[tuple[str, object, list[str]]]:

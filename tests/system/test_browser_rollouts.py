@@ -149,7 +149,8 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
         # The gate opens: every check ✓; the diff says what changes.
         expect(state).to_have_text("verified", timeout=60000)
         expect(section.locator("[data-field=verdict]")).to_have_text("✓ gate open")
-        expect(section.locator("ul.checks li.good")).to_have_count(4)
+        expect(section.locator("ul.checks li.good")).to_have_count(5)
+        expect(section.locator("ul.checks li.good", has_text="result contract")).to_have_count(1)
         expect(section.locator("[data-field=diff-headline]")).to_have_text(
             "2 commits change: renames now one file", timeout=30000
         )
