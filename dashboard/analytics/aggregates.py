@@ -153,7 +153,6 @@ def _compute(scope: Scope, month: date) -> None:
     repo_id, fp = scope.repo.pk, scope.fingerprint
     ops = connection.ops
     stamps = connection.ops.quote_name(MonthStamp._meta.db_table)
-    aggs = connection.ops.quote_name(MonthAggregate._meta.db_table)
     day = ops.adapt_datefield_value(month)
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -172,13 +171,7 @@ def _compute(scope: Scope, month: date) -> None:
         version, aggregated = stamp
         if aggregated == version:
             return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {aggs} WHERE repository_id = %s AND fingerprint = %s "  # noqa: S608
-                "AND span = 1 AND month = %s",
-                [repo_id, fp, day],
-            )
-            _insert(cursor, scope, 1, month, next_month(month))
+        _replace(scope, 1, month, next_month(month))
         MonthStamp.objects.filter(repository_id=repo_id, fingerprint=fp, month=month).update(
             aggregated=version
         )
@@ -196,9 +189,7 @@ def _compute_year(scope: Scope, january: date) -> None:
     repo_id, fp = scope.repo.pk, scope.fingerprint
     ops = connection.ops
     stamps = ops.quote_name(MonthStamp._meta.db_table)
-    aggs = ops.quote_name(MonthAggregate._meta.db_table)
     months = [january.replace(month=k) for k in range(1, 13)]
-    day = ops.adapt_datefield_value(january)
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.executemany(
@@ -216,16 +207,23 @@ def _compute_year(scope: Scope, january: date) -> None:
         total = sum(version for version, _ in locked)
         if locked[0][1] == total:
             return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {aggs} WHERE repository_id = %s AND fingerprint = %s "  # noqa: S608
-                "AND span = 12 AND month = %s",
-                [repo_id, fp, day],
-            )
-            _insert(cursor, scope, 12, january, next_year(january))
+        _replace(scope, 12, january, next_year(january))
         MonthStamp.objects.filter(repository_id=repo_id, fingerprint=fp, month=january).update(
             year_aggregated=total
         )
+
+
+def _replace(scope: Scope, span: int, first: date, after: date) -> None:
+    """Replace the ``span`` aggregates starting at ``first`` with sums of the stored rows
+    from ``first`` to ``after`` (the caller holds the stamp rows' lock)."""
+    aggs = connection.ops.quote_name(MonthAggregate._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {aggs} WHERE repository_id = %s AND fingerprint = %s "  # noqa: S608
+            "AND span = %s AND month = %s",
+            [scope.repo.pk, scope.fingerprint, span, connection.ops.adapt_datefield_value(first)],
+        )
+        _insert(cursor, scope, span, first, after)
 
 
 def next_year(january: date) -> date:
