@@ -61,9 +61,9 @@ browser: $(AXE)
 # browser, crashes, the Redlock model: see pyproject.toml and tests/conftest.py).
 # TEST_JOBS=2 spreads either over two pytest-xdist processes, each with its own Redis
 # nodes, tmp dirs and test database; the slow tests share one xdist group, so no two of
-# them (each a whole system of processes) run at once. Off by default: each xdist run
-# orders the tests anew, and the last three each found a test that depended on the tests
-# before it (docs/testing.md, "How long it takes").
+# them (each a whole system of processes) run at once. Off by default for a plain
+# `make test` (one process, the same order every run); CI (.ci/run) sets TEST_JOBS=2, as
+# one process per suite no longer fits its budget (docs/testing.md, "How long it takes").
 TEST_JOBS ?= 0
 XDIST := $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup,)
 

@@ -1277,10 +1277,10 @@ def main() -> None:
         (tmp / "origins").mkdir()
         if args.repo:
             src = args.repo.resolve()
-            origin = tmp / "origins" / "repo.git"  # a --shared clone: inside the local root
-            subprocess.run(
-                ["git", "clone", "-q", "--bare", "--shared", str(src), str(origin)], check=True
-            )
+            # a local clone (hard links or a copy, no alternates: an alternates file
+            # pointing outside the local root is refused as a remote, docs/security.md)
+            origin = tmp / "origins" / "repo.git"
+            subprocess.run(["git", "clone", "-q", "--bare", str(src), str(origin)], check=True)
             build_s = 0.0
         else:
             origin = tmp / "origins" / "synthetic"

@@ -31,19 +31,34 @@ non-merge commit every 8 minutes from 2005 (1,000,000 commits: 15 years, 182 mon
 directory. Each view is timed over the whole history, the last 365 and 90 days and a
 window inside the history not aligned on months, ``--rounds`` times after one warm-up
 (median and p95, ms); the views not served from the per-month aggregates
-(docs/analytics.md#performance) ``--slow-rounds`` times (default 1: they take seconds). The
-aggregates' first computation (every month at once) is timed apart (``cold``), and the
-file views read every stored row (``Scope.aggregates=False``) beside them.
+(docs/analytics.md#performance) ``--slow-rounds`` times (default 1: they take seconds;
+``--slow-match TEXT``: only those whose name contains TEXT). The
+aggregates' first computation (every month at once) is timed apart (``cold``), the
+coupling aggregates' per depth (files, directories 2 deep) with their table's rows in all
+and per month and year; the file and coupling views read every stored row
+(``Scope.aggregates=False``) beside them.
 
     .venv/bin/python bench/analytics.py --seeded --commits 1000000 [--rounds 20]
         [--database-url postgres://postgres@127.0.0.1:5432/aggregates_bench]
+        [--only authors,ownership,knowledge,one]   # the views whose name holds one
+        [--reuse]   # the history an earlier run seeded in --database-url (a SQLite file:
+                    # sqlite:////path/db.sqlite3), not seeded again
+
+``--seeded --precomputation`` (docs/analytics.md#precomputation) times the first
+whole-history view of each analytics page (hotspots, coupling, ownership, age, authors,
+one author) right after the rows are stored, without precomputation (each view computes
+what it reads) and after the precompute job (``analytics.precompute``, timed too), on the
+same history with the aggregates wiped in between, ``--rounds`` times; ``--minutes M``
+spreads the commits M minutes apart (80: 100,000 commits over 15 years).
+
+    .venv/bin/python bench/analytics.py --seeded --precomputation --commits 100000 --minutes 80 \
+        --rounds 1 [--database-url postgres://…]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -61,20 +76,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from siblings import sibling  # noqa: E402  (bench/ is the script's directory)
 
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(
-        f"_gitward_bench_{name}", ROOT / "bench" / f"{name}.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-live = _load("live")
-synth = _load("analysis")
+live = sibling("live")
+synth = sibling("analysis")
 
 
 def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
@@ -171,8 +176,9 @@ def seeded_commit(rng: random.Random, i: int) -> tuple[int, bool, list[tuple[str
     return author, merge, [(p, a, d) for p, (a, d) in files.items()]
 
 
-def seed_history(repo_id: int, fp: str, n: int) -> int:
-    """Store ``n`` seeded commits and their file rows; returns the file rows stored."""
+def seed_history(repo_id: int, fp: str, n: int, minutes: int = 8) -> int:
+    """Store ``n`` seeded commits, ``minutes`` apart, and their file rows; returns the
+    file rows stored."""
     from django.db import connection, transaction
 
     from dashboard.models import Commit, FileChange
@@ -188,7 +194,7 @@ def seed_history(repo_id: int, fp: str, n: int) -> int:
         rows, files_of = [], []
         for i in range(lo, min(n, lo + SEED_BATCH)):
             author, merge, files = seeded_commit(rng, i)
-            when = SEED_START + timedelta(minutes=8 * i)
+            when = SEED_START + timedelta(minutes=minutes * i)
             at: Any = str(when.replace(tzinfo=None)) if connection.vendor == "sqlite" else when
             who = (f"Dev {author}", f"dev{author}@example.com")
             rows.append((repo_id, fp, f"{i:040x}", f"{i - 1:040x}" if i else "", *who, *who,
@@ -235,6 +241,105 @@ def seed_history(repo_id: int, fp: str, n: int) -> int:
     return stored
 
 
+def _pair_rows(repo: Any, depth: int) -> dict[str, Any]:
+    """The coupling aggregate rows of ``repo`` at ``depth``: in all, per month (median,
+    max) and per year (median, max), and how many are pairs."""
+    from django.db.models import Count
+
+    from dashboard.models import CouplingAggregate
+
+    rows = CouplingAggregate.objects.filter(repository=repo, depth=depth)
+    out: dict[str, Any] = {"total": rows.count(), "pairs": rows.filter(eb__isnull=False).count()}
+    for span, name in ((1, "month"), (12, "year")):
+        counts = sorted(
+            rows.filter(span=span)
+            .values("month")
+            .annotate(n=Count("id"))
+            .values_list("n", flat=True)
+        )
+        if counts:
+            out[f"per {name} (median, max)"] = [counts[len(counts) // 2], counts[-1]]
+    return out
+
+
+def compare_blocks(repo: Any, fp: str, windows: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """``--compare-blocks``: the coupling views read through aligned blocks of years
+    (docs/analytics.md#performance) beside the same views over one span per year
+    (``coupling_aggregates.MAX_BLOCK_YEARS = 1``, the layout before blocks), the two
+    alternating round by round in this process; cold times of the months and years, then
+    of the blocks summed from those years; the aggregate rows per span; medians (p95) in
+    ms and the ratio years ÷ blocks."""
+    from django.db.models import Count
+
+    from dashboard import analytics
+    from dashboard.analytics import coupling_aggregates
+    from dashboard.models import CouplingAggregate, FileChange
+
+    blocks_max = coupling_aggregates.MAX_BLOCK_YEARS
+    out: dict[str, Any] = {"load_average_start": list(os.getloadavg())}
+    whole = analytics.Scope.of(repo, windows["whole history"], fp)
+
+    def coupling(scope: Any, depth: int) -> Any:
+        if depth:
+            return analytics.directory_coupling(scope, depth=depth)
+        return analytics.file_coupling(scope)
+
+    for depth, name in ((0, "files"), (2, "directories, depth 2")):
+        coupling_aggregates.MAX_BLOCK_YEARS = 1
+        t0 = time.perf_counter()
+        coupling(whole, depth)
+        out[f"cold: months and years, {name} (s)"] = round(time.perf_counter() - t0, 1)
+        coupling_aggregates.MAX_BLOCK_YEARS = blocks_max
+        t0 = time.perf_counter()
+        coupling(whole, depth)
+        out[f"cold: blocks summed from the years, {name} (s)"] = round(time.perf_counter() - t0, 1)
+        out[f"rows per span, {name}"] = dict(
+            CouplingAggregate.objects.filter(repository=repo, depth=depth)
+            .values_list("span")
+            .annotate(n=Count("id"))
+            .order_by("span")
+        )
+    # the file with the most revisions (one scan of the file rows)
+    hot = (
+        FileChange.objects.filter(repository=repo)
+        .values("path")
+        .annotate(n=Count("id"))
+        .order_by("-n")
+        .values_list("path", flat=True)[0]
+    )
+    for label, window in windows.items():
+        scope = analytics.Scope.of(repo, window, fp)
+        views: dict[str, Callable[[], Any]] = {
+            "coupling (files)": lambda s=scope: analytics.file_coupling(s),
+            "coupling (directories, depth 2)": lambda s=scope: analytics.directory_coupling(
+                s, depth=2
+            ),
+            "coupled with the most changed file": lambda s=scope: analytics.coupled_with(s, hot),
+        }
+        row: dict[str, Any] = {}
+        for name, fn in views.items():
+            times: dict[int, list[float]] = {blocks_max: [], 1: []}
+            for limit in (blocks_max, 1):  # warm-up, computing what is missing
+                coupling_aggregates.MAX_BLOCK_YEARS = limit
+                fn()
+            for _ in range(rounds):
+                for limit in (blocks_max, 1):
+                    coupling_aggregates.MAX_BLOCK_YEARS = limit
+                    t0 = time.perf_counter()
+                    fn()
+                    times[limit].append((time.perf_counter() - t0) * 1000)
+            coupling_aggregates.MAX_BLOCK_YEARS = blocks_max
+            fast, slow = quantiles(times[blocks_max]), quantiles(times[1])
+            row[name] = {
+                "blocks": fast,
+                "years": slow,
+                "years / blocks": round(slow["median_ms"] / max(fast["median_ms"], 1e-9), 2),
+            }
+        out[label] = row
+        print(json.dumps({label: row}), file=sys.stderr, flush=True)
+    return out
+
+
 def seeded_main(args: argparse.Namespace) -> None:
     """The ``--seeded`` mode (see the module's docstring)."""
     tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-analytics-"))
@@ -245,18 +350,22 @@ def seeded_main(args: argparse.Namespace) -> None:
         from django.utils import timezone
 
         from dashboard import analytics
-        from dashboard.models import Commit, MonthAggregate, Repository
+        from dashboard.models import Commit, DirAggregate, MonthAggregate, Repository
         from dashboard.repositories import current_fingerprint
 
-        repo = Repository.objects.create(
-            url="https://example.com/big/seeded.git", status="ready",
-            commits_total=args.commits, synced_at=timezone.now(), analyzed_at=timezone.now(),
-        )  # fmt: skip
         fp = current_fingerprint()
-        t0 = time.perf_counter()
-        out["stored_file_rows"] = seed_history(repo.pk, fp, args.commits)
-        out["seed_s"] = round(time.perf_counter() - t0, 1)
-        last = SEED_START + timedelta(minutes=8 * (args.commits - 1))
+        found = Repository.objects.filter(url="https://example.com/big/seeded.git").first()
+        if args.reuse and found is not None:  # seeded by an earlier run on this database
+            repo = found
+        else:
+            repo = Repository.objects.create(
+                url="https://example.com/big/seeded.git", status="ready",
+                commits_total=args.commits, synced_at=timezone.now(), analyzed_at=timezone.now(),
+            )  # fmt: skip
+            t0 = time.perf_counter()
+            out["stored_file_rows"] = seed_history(repo.pk, fp, args.commits, args.minutes)
+            out["seed_s"] = round(time.perf_counter() - t0, 1)
+        last = SEED_START + timedelta(minutes=args.minutes * (args.commits - 1))
         span = last - SEED_START
         last_day = last.date().isoformat()
         windows = {
@@ -269,33 +378,109 @@ def seeded_main(args: argparse.Namespace) -> None:
             ),
         }
         whole = analytics.Scope.of(repo, windows["whole history"], fp)
+        if args.compare_blocks:
+            out.update(compare_blocks(repo, fp, windows, args.rounds))
+            out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+            out["load_average_after"] = list(os.getloadavg())
+            print(json.dumps(out, indent=2))
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         t0 = time.perf_counter()
         analytics.file_hotspots(whole)
         out["cold: every month aggregated (s)"] = round(time.perf_counter() - t0, 1)
         out["aggregate_rows"] = MonthAggregate.objects.filter(repository=repo).count()
+        # ``--only`` naming no directory (coupling) view: their cold computations are
+        # left out too (minutes at 1,000,000 commits).
+        wanted = args.only.split(",") if args.only else []
+        dirs = not wanted or any("director" in w or "coupl" in w for w in wanted)
+        coupling = not wanted or any("coupl" in w for w in wanted)
+        if dirs:
+            t0 = time.perf_counter()
+            analytics.directory_hotspots(whole)
+            out["cold: every month's directories aggregated (s)"] = round(
+                time.perf_counter() - t0, 1
+            )
+            out["directory_aggregate_rows"] = DirAggregate.objects.filter(repository=repo).count()
+        vendored = analytics.build_lens({"vendored"}, repo, fp)
         hot = analytics.file_hotspots(whole)[0]["path"]
+        # The coupling aggregates (docs/analytics.md#performance): computed cold for the
+        # files and the directories 2 deep, then the pair table's size per month and year.
+        for depth, name in ((0, "files"), (2, "directories, depth 2")) if coupling else ():
+            t0 = time.perf_counter()
+            if depth:
+                analytics.directory_coupling(whole, depth=depth)
+            else:
+                analytics.file_coupling(whole)
+            out[f"cold: coupling aggregated, {name} (s)"] = round(time.perf_counter() - t0, 1)
+            out[f"coupling aggregate rows, {name}"] = _pair_rows(repo, depth)
+        t0 = time.perf_counter()
+        top = analytics.authors(whole)[0]["author"]
+        out["cold: every month's per-author sums (s)"] = round(time.perf_counter() - t0, 1)
         for label, window in windows.items():
             scope = analytics.Scope.of(repo, window, fp)
             raw = dataclasses.replace(scope, aggregates=False)
             fast: dict[str, Callable[[], Any]] = {
                 "hotspots (files)": lambda s=scope: analytics.file_hotspots(s),
                 "age (files)": lambda s=scope: analytics.file_age(s),
-            }
-            slow: dict[str, Callable[[], Any]] = {
-                "hotspots (files), every stored row": lambda s=raw: analytics.file_hotspots(s),
-                "age (files), every stored row": lambda s=raw: analytics.file_age(s),
+                "authors": lambda s=scope: analytics.authors(s),
+                "ownership (files)": lambda s=scope: analytics.file_ownership(s),
+                "knowledge at risk": lambda s=scope: analytics.knowledge_at_risk(s),
+                "one file (the top hotspot), without its coupled files": (
+                    lambda s=scope: analytics.file_history(s, hot, coupled=False)
+                ),
+                "one author (the most commits)": lambda s=scope: analytics.author_activity(s, top),
                 "hotspots (directories)": lambda s=scope: analytics.directory_hotspots(s),
+                "hotspots (directories, depth 2)": lambda s=scope: analytics.directory_hotspots(
+                    s, depth=2
+                ),
                 "age (directories)": lambda s=scope: analytics.directory_age(s),
+                "ownership (directories)": lambda s=scope: analytics.directory_ownership(s),
+                "ownership (directories, depth 2)": lambda s=scope: analytics.directory_ownership(
+                    s, depth=2
+                ),
                 "coupling (files)": lambda s=scope: analytics.file_coupling(s),
                 "coupling (directories, depth 2)": lambda s=scope: analytics.directory_coupling(
                     s, depth=2
                 ),
                 "coupled with the top hotspot": lambda s=scope: analytics.coupled_with(s, hot),
-                "ownership (files)": lambda s=scope: analytics.file_ownership(s),
-                "ownership (directories)": lambda s=scope: analytics.directory_ownership(s),
-                "knowledge at risk": lambda s=scope: analytics.knowledge_at_risk(s),
-                "authors": lambda s=scope: analytics.authors(s),
             }
+            lensed = dataclasses.replace(scope, lens=vendored)
+            slow: dict[str, Callable[[], Any]] = {
+                "hotspots (files), every stored row": lambda s=raw: analytics.file_hotspots(s),
+                "age (files), every stored row": lambda s=raw: analytics.file_age(s),
+                "hotspots (directories), every stored row": lambda s=raw: (
+                    analytics.directory_hotspots(s)
+                ),
+                "age (directories), every stored row": lambda s=raw: analytics.directory_age(s),
+                "ownership (directories), every stored row": lambda s=raw: (
+                    analytics.directory_ownership(s)
+                ),
+                # A path lens reads every stored row (docs/analytics.md#performance).
+                "hotspots (directories), vendored lens": lambda s=lensed: (
+                    analytics.directory_hotspots(s)
+                ),
+                "ownership (directories), vendored lens": lambda s=lensed: (
+                    analytics.directory_ownership(s)
+                ),
+                "coupling (files), every stored row": lambda s=raw: analytics.file_coupling(s),
+                "coupling (directories, depth 2), every stored row": (
+                    lambda s=raw: analytics.directory_coupling(s, depth=2)
+                ),
+                "coupled with the top hotspot, every stored row": (
+                    lambda s=raw: analytics.coupled_with(s, hot)
+                ),
+                "authors, every stored row": lambda s=raw: analytics.authors(s),
+                "ownership (files), every stored row": lambda s=raw: analytics.file_ownership(s),
+                "knowledge at risk, every stored row": lambda s=raw: analytics.knowledge_at_risk(s),
+                "one file (the top hotspot)": lambda s=scope: analytics.file_history(s, hot),
+                "one author (the most commits), every stored row": (
+                    lambda s=raw: analytics.author_activity(s, top)
+                ),
+            }
+            if args.only:
+                wanted = args.only.split(",")
+                fast = {k: f for k, f in fast.items() if any(w in k for w in wanted)}
+                slow = {k: f for k, f in slow.items() if any(w in k for w in wanted)}
             out[label] = {
                 "commits": Commit.objects.filter(repository=repo, is_merge=False)
                 .filter(**_bounds(window))
@@ -304,9 +489,117 @@ def seeded_main(args: argparse.Namespace) -> None:
             }
             if args.slow_rounds:
                 out[label].update(
-                    {name: timed_p95(fn, args.slow_rounds, warm=False) for name, fn in slow.items()}
+                    {
+                        name: timed_p95(fn, args.slow_rounds, warm=False)
+                        for name, fn in slow.items()
+                        if args.slow_match in name
+                    }
                 )
             print(json.dumps({label: out[label]}), file=sys.stderr, flush=True)
+        out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        out["load_average_after"] = list(os.getloadavg())
+    print(json.dumps(out, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def precomputation_main(args: argparse.Namespace) -> None:
+    """The ``--seeded --precomputation`` mode (docs/analytics.md#precomputation): the first
+    whole-history
+    view of each analytics page right after an analysis, without precomputation (the view
+    computes its aggregates) and after the precompute job (``analytics.precompute``, timed too: the
+    background work the first user no longer waits for), side by side on one seeded
+    history, the aggregates wiped in between. One commit every ``--minutes`` minutes."""
+    tmp = Path(tempfile.mkdtemp(prefix="gitward-bench-precomputation-"))
+    out: dict[str, Any] = {"commits": args.commits, "load_average": list(os.getloadavg())}
+    with live.redis_nodes(tmp) as nodes:
+        setup_django(tmp, nodes, args.database_url)
+        from django.conf import settings
+        from django.db.models import Count
+        from django.utils import timezone
+
+        from dashboard import analytics
+        from dashboard.analytics.reports import Params, report
+        from dashboard.models import (
+            AuthorMonth,
+            AuthorWeek,
+            Commit,
+            CouplingAggregate,
+            CouplingStamp,
+            DirAggregate,
+            MonthAggregate,
+            MonthStamp,
+            Repository,
+        )
+        from dashboard.repositories import current_fingerprint
+
+        fp = current_fingerprint()
+        # an earlier run's history in --database-url: stored again from scratch
+        Repository.objects.filter(url="https://example.com/big/precomputation.git").delete()
+        repo = Repository.objects.create(
+            url="https://example.com/big/precomputation.git", status="ready",
+            commits_total=args.commits, synced_at=timezone.now(), analyzed_at=timezone.now(),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        out["stored_file_rows"] = seed_history(repo.pk, fp, args.commits, args.minutes)
+        out["seed_s"] = round(time.perf_counter() - t0, 1)
+        out["history"] = [
+            SEED_START.date().isoformat(),
+            (SEED_START + timedelta(minutes=args.minutes * (args.commits - 1))).date().isoformat(),
+        ]
+        # the author with the most commits, from the stored rows (no aggregate computed)
+        top = (
+            Commit.objects.filter(repository=repo, is_merge=False)
+            .values("author_canonical_email")
+            .annotate(n=Count("id"))
+            .order_by("-n")
+            .values_list("author_canonical_email", flat=True)
+            .first()
+        )
+        pages: dict[str, Callable[[], Any]] = {
+            kind: (lambda k=kind: report(k, repo, Params()))
+            for kind in ("hotspots", "coupling", "ownership", "age", "authors")
+        }
+        pages["one author"] = lambda: report("authors", repo, Params(author=top))
+
+        def first_views() -> dict[str, float]:
+            times = {}
+            for name, fn in pages.items():
+                t = time.perf_counter()
+                fn()
+                times[name] = round(time.perf_counter() - t, 3)
+            times["all pages"] = round(sum(times.values()), 3)
+            return times
+
+        def wipe() -> None:
+            for model in (MonthAggregate, DirAggregate, AuthorMonth, AuthorWeek):
+                model.objects.filter(repository=repo).delete()
+            CouplingAggregate.objects.filter(repository=repo).delete()
+            CouplingStamp.objects.filter(repository=repo).delete()
+            MonthStamp.objects.filter(repository=repo).update(
+                aggregated=None, year_aggregated=None, dir_aggregated=None,
+                dir_year_aggregated=None, authors_aggregated=None, authors_year_aggregated=None,
+            )  # fmt: skip
+
+        for round_ in range(args.rounds):
+            wipe()
+            cold = first_views()
+            wipe()
+            t0 = time.perf_counter()
+            result = analytics.precompute(repo.pk, fp)
+            job = round(time.perf_counter() - t0, 3)
+            precomputed = first_views()
+            again = first_views()
+            out[f"round {round_ + 1}"] = {
+                "first views without precomputation (s)": cold,
+                "precompute job (s, in the background)": job,
+                "precompute job spans": result.spans,
+                "first views after the precompute job (s)": precomputed,
+                "second views (s)": again,
+                "first view ratio, without / with precomputation": round(
+                    cold["all pages"] / max(precomputed["all pages"], 1e-9), 1
+                ),
+            }
+            print(json.dumps(out[f"round {round_ + 1}"]), file=sys.stderr, flush=True)
         out["vendor"] = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         out["load_average_after"] = list(os.getloadavg())
     print(json.dumps(out, indent=2))
@@ -328,7 +621,37 @@ def main() -> None:
     parser.add_argument("--exclude", default="", help="lenses every view leaves out")
     parser.add_argument("--seeded", action="store_true", help="store a seeded history directly")
     parser.add_argument("--slow-rounds", type=int, default=1)
+    parser.add_argument(
+        "--slow-match", default="", help="time only the slow views whose name contains this"
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="--seeded: time the history an earlier run seeded in --database-url (kept)",
+    )
+    parser.add_argument(
+        "--only", default="", help="--seeded: time only the views whose name holds one of these"
+    )
+    parser.add_argument(
+        "--precomputation",
+        action="store_true",
+        help="--seeded: first views after an analysis, without and with the precompute job",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=int,
+        default=8,
+        help="--seeded: minutes between commits (8: 1,000,000 commits span 15 years)",
+    )
+    parser.add_argument(
+        "--compare-blocks",
+        action="store_true",
+        help="--seeded: only coupling, through blocks of years beside one span per year",
+    )
     args = parser.parse_args()
+    if args.seeded and args.precomputation:
+        precomputation_main(args)
+        return
     if args.seeded:
         seeded_main(args)
         return

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -64,6 +63,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from siblings import sibling  # noqa: E402  (bench/ is the script's directory)
 
 from bench.procstat import ProcStat, read_stat  # noqa: E402
 from tests.support.sysproc import git_processes_under, wait_http  # noqa: E402
@@ -80,12 +80,7 @@ def log(msg: str) -> None:
 
 
 def build_repositories(root: Path, count: int, commits: int, seed: int) -> list[Path]:
-    spec = importlib.util.spec_from_file_location(
-        "_gitward_bench_analysis", ROOT / "bench" / "analysis.py"
-    )
-    assert spec and spec.loader
-    synth = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(synth)
+    synth = sibling("analysis")
     paths = []
     for i in range(count):
         path = root / f"repo{i}"

@@ -304,8 +304,26 @@ def setup_django(tmp: Path, nodes: list[RedisNode]) -> None:
 
 
 def _insert(table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` into ``table``; a NOT NULL column the bench does not name gets its
+    field's default (Django's defaults are not the database's), so a column added later
+    does not break the bench."""
+    from django.apps import apps
     from django.db import connection
+    from django.db.models import NOT_PROVIDED
 
+    model = next(m for m in apps.get_models() if m._meta.db_table == table)
+    extra = [
+        f
+        for f in model._meta.concrete_fields
+        if f.column not in columns
+        and not f.null
+        and not f.primary_key
+        and f.default is not NOT_PROVIDED
+    ]
+    if extra:
+        columns = [*columns, *(f.column for f in extra)]
+        values = tuple(f.get_default() for f in extra)
+        rows = [(*row, *values) for row in rows]
     qn = connection.ops.quote_name
     sql = (
         f"INSERT INTO {qn(table)} ({', '.join(qn(c) for c in columns)}) "

@@ -16,7 +16,6 @@ Prints JSON; nothing here is asserted by a test.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
@@ -27,10 +26,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-spec = importlib.util.spec_from_file_location("_gitward_bench_live", ROOT / "bench" / "live.py")
-assert spec and spec.loader
-live = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(live)
+from siblings import sibling  # noqa: E402  (bench/ is the script's directory)
+
+live = sibling("live")
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib.util
 import json
 import os
 import pstats
@@ -40,10 +39,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-spec = importlib.util.spec_from_file_location("_gitward_bench_live", ROOT / "bench" / "live.py")
-assert spec and spec.loader
-live = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(live)
+from siblings import sibling  # noqa: E402  (bench/ is the script's directory)
+
+live = sibling("live")
 
 from tests.support.gitrepo import GitRepo  # noqa: E402
 

@@ -18,7 +18,6 @@ asserted.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -30,19 +29,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from siblings import sibling  # noqa: E402  (bench/ is the script's directory)
 
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(
-        f"_gitward_bench_{name}", ROOT / "bench" / f"{name}.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_analytics = _load("analytics")
+bench_analytics = sibling("analytics")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from dashboard.models import (
     AuditEntry,
     BulkAction,
     Chunk,
+    FairGroup,
     JobAttempt,
     JobRun,
     Repository,
@@ -16,9 +17,17 @@ from dashboard.models import (
 
 @admin.register(Repository)
 class RepositoryAdmin(admin.ModelAdmin):
-    list_display = ("id", "url", "branch", "status", "commits_total", "updated_at")
+    list_display = ("id", "url", "branch", "status", "commits_total", "fair_group", "updated_at")
     list_filter = ("status",)
-    search_fields = ("url",)
+    search_fields = ("url", "fair_group")
+
+
+@admin.register(FairGroup)
+class FairGroupAdmin(admin.ModelAdmin):
+    """Group weights (docs/scheduling.md#group-weights); ``manage.py fair_group`` too."""
+
+    list_display = ("name", "weight")
+    search_fields = ("name",)
 
 
 @admin.register(Chunk)

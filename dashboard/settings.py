@@ -345,6 +345,17 @@ MAX_ATTEMPTS = env_int("GITWARD_MAX_ATTEMPTS", 3, minimum=1)
 #: How many analyze runs of one repository may wait in one RQ queue at once; the rest are
 #: parked in the database and released one by one (docs/scheduling.md). 0: no limit (FIFO).
 FAIR_WEIGHT = env_int("GITWARD_FAIR_WEIGHT", 2, minimum=0)
+#: Workers a pool runs on top of WORKERS that take only small interactive jobs (the
+#: reserved interactive slot, docs/scheduling.md#the-reserved-interactive-slot), and the
+#: largest known history (commits) whose interactive jobs count as small.
+INTERACTIVE_WORKERS = env_int("GITWARD_INTERACTIVE_WORKERS", 1, minimum=0)
+INTERACTIVE_MAX_COMMITS = env_int("GITWARD_INTERACTIVE_MAX_COMMITS", 1000, minimum=0)
+#: Niceness a regular worker's work horse adds to itself for a job that is not express
+#: (docs/scheduling.md#the-reserved-interactive-slot): the CPU goes to small work first.
+BULK_NICE = env_int("GITWARD_BULK_NICE", 10, minimum=0, maximum=19)
+#: Seconds at most a chunk that is not express holds back its write on SQLite while an
+#: express job runs (docs/scheduling.md#bulk-writes-yield-on-sqlite); 0: never.
+BULK_WRITE_YIELD = env_float("GITWARD_BULK_WRITE_YIELD", 10.0, minimum=0.0)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 
@@ -395,6 +406,9 @@ VERIFY_BATCH = env_int("GITWARD_VERIFY_BATCH", 20, minimum=1)
 VERIFY_ON_MISMATCH = env_str("GITWARD_VERIFY_ON_MISMATCH", "flag").strip().lower()
 if VERIFY_ON_MISMATCH not in {"flag", "withhold"}:
     raise _invalid("GITWARD_VERIFY_ON_MISMATCH", "flag or withhold", VERIFY_ON_MISMATCH)
+#: Background precomputation of the analytics' aggregates after each completed analysis
+#: (docs/analytics.md#precomputation).
+PRECOMPUTE_AGGREGATES = env_bool("GITWARD_PRECOMPUTE_AGGREGATES", True)
 RATE_SUBMIT_PER_MINUTE = env_int("GITWARD_RATE_SUBMIT_PER_MINUTE", 30, minimum=0)
 RATE_API_PER_MINUTE = env_int("GITWARD_RATE_API_PER_MINUTE", 600, minimum=0)
 #: The analytics' bots lens and identity map (docs/analytics.md#lenses).

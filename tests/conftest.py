@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.test.signals import setting_changed
 from rq import SimpleWorker
 
 from dashboard.infra import queues
@@ -39,11 +41,18 @@ os.environ[OWNER_VARIABLE] = str(os.getpid())
 #: The processes tests start (``manage.py up``, workers) run no scheduled verification
 #: either unless a test sets it (see ``_isolated_paths``).
 os.environ.setdefault("GITWARD_VERIFY_INTERVAL", "0")
+#: Nor precompute the aggregates after an analysis (tests read them cold unless a test turns it
+#: on: tests/dashboard/analytics/test_precomputation.py).
+os.environ.setdefault("GITWARD_PRECOMPUTE_AGGREGATES", "false")
 #: Mirror affinity off in the worker processes tests start (they inherit this), as in this
 #: process (``_isolated_paths``): tests read a chunk's job off its version's shared queue.
 #: Affinity itself is tested with it on (tests/dashboard/runs/test_affinity.py,
 #: tests/system/test_fetch_hosts.py; docs/scheduling.md#mirror-affinity).
 os.environ["GITWARD_AFFINITY_WAIT"] = "0"
+#: No reserved interactive slot in a pool unless a test asks for it: the pool tests count
+#: their workers. The slot is tested with it on (tests/workers/test_pool.py,
+#: tests/system/test_fairness.py; docs/scheduling.md#the-reserved-interactive-slot).
+os.environ["GITWARD_INTERACTIVE_WORKERS"] = "0"
 
 #: Started once by multiprocessing for the rest of the session (spawn start method).
 LONG_LIVED = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -120,12 +129,19 @@ def _no_pool_slot_left_behind() -> Iterator[None]:
     back."""
     of = db_pool_slots.pool()
     before = db_pool_slots.taken_by_others(of) if of is not None else 0
+    pool_settings = db_pool_slots.pool_settings()
     started = db_pool_slots.StartedThreads()
     started.start()
     try:
         yield
     finally:
         started.stop()
+    if db_pool_slots.restore_pool_settings(pool_settings):
+        raise AssertionError(
+            "the test changed the database's pool settings for the rest of the process "
+            "(a worker run in the test process? run it in a process of its own, as "
+            "tests/workers/test_pool.py does); they are restored"
+        )
     of_now = db_pool_slots.pool()
     if of_now is None:
         return  # SQLite, no pool, or the test closed it (with whatever it lent)
@@ -150,6 +166,28 @@ def _own_node(data_dir: Path) -> RedisNode:
             return node
         node.kill()
     raise RuntimeError("no free port for a test Redis node")
+
+
+class FewIterationsPBKDF2(PBKDF2PasswordHasher):
+    """Django's PBKDF2 hasher at 1,000 iterations instead of 1,000,000: a password hashed
+    by this process (every fixture's user, every failed login's timing-equaliser hash)
+    cost 0.33 s of CPU, and the suite hashes hundreds. The same algorithm name: the
+    iterations are written in the hash, so a server process the test starts (``up``,
+    with the real hasher) still verifies these passwords. Tests of the hashing itself set
+    their own ``PASSWORD_HASHERS`` (tests/dashboard/accounts/test_auth_backend.py);
+    docs/testing.md#trimmed-on-2026-12-07."""
+
+    iterations = 1_000
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cheap_password_hashing() -> None:
+    # Set in place, as ``redis_nodes`` sets the Redis URLs (an ``override_settings``
+    # held for the session would swap the settings object back at its teardown, under
+    # the metrics flusher still reading them); the signal empties Django's hasher cache.
+    hashers = [f"{__name__}.FewIterationsPBKDF2"]
+    settings.PASSWORD_HASHERS = hashers
+    setting_changed.send(sender=None, setting="PASSWORD_HASHERS", value=hashers, enter=True)
 
 
 @pytest.fixture(scope="session")
@@ -235,7 +273,11 @@ def _isolated_paths(tmp_path: Path, settings: object) -> None:
     # The scheduled verifier is off unless a test turns it on (its reconciler rounds
     # would add maintenance jobs to every drained queue); docs/analytics.md#verification.
     settings.VERIFY_INTERVAL = 0.0  # type: ignore[attr-defined]
+    # Nor is aggregates precomputation (its job after each analysis would compute what the
+    # aggregates tests expect their first read to compute); docs/analytics.md#precomputation.
+    settings.PRECOMPUTE_AGGREGATES = False  # type: ignore[attr-defined]
     settings.AFFINITY_WAIT = 0.0  # type: ignore[attr-defined]  # see GITWARD_AFFINITY_WAIT above
+    settings.INTERACTIVE_WORKERS = 0  # type: ignore[attr-defined]  # as GITWARD_INTERACTIVE_WORKERS
     page_cache.clear()  # pages stored by an earlier test with a TTL of its own
 
 
@@ -304,7 +346,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("slow"):
             # Under `--dist loadgroup` (make test) every slow test runs in one xdist
             # worker, one after another, while the other worker takes the fast ones.
+            # The largest group goes out first (xdist's --loadscope-reorder, on by
+            # default), so the slow group starts at once instead of last.
             item.add_marker(pytest.mark.xdist_group("slow"))
+        elif item.get_closest_marker("xdist_group") is None:
+            # Every other test runs with the rest of its file, in file order, in one
+            # worker (as `--dist loadfile` would): a file is a unit, so a test never
+            # runs after a different subset of its own file's tests from one run to
+            # the next (docs/testing.md#markers-parallel-runs-and-what-every-test-gets).
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

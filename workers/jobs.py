@@ -14,12 +14,14 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import connection as django_connection
 from django.utils import timezone
 from rq import get_current_job
 from rq.job import Job
@@ -87,6 +89,17 @@ def loaded_fingerprints() -> list[str]:
     return [c.fingerprint() for c in _LOADED]
 
 
+#: Whether this process is a reserved interactive slot's worker
+#: (docs/scheduling.md#the-reserved-interactive-slot); forked work horses inherit it.
+_EXPRESS: list[bool] = [False]
+
+
+def serve_express(on: bool) -> None:
+    """Mark this worker process as the reserved interactive slot's (before any job): its
+    syncs analyse no large first chunk inline (``_inline_fingerprints``)."""
+    _EXPRESS[0] = bool(on)
+
+
 def sync_repository(run_id: int, attempt: int) -> str:
     """The sync attempt, then the first attempt of the chunk its plan left
     for this work horse (``plans.Plan.inline``), through the same lifecycle as an RQ
@@ -107,19 +120,20 @@ def sync_repository(run_id: int, attempt: int) -> str:
 
     The sync's RQ job timeout (``GITWARD_JOB_TIMEOUT``) covers both attempts.
     """
-    held = _Held()
-    try:
-        result = _execute(run_id, attempt, functools.partial(_sync, held=held))
-    except BaseException:
-        _enqueue_held(held.runs)  # the plan committed, the sync then failed
-        raise
-    if not held.synced:  # the body ended in a recorded failure or deferral after its plan
-        _enqueue_held(held.runs)
+    with _express_marked():
+        held = _Held()
+        try:
+            result = _execute(run_id, attempt, functools.partial(_sync, held=held))
+        except BaseException:
+            _enqueue_held(held.runs)  # the plan committed, the sync then failed
+            raise
+        if not held.synced:  # the body ended in a recorded failure or deferral after its plan
+            _enqueue_held(held.runs)
+            return result
+        for inline in held.runs:
+            failpoint("sync.inline")
+            result += f"; first chunk inline: {_analyze_inline(inline)}"
         return result
-    for inline in held.runs:
-        failpoint("sync.inline")
-        result += f"; first chunk inline: {_analyze_inline(inline)}"
-    return result
 
 
 @dataclass
@@ -155,7 +169,8 @@ def _enqueue_held(held: list[int]) -> None:
 
 
 def analyze_chunk(run_id: int, attempt: int) -> str:
-    return _execute(run_id, attempt, _analyze)
+    with _express_marked():
+        return _execute(run_id, attempt, _analyze)
 
 
 def catch_up_repositories(fingerprint: str, after: int) -> str:
@@ -279,19 +294,26 @@ def _plan(
         lock_key=repo.lock_key(),
         token=lock.token,
         since=since,
-        inline_for=_inline_fingerprints(),
+        inline_for=_inline_fingerprints(len(shas)),
     )
     return planned, shas
 
 
-def _inline_fingerprints() -> list[str]:
+def _inline_fingerprints(listed: int = 0) -> list[str]:
     """The versions whose first chunk this sync's horse may analyse itself: those it
     loaded, unless their analysis queue is paused (an operator's pause stops the inline
     chunk too: it is then enqueued on the paused queue and waits there like the rest).
+    None on the reserved interactive slot when the sync listed more than
+    ``GITWARD_INTERACTIVE_MAX_COMMITS`` commits: a new large submission's sync (its size
+    unknown when it was enqueued, so express) then enqueues its first chunk for the
+    regular workers instead of holding the slot with it
+    (docs/scheduling.md#the-reserved-interactive-slot).
 
     Race: a pause right after this read lets one chunk run, as a worker that dequeued
     just before the pause would."""
     if not settings.INLINE_CHUNK:
+        return []
+    if _EXPRESS[0] and listed > settings.INTERACTIVE_MAX_COMMITS:
         return []
     try:
         paused = infra.paused_queue_names()
@@ -331,14 +353,29 @@ def _analyze(attempt: runs.Attempt) -> str:
         # (docs/rollouts.md#result-contract); unarmed, it changes nothing.
         records = [_perturbed(r) if perturbs("analyze.perturb", chunk.fingerprint, r.sha)
                    else r for r in records]  # fmt: skip
+        _yield_write(repo.name)
         lock.check()
         failpoint("analyze.before_write", repo.name)
         if altered("analyze.alter_row", repo.name):
             records = _alter_one_row(records)
         written = write_chunk(chunk=chunk, records=records, token=lock.token)
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
-    repositories.finish_chunk(chunk)
+    if repositories.finish_chunk(chunk):
+        _enqueue_precompute(repo.pk, chunk.fingerprint)
     return f"stored {written} commits"
+
+
+def _enqueue_precompute(repo_id: int, fingerprint: str) -> None:
+    """The analysis of the served fingerprint completed (``finish_chunk``: the
+    repository is ready under it): precompute its aggregates in the background
+    (docs/analytics.md#precomputation). Never fails the chunk: with the queue server away the
+    first reader computes them, as without precomputation."""
+    try:
+        analytics.enqueue_precompute(repo_id, fingerprint)
+    except Exception:
+        log.warning(
+            "aggregates precomputation of repository %s not enqueued", repo_id, exc_info=True
+        )
 
 
 def _perturbed(record: CommitRecord) -> CommitRecord:
@@ -372,7 +409,84 @@ def verify_repository(repo_id: int, fingerprint: str) -> str:
     return analytics.run_verification(repo_id, fingerprint)
 
 
+def precompute_aggregates(repo_id: int, fingerprint: str, pending: str | None = None) -> str:
+    """RQ entry point (queue ``maintenance``, the last class): compute the aggregates the
+    whole-history views read (``analytics.run_precompute``, docs/analytics.md#precomputation)."""
+    return analytics.run_precompute(repo_id, fingerprint, pending)
+
+
 # ---------------------------------------------------------------------------- steps
+
+
+@contextlib.contextmanager
+def _express_marked() -> Iterator[None]:
+    """Around a whole RQ job (a sync with its inline chunk, or a chunk): an express job
+    (docs/scheduling.md#the-reserved-interactive-slot) is recorded as running
+    (``infra.express_begun``) from before its first claim to after its last outcome, so
+    a bulk chunk on SQLite holds its write back meanwhile (``_yield_write``)."""
+    job = get_current_job()
+    express = _express_job(job)
+    _RUNNING_EXPRESS[0] = express
+    if express and job is not None:
+        with contextlib.suppress(Exception):  # Redis trouble: bulk writes do not yield
+            infra.express_begun(job.id)
+    try:
+        yield
+    finally:
+        if express and job is not None:
+            # Race: a horse killed before this line leaves its entry; it holds bulk
+            # writes back until its lease ends (infra.EXPRESS_LEASE_MS), never longer.
+            with contextlib.suppress(Exception):
+                infra.express_ended(job.id)
+
+
+#: Whether the job this work horse runs is express (``_express_marked``).
+_RUNNING_EXPRESS: list[bool] = [False]
+
+
+def _express_job(job: Job | None) -> bool:
+    """Whether ``job`` is express: every job of the reserved slot's worker, and a job
+    marked express that a regular worker took (docs/scheduling.md#the-reserved-interactive-slot)."""
+    if _EXPRESS[0]:
+        return True
+    if job is None:
+        return False
+    try:
+        return infra.is_express(job.id)
+    except Exception:  # Redis trouble: counted as bulk, which only means it does not yield
+        return False
+
+
+def _yield_write(repo_name: str) -> None:
+    """Before a chunk's write transaction: on SQLite, a chunk that is not express waits
+    while an express job runs, up to ``GITWARD_BULK_WRITE_YIELD`` seconds
+    (docs/scheduling.md#bulk-writes-yield-on-sqlite). SQLite has one writer at a time,
+    and a large chunk's write (one transaction, seconds) started beside a small job
+    holds up every write of that job. The chunk's lock stays held and renewed while it
+    waits, and its fencing token is checked after (``lock.check``, ``write_chunk``).
+
+    Race: an express job that begins just after this returned finds the write under
+    way and waits for it, as without the yield; the yield only orders the writes, no
+    correctness rests on it."""
+    limit = float(settings.BULK_WRITE_YIELD)
+    if limit <= 0 or _RUNNING_EXPRESS[0] or django_connection.vendor != "sqlite":
+        return
+    deadline = time.monotonic() + limit
+    told = False
+    while time.monotonic() < deadline:
+        try:
+            if not infra.express_running():
+                return
+        except Exception:  # Redis trouble: write now
+            return
+        if not told:
+            failpoint("analyze.yielding", repo_name)
+            told = True
+        time.sleep(WRITE_YIELD_POLL)
+
+
+#: Seconds between two looks of a yielding bulk write at the express jobs running.
+WRITE_YIELD_POLL = 0.05
 
 
 @observability.traced  # spans, log context: dashboard/observability/traces.py

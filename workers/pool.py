@@ -2,7 +2,9 @@
 
 Which workers run (``desired_workers``, re-read from the versions table every few
 seconds, so a rollout changes the pool without a restart): ``size`` workers of the
-current version (its physical queue + sync + maintenance), one worker of every other
+current version (its physical queue + sync + maintenance), ``GITWARD_INTERACTIVE_WORKERS``
+more of it that take only small interactive jobs (the reserved interactive slot,
+docs/scheduling.md#the-reserved-interactive-slot), one worker of every other
 staffed version (warming, verified, ramping, draining: its physical queue only), and
 one worker of the ``rollouts`` driver queue. Only versions of the pool's own code are
 staffed; a pool of new code beside the current one (blue/green) puts its ``size``
@@ -46,13 +48,14 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connections
 from rq import Queue, Worker
+from rq.exceptions import NoSuchJobError
 
 from dashboard import infra, locks, runs, versions
 from dashboard.infra import close_thread_connections, use_direct_connections
 from dashboard.models import AnalyzerVersion
 from dashboard.rollouts import DRIVER_QUEUE
 from workers.analysis import CODE_VERSION, DECLARED_EFFECT, DEFAULT, AnalyzerConfig, queue_name
-from workers.jobs import MovedPathsJob, load_versions, loaded_fingerprints
+from workers.jobs import MovedPathsJob, load_versions, loaded_fingerprints, serve_express
 from workers.runtime import ForkGuard, die_with_parent, kill_tree
 
 log = logging.getLogger(__name__)
@@ -136,13 +139,24 @@ def load_contexts() -> list[str]:
     return names
 
 
+#: Seconds between two looks of an express worker at its queues' heads.
+EXPRESS_POLL = 0.2
+
+
 def run_one_worker(
     queue_names: Sequence[str],
     *,
     burst: bool = False,
     configs: Sequence[AnalyzerConfig] | None = None,
+    express: bool = False,
 ) -> None:
     """Run one RQ worker in this process until stopped (Django must be set up).
+
+    ``express``: the worker is a reserved interactive slot
+    (docs/scheduling.md#the-reserved-interactive-slot): it takes only jobs marked
+    express (small interactive work, ``infra.take_express``), from among the most urgent
+    jobs of its queues wherever they stand behind a large backfill's, and never
+    another job, so a long chunk never holds it.
 
     ``configs`` are the analyzer versions it loads (default: the deployed default).
     It refuses to listen on a physical analysis queue of a version it did not load
@@ -181,6 +195,20 @@ def run_one_worker(
             finally:
                 gc.unfreeze()
                 self.last_horse = self.horse_pid  # RQ zeroes horse_pid once it is reaped
+
+        def main_work_horse(self, job: Any, queue: Any) -> Any:
+            """In the horse: a regular worker's horse running a job that is not express
+            lowers its own CPU priority (``GITWARD_BULK_NICE``), so the reserved slot's
+            small job gets the CPU first on a busy machine
+            (docs/scheduling.md#the-reserved-interactive-slot). Lowering one's own
+            priority needs no privilege; the horse exits after its job, so the worker
+            keeps its own."""
+            nice = int(settings.BULK_NICE)
+            if not express and nice > 0:
+                with contextlib.suppress(Exception):  # Redis trouble: run at full priority
+                    if not infra.is_express(job.id):
+                        os.nice(nice)
+            return super().main_work_horse(job, queue)
 
         def setup_work_horse_signals(self) -> None:
             super().setup_work_horse_signals()
@@ -222,12 +250,43 @@ def run_one_worker(
         ) -> Any:
             """RQ's dequeue, one round (``dequeue_timeout``) at a time, until a job comes
             or a stop is requested (``_shutdown``): None then ends RQ's ``work`` loop."""
+            if express:
+                return self.dequeue_express(burst=timeout is None)
             if timeout is None or max_idle_time is not None:  # burst: RQ's single pass
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             while not self._stop_requested:
                 result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time=timeout)
                 if result is not None:
                     return result
+            return None
+
+        def dequeue_express(self, *, burst: bool) -> Any:
+            """The reserved slot's dequeue: every ``EXPRESS_POLL`` seconds, the first
+            express job of its (unpaused) queues in their order, taken out of its list
+            by one script (``infra.take_express``: a regular worker's pop of the same
+            id and this script run one after the other, so one of them gets it). A
+            burst worker looks once. The heartbeat (and with it the pause and gate
+            read) runs once a second, as for a regular worker."""
+            next_beat = 0.0
+            while not self._stop_requested:
+                if time.monotonic() >= next_beat:
+                    self.set_state("idle")
+                    self.heartbeat()
+                    next_beat = time.monotonic() + 1.0
+                for q in list(self._ordered_queues):
+                    job_id = infra.take_express(q)
+                    if job_id is None:
+                        continue
+                    try:
+                        job = self.job_class.fetch(job_id, connection=self.connection)
+                    except NoSuchJobError:  # dropped meanwhile (a cancel): nothing to run
+                        continue
+                    job.redis_server_version = self.get_redis_server_version()
+                    self.heartbeat()
+                    return job, q
+                if burst:
+                    return None
+                time.sleep(EXPRESS_POLL)
             return None
 
         def request_force_stop(self, signum: int, frame: Any) -> None:
@@ -319,6 +378,7 @@ def run_one_worker(
     # No pool in a worker: its work horses are forked (dashboard/infra/dbpool.py).
     use_direct_connections()
     load_versions(wanted)
+    serve_express(express)
     connections.close_all()
     conn = infra.worker_connection()  # RQ raises its read timeout; not the shared one
     name = f"{socket.gethostname()}.{os.getpid()}"
@@ -479,6 +539,9 @@ def desired_workers(size: int) -> list[Spec]:
     if current is None or current[1] == CODE_VERSION:
         served = current[0] if current is not None else DEFAULT.fingerprint()
         specs += [("--analyzer", served, "--shared")] * size
+        # the reserved interactive slot (docs/scheduling.md#the-reserved-interactive-slot)
+        express = int(settings.INTERACTIVE_WORKERS) if size else 0
+        specs += [("--analyzer", served, "--shared", "--express")] * express
         specs += [("--analyzer", fp) for fp, _ in mine if fp != served]
     else:
         lead = next((fp for state in LEAD_ORDER for fp, st in mine if st == state), None)

@@ -19,7 +19,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dashboard.analytics.rows import Scope, directory_ctes, fetch
+from dashboard.analytics.coupling_aggregates import applies, coupling_ctes
+from dashboard.analytics.rows import MAX_DEPTH, Scope, directory_ctes, fetch
 from dashboard.models import Commit, FileChange
 
 
@@ -74,9 +75,15 @@ def _entity_pairs(
 ) -> list[tuple[Any, ...]]:
     """``pairs`` (a CTE body over ``head``'s ``ents(rev, e)``: ``shared(ea, eb, shared)``,
     one row per pair) joined to each entity's revisions, the thresholds applied in SQL."""
+    ctes = f"{head}, revs AS (SELECT e, COUNT(*) AS n FROM ents GROUP BY e), {pairs}"  # noqa: S608
+    return _select(ctes, params, t, limit=limit)
+
+
+def _select(ctes: str, params: list[Any], t: Thresholds, *, limit: int) -> list[tuple[Any, ...]]:
+    """``ctes``' ``shared(ea, eb, shared)`` joined to its ``revs(e, n)``, the thresholds
+    applied in SQL, strongest first."""
     sql = (
-        f"WITH {head}, revs AS (SELECT e, COUNT(*) AS n FROM ents GROUP BY e), "  # noqa: S608
-        f"{pairs} "
+        f"WITH {ctes} "  # noqa: S608
         "SELECT p.ea, p.eb, p.shared, ra.n, rb.n FROM shared p "
         "JOIN revs ra ON ra.e = p.ea JOIN revs rb ON rb.e = p.eb "
         "WHERE p.shared >= %s AND ra.n + rb.n >= 2 * %s AND 200 * p.shared >= %s * (ra.n + rb.n) "
@@ -94,6 +101,20 @@ _FILE_PAIRS = (
     f"JOIN {FileChange._meta.db_table} b ON b.commit_id = a.rev AND {{join}} "
     "GROUP BY a.path, b.path)"
 )
+
+
+def _aggregated(
+    scope: Scope, t: Thresholds, depth: int, path: str | None, limit: int
+) -> list[dict[str, Any]] | None:
+    """The pairs read through the per-month coupling aggregates where they are exact
+    (docs/analytics.md#performance), else None (read every stored row)."""
+    if not applies(scope, t.max_changeset_size):
+        return None
+    found = coupling_ctes(scope, t.max_changeset_size, depth=depth, path=path)
+    if found is None:
+        return None
+    ctes, params = found
+    return [_row(*r) for r in _select(ctes, params, t, limit=limit)]
 
 
 def _row(a: str, b: str, shared: int, revs_a: int, revs_b: int) -> dict[str, Any]:
@@ -114,6 +135,9 @@ def file_coupling(
 ) -> list[dict[str, Any]]:
     """The coupled file pairs of the window, strongest first (``entity`` < ``coupled``)."""
     t = t or Thresholds()
+    aggregated = _aggregated(scope, t, 0, None, limit)
+    if aggregated is not None:
+        return aggregated
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
     other, other_params = scope.file_filter("b")
@@ -126,6 +150,9 @@ def coupled_with(
 ) -> list[dict[str, Any]]:
     """What changes with ``path``: its coupled files, strongest first (``entity`` is ``path``)."""
     t = t or Thresholds()
+    aggregated = _aggregated(scope, t, 0, path, limit)
+    if aggregated is not None:
+        return aggregated
     head, params = _kept(scope, t)
     head += ", ents AS (SELECT rev, path AS e FROM kept)"
     other, other_params = scope.file_filter("b")
@@ -143,6 +170,11 @@ def directory_coupling(
     distinct path's directory is computed once (``dirmap``); the pairs come from the
     file pairs of each commit, read through the file rows' commit index."""
     t = t or Thresholds()
+    if not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"depth must be between 1 and {MAX_DEPTH}")
+    aggregated = _aggregated(scope, t, depth, None, limit)
+    if aggregated is not None:
+        return aggregated
     head, params = _kept(scope, t)
     dirs, name = directory_ctes("paths", depth, ("path",))
     head += (

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import connection
 
 from dashboard.analytics.aggregates import file_parts
+from dashboard.analytics.dir_aggregates import dir_parts
 from dashboard.analytics.rows import Scope, as_instant, directory_ctes, fetch
 from dashboard.models import Commit
 
@@ -82,6 +83,15 @@ def directory_hotspots(scope: Scope, *, depth: int = 1, limit: int = 50) -> list
     mid = midpoint(scope)
     if mid is None:
         return []
+    parts = dir_parts(scope, depth, mid)
+    if parts is not None:  # docs/analytics.md#performance
+        found = fetch(
+            f"WITH {parts.sql} SELECT dir, SUM(revs), SUM(churn), COUNT(DISTINCT author), "  # noqa: S608
+            "SUM(recent) FROM dparts GROUP BY dir "
+            "ORDER BY SUM(revs) DESC, SUM(churn) DESC, dir LIMIT %s",
+            [*parts.params, limit],
+        )
+        return _rows(found, "directory")
     head, params = scope.rows_cte()
     dirs, name = directory_ctes(
         "scoped", depth, ("rev", "path", "added", "deleted", "author", "at")

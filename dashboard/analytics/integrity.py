@@ -33,8 +33,10 @@ __all__ = [
     "badge_text",
     "clear_mismatch",
     "job_id",
+    "mismatch_marks_of",
     "mismatch_text",
     "open_mismatch_count",
+    "open_mismatch_marks",
     "open_mismatches",
     "record_result",
     "run_verification",
@@ -338,6 +340,26 @@ def open_mismatches(*, limit: int = 100) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def open_mismatch_marks(*, limit: int = 50) -> list[list[Any]]:
+    """What the live view compares to know the integrity group changed: ``[id,
+    checked_at]`` of the newest ``limit`` open mismatches, in the order the Dead letters
+    page shows them (``open_mismatches(limit=50)``). A new pass of an open row moves its
+    ``checked_at``; a clear drops its row; a new mismatch adds one. JSON-safe: it rides
+    in the operations snapshot (docs/live-view.md)."""
+    rows = (
+        Verification.objects.filter(state=Verification.State.MISMATCH)
+        .order_by("-checked_at", "-id")
+        .values_list("id", "checked_at")[:limit]
+    )
+    return [[pk, at.isoformat() if at else None] for pk, at in rows]
+
+
+def mismatch_marks_of(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """``open_mismatch_marks`` of rows ``open_mismatches`` returned: what the page was
+    rendered from, to compare with a snapshot's."""
+    return [[r["id"], r["checked_at"]] for r in rows]
 
 
 def open_mismatch_count() -> int:

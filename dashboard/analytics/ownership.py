@@ -22,6 +22,12 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dashboard.analytics.author_months import (
+    file_credits_aggregated,
+    last_seen_aggregated,
+    names_aggregated,
+)
+from dashboard.analytics.dir_aggregates import co_credits, dir_names, dir_parts
 from dashboard.analytics.rows import (
     Scope,
     as_instant,
@@ -66,6 +72,8 @@ def _by_author(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
 
 def _file_credits(scope: Scope) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """Per file, each credited person's revisions; and each file's revisions."""
+    if scope.aggregates:  # docs/analytics.md#performance
+        return file_credits_aggregated(scope)
     head, params = scope.rows_cte()
     credits, credit_params = scope.credits_cte()
     per = _by_author(
@@ -79,22 +87,28 @@ def _file_credits(scope: Scope) -> tuple[dict[str, dict[str, int]], dict[str, in
     return per, {path: int(n) for path, n in revs}
 
 
+def _names(scope: Scope) -> dict[str, str]:
+    return names_aggregated(scope) if scope.aggregates else author_names(scope)
+
+
 def file_ownership(scope: Scope, *, limit: int = 200) -> list[dict[str, Any]]:
     """Per file: revisions, authors, main developer and their share, fragmentation and bus
     factor; the most changed files first."""
     per, revs = _file_credits(scope)
-    names = author_names(scope)
-    rows = [{"path": path, **_shares(counts, revs[path])} for path, counts in per.items()]
+    names = _names(scope)
+    # The order needs only each file's revisions: the shares of the first ``limit``.
+    shown = sorted(per, key=lambda path: (-revs[path], path))[:limit]
+    rows = [{"path": path, **_shares(per[path], revs[path])} for path in shown]
     for row in rows:
         row["main_dev_name"] = names.get(row["main_dev"], row["main_dev"])
-    rows.sort(key=lambda r: (-r["revs"], r["path"]))
-    return rows[:limit]
+    return rows
 
 
-def directory_ownership(scope: Scope, *, depth: int = 1) -> list[dict[str, Any]]:
-    """Per directory (first ``depth`` levels): its changes (distinct commits), authors,
-    main developer, share, fragmentation and bus factor, with every author's changes;
-    the lowest bus factor first, then the most changed."""
+def _directory_credits(
+    scope: Scope, depth: int
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Per directory, each credited person's commits; and each directory's commits,
+    from every stored row of the scope."""
     head, params = scope.rows_cte()
     credits, credit_params = scope.credits_cte()
     dirs, name = directory_ctes("scoped", depth, ("rev", "path"))
@@ -112,7 +126,31 @@ def directory_ownership(scope: Scope, *, depth: int = 1) -> list[dict[str, Any]]
             params,
         )
     }
-    names = author_names(scope)
+    return per, revs
+
+
+def directory_ownership(scope: Scope, *, depth: int = 1) -> list[dict[str, Any]]:
+    """Per directory (first ``depth`` levels): its changes (distinct commits), authors,
+    main developer, share, fragmentation and bus factor, with every author's changes;
+    the lowest bus factor first, then the most changed."""
+    parts = dir_parts(scope, depth)
+    if parts is not None:
+        # docs/analytics.md#performance: the authors' own commits per directory from the
+        # aggregates (they add up to its commits), then the co-authors' credits.
+        per = _by_author(
+            fetch(
+                f"WITH {parts.sql} SELECT dir, author, SUM(revs) FROM dparts "  # noqa: S608
+                "GROUP BY dir, author",
+                parts.params,
+            )
+        )
+        revs = {d: sum(counts.values()) for d, counts in per.items()}
+        for d, person, n in co_credits(scope, depth):
+            per[d][person] = per[d].get(person, 0) + n
+        names = dir_names(scope, parts)
+    else:
+        per, revs = _directory_credits(scope, depth)
+        names = author_names(scope)
     rows = []
     for directory, counts in per.items():
         row = {"directory": directory, **_shares(counts, revs[directory])}
@@ -131,6 +169,8 @@ def last_seen(scope: Scope) -> dict[str, Any]:
     the window's end, over the whole stored history: inactivity is not bounded by the
     window's start."""
     whole = scope.within(Window(None, scope.window.end))
+    if scope.aggregates:  # docs/analytics.md#performance
+        return last_seen_aggregated(whole)
     credits, params = whole.credits_cte()
     rows = fetch(
         f"WITH {credits} SELECT cr.person, MAX(c.committed_at) FROM credits cr "  # noqa: S608
@@ -153,7 +193,7 @@ def knowledge_at_risk(scope: Scope, *, inactive_days: int = 90) -> dict[str, Any
     seen = last_seen(scope)
     inactive = {a for a, at in seen.items() if at < cutoff}
     per, _revs = _file_credits(scope)
-    names = author_names(scope.within(Window(None, scope.window.end)))
+    names = _names(scope.within(Window(None, scope.window.end)))
     files: dict[str, list[str]] = defaultdict(list)
     for path, counts in per.items():
         if set(counts) <= inactive:

@@ -121,9 +121,28 @@ SCHEMAS: dict[str, Any] = {
             "summary": {"type": ["object", "null"]},
             "waiting": {"oneOf": [_ref("Waiting"), {"type": "null"}]},
             "verification": {"oneOf": [_ref("Verification"), {"type": "null"}]},
+            "aggregates": {"oneOf": [_ref("AggregatesPrecompute"), {"type": "null"}]},
             "withheld": STR_OR_NULL,
         },
     ),
+    "AggregatesPrecompute": _obj(
+        {
+            "state": {"enum": ["cold", "queued", "computing", "current", "stale"]},
+            "since": TIME_OR_NULL,
+            "at": TIME_OR_NULL,
+            "spans": {"type": ["integer", "null"], "minimum": 0},
+            "text": {"type": "string"},
+        },
+        {"busy": {"type": "integer", "minimum": 0}},
+    )
+    | {
+        "description": "Whether the aggregates the whole-history analytics read are "
+        "computed (docs/analytics.md#precomputation): `queued` or `computing` since "
+        "`since`; `current` as of the last precompute job (`at`, `spans` months and "
+        "years, `busy` left to readers); `stale` when commits were written or a month "
+        "became whole since; `cold` before any precompute job. Null while the queue "
+        "server is unreachable."
+    },
     "Waiting": _obj(
         {
             "position": {"type": ["integer", "null"], "minimum": 1},

@@ -58,6 +58,7 @@ def repo_detail(request: HttpRequest, repo_id: int) -> HttpResponse:
     except QueueUnavailable:  # the queue is unknown while its server is down
         body["waiting"] = None
     body["verification"] = analytics.verification_status(repo)
+    body["aggregates"] = analytics.precompute_status(repo)  # docs/analytics.md#precomputation
     # withheld results (docs/analytics.md#verification): the reason instead of numbers
     body["withheld"] = withheld = analytics.withheld_reason(repo)
     if request.GET.get("summary") in {"1", "true"} and withheld:

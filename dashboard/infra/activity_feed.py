@@ -3,8 +3,8 @@
 ``dashboard.infra.events`` delivers every event to the sockets and hands the ones worth a line
 in the feed to ``record``: runs queued, started, finished or dead; locks taken, released
 or lost; repositories changing status; operator actions (audit entries); rollouts. State
-ticks (``job.progress``, ``lock.extended``, ``worker.heartbeat``, a bulk action's running
-count) are left out: they would push everything else off the list within seconds.
+ticks (``job.progress``, ``lock.extended``, ``worker.heartbeat``, ``fetch.changed``, a bulk
+action's running count) are left out: they would push everything else off the list within seconds.
 
 The list is one Redis list on the queue server (``FEED_KEY``), newest first, trimmed to
 ``FEED_SIZE``; the operations snapshot carries the newest ``SEED`` of them, so a page
@@ -29,7 +29,7 @@ FEED_KEY = "gitward:activity"
 FEED_SIZE = 200
 SEED = 50
 #: State ticks: not activity (see the module docstring).
-TICKS = frozenset({"job.progress", "lock.extended", "worker.heartbeat"})
+TICKS = frozenset({"job.progress", "lock.extended", "worker.heartbeat", "fetch.changed"})
 _FAILURES = (queues.QueueUnavailable, redis.RedisError, OSError)
 
 

@@ -56,6 +56,7 @@ EVENT_TYPES = frozenset(
         "job.dead",
         "job.deferred",
         "worker.heartbeat",
+        "fetch.changed",
         "dlq.changed",
         "action.progress",
         "repo.changed",

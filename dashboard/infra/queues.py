@@ -17,7 +17,7 @@ import functools
 import logging
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -298,23 +298,136 @@ return 0
 """
 
 
+#: The job-hash field that marks a job the reserved interactive slot may take ("1"):
+#: a small interactive job (docs/scheduling.md#the-reserved-interactive-slot).
+EXPRESS_FIELD = "gitward_express"
+
+#: Takes the first job marked express (``EXPRESS_FIELD``) among the queue's most urgent
+#: class-0 jobs at its head: KEYS[1] the queue's list; ARGV[1] the job-hash key prefix,
+#: ARGV[2] the class field, ARGV[3] the express field, ARGV[4] how many head entries to
+#: look at. Stops at the first job of a less urgent class (classes are placed, so nothing
+#: interactive is behind it). Returns the id, removed from the list, or false.
+_TAKE_EXPRESS = """
+local key, prefix = KEYS[1], ARGV[1]
+local ids = redis.call('LRANGE', key, 0, tonumber(ARGV[4]) - 1)
+for _, id in ipairs(ids) do
+  local p = tonumber(redis.call('HGET', prefix .. id, ARGV[2]) or '0') or 0
+  if p > 0 then return false end
+  if redis.call('HGET', prefix .. id, ARGV[3]) == '1' then
+    redis.call('LREM', key, 1, id)
+    return id
+  end
+end
+return false
+"""
+
+#: Head entries ``take_express`` looks at: interactive large-backfill chunks ahead of a
+#: small job number at most the fleet's repositories × their weight.
+EXPRESS_SCAN = 256
+
+
+def take_express(q: Queue) -> str | None:
+    """Pop the first express job of ``q`` out of its list (``_TAKE_EXPRESS``), for the
+    reserved interactive slot's worker to run; None when there is none.
+
+    Race: a regular worker pops the head (BLPOP) at the same moment. Both are single
+    commands or one script on one Redis, so they run one after the other: the id is
+    removed from the list by exactly one of them, and the other does not see it."""
+    script = q.connection.register_script(_TAKE_EXPRESS)
+    args: list[str | int] = [
+        Job.redis_job_namespace_prefix, PRIORITY_FIELD, EXPRESS_FIELD, EXPRESS_SCAN,
+    ]  # fmt: skip
+    found = script(keys=[q.key], args=args)
+    if not found:
+        return None
+    return found.decode() if isinstance(found, bytes) else str(found)
+
+
+#: Sorted set of the express jobs running now: member a job id, score the end of its
+#: lease (ms, the queue server's clock) (docs/scheduling.md#bulk-writes-yield-on-sqlite).
+EXPRESS_RUNNING_KEY = "gitward:express:running"
+
+#: Lease of an entry of ``EXPRESS_RUNNING_KEY``: a work horse killed before it takes its
+#: entry out holds bulk writes back for at most this long.
+EXPRESS_LEASE_MS = 120_000
+
+#: Adds ARGV[1] with the lease end; KEYS[1] the set, ARGV[2] the lease (ms).
+_EXPRESS_BEGIN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
+#: Drops the entries whose lease has ended; returns how many are left.
+_EXPRESS_COUNT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+def express_begun(job_id: str) -> None:
+    """Record that express job ``job_id`` runs now (``express_running``), for
+    ``EXPRESS_LEASE_MS`` at most. One script, read against the server's clock, so the
+    lease means the same to every worker host."""
+    script = connection().register_script(_EXPRESS_BEGIN)
+    script(keys=[EXPRESS_RUNNING_KEY], args=[job_id, EXPRESS_LEASE_MS])
+
+
+def express_ended(job_id: str) -> None:
+    """Take ``job_id`` out of the express jobs running now."""
+    connection().zrem(EXPRESS_RUNNING_KEY, job_id)
+
+
+def express_running() -> int:
+    """How many express jobs run now (entries whose lease has not ended)."""
+    script = connection().register_script(_EXPRESS_COUNT)
+    return int(script(keys=[EXPRESS_RUNNING_KEY]))
+
+
+def is_express(job_id: str) -> bool:
+    """Whether the job is marked express (``EXPRESS_FIELD``)."""
+    raw = connection().hget(Job.key_for(job_id), EXPRESS_FIELD)
+    return raw in (b"1", "1")
+
+
 def _put(
-    q: Queue, func: str, args: tuple[object, ...], job_id: str, delay: float, priority: int
+    q: Queue,
+    func: str,
+    args: tuple[object, ...],
+    job_id: str,
+    delay: float,
+    priority: int,
+    express: bool = False,
 ) -> None:
-    options: dict[str, object] = {
-        "job_id": job_id,
-        "unique": True,
-        "result_ttl": 3600,
-        "failure_ttl": 7 * 24 * 3600,
-    }
+    result_ttl, failure_ttl = 3600, 7 * 24 * 3600
+    # Race: a worker may take the job between its enqueue and these fields. The class
+    # and the express mark only choose a place in line; a job already taken needs none.
+    marks = {PRIORITY_FIELD: str(priority)} if priority else {}
+    if express:
+        marks[EXPRESS_FIELD] = "1"
     if delay > 0:
-        q.enqueue_in(timedelta(seconds=delay), func, *args, **options)
-        if priority:
-            q.connection.hset(Job.key_for(job_id), PRIORITY_FIELD, str(priority))
+        # RQ's enqueue_in ignores ``unique`` (a second call would overwrite a live job's
+        # hash); schedule_job's unique form is one script (check, save, schedule).
+        job = q.create_job(
+            func,
+            args=args,
+            job_id=job_id,
+            status=JobStatus.SCHEDULED,
+            result_ttl=result_ttl,
+            failure_ttl=failure_ttl,
+        )
+        q.schedule_job(job, datetime.now(UTC) + timedelta(seconds=delay), unique=True)
+        if marks:
+            q.connection.hset(Job.key_for(job_id), mapping=marks)
     else:
-        q.enqueue(func, *args, **options)
-        if priority:
-            q.connection.hset(Job.key_for(job_id), PRIORITY_FIELD, str(priority))
+        q.enqueue(
+            func, *args, job_id=job_id, unique=True, result_ttl=result_ttl, failure_ttl=failure_ttl
+        )
+        if marks:
+            q.connection.hset(Job.key_for(job_id), mapping=marks)
         place(q, job_id)
 
 
@@ -336,18 +449,25 @@ def place(q: Queue, job_id: str) -> int:
 
 
 def enqueue_unique(
-    q: Queue, func: str, *args: object, job_id: str, delay: float = 0.0, priority: int = 0
+    q: Queue,
+    func: str,
+    *args: object,
+    job_id: str,
+    delay: float = 0.0,
+    priority: int = 0,
+    express: bool = False,
 ) -> bool:
     """Enqueue under a deterministic id; False if that job already exists in Redis.
     ``priority`` is the job's scheduling class (0 the most urgent): the job is placed
-    behind the last job of its class or a more urgent one (``place``).
+    behind the last job of its class or a more urgent one (``place``). ``express``
+    marks a small interactive job the reserved slot may take (``take_express``).
 
     Two processes enqueuing the same id concurrently: RQ's ``unique`` enqueue is one Lua
     script (check-and-save), so exactly one succeeds and the other gets
     DuplicateJobError. The job itself is idempotent too, so a redelivery is harmless.
     """
     try:
-        _put(q, func, args, job_id, delay, priority)
+        _put(q, func, args, job_id, delay, priority, express)
     except DuplicateJobError:
         pass
     else:
@@ -365,7 +485,7 @@ def enqueue_unique(
     if status is not None:
         existing.delete()
     try:
-        _put(q, func, args, job_id, delay, priority)
+        _put(q, func, args, job_id, delay, priority, express)
     except DuplicateJobError:
         return False
     return True

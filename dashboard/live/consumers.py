@@ -198,7 +198,12 @@ class RepositoryConsumer(_Coalescing):
         await self._start([infra.repo_group(self.repo_id)])
 
     async def snapshot(self) -> dict[str, Any]:
-        data: dict[str, Any] = await database_sync_to_async(repository_live)(self.repo_id)
+        # Only the analytics pages ask for the results' marks (?results=1): two more
+        # queries per snapshot (docs/live-view.md#analyses-live).
+        marks = b"results=1" in self.scope.get("query_string", b"")
+        data: dict[str, Any] = await database_sync_to_async(repository_live)(
+            self.repo_id, marks=marks
+        )
         return data
 
 

@@ -31,6 +31,7 @@ host, which is why the key is per host: another host's clock may differ.
 from __future__ import annotations
 
 import contextlib
+import json
 import pickle
 import socket
 import threading
@@ -50,7 +51,7 @@ from dashboard.locks import worker_rows
 from dashboard.models import BulkAction, Chunk, JobAttempt, JobRun, Repository
 from dashboard.operations import queues_stats, quorum, redis_nodes, series
 from dashboard.repositories import current_fingerprint, repository_status
-from dashboard.runs import dead_runs, list_groups
+from dashboard.runs import dead_runs, fetch_host_rows, list_groups
 from workers import locks as workers_locks
 
 T = TypeVar("T")
@@ -344,8 +345,12 @@ def build_shared_snapshot(*, dlq_groups: bool) -> dict[str, Any]:
         "contention": dashboard_locks.contention(),
         "workers": worker_rows(),
         "dlq": dlq,
-        # the integrity group beside the dead letters (docs/analytics.md#verification)
+        # the integrity group beside the dead letters (docs/analytics.md#verification):
+        # its count, and the marks the Dead letters page compares to redraw the group
         "integrity": analytics.open_mismatch_count(),
+        "integrity_marks": analytics.open_mismatch_marks(),
+        # the Workers page's Git hosts table (docs/scheduling.md#per-host-fetch-limits)
+        "fetch_hosts": fetch_host_rows(),
         "actions": [
             {"id": a.pk, "kind": a.kind, "state": a.state, "done": a.done, "total": a.total}
             for a in actions
@@ -400,15 +405,43 @@ def repository_live(
     repo: Repository | None = None,
     state: dict[str, Any] | None = None,
     shared_locks: bool = False,
+    marks: bool = False,
 ) -> dict[str, Any]:
     """Progress, the chunks being analysed and by whom, and why the rest waits. The
     repository page passes the row and ``repository_status`` it has just read, which
     are then not read again (the status counts the stored commits), and
-    ``shared_locks`` (see ``repository_locks``)."""
+    ``shared_locks`` (see ``repository_locks``). ``marks``: with ``results_marks`` (the
+    socket's snapshots, for the analytics pages; two more queries)."""
     repo = repo if repo is not None else Repository.objects.get(pk=repo_id)
     state = state if state is not None else repository_status(repo)
     holders = repository_locks(repo_id, shared=shared_locks)
-    return {**state, "holders": holders, "waiting": why_waiting(repo)}
+    out = {**state, "holders": holders, "waiting": why_waiting(repo)}
+    if marks:
+        out["results_marks"] = results_marks(state, analytics.verification_status(repo))
+    return out
+
+
+def results_marks(state: dict[str, Any], verification: dict[str, Any] | None) -> str:
+    """What a repository's served results depend on, as one JSON string: the served
+    fingerprint, the analysed head, how many commits are stored and when the analysis
+    ended (``repository_status``), and the verification's state, pass time and whether
+    it withholds them (``analytics.verification_status``). An analytics page carries the
+    marks it was rendered from (``#analytics-results[data-marks]``); a snapshot of
+    ``/ws/repos/N/`` with other marks, once the repository is not being analysed, makes
+    gitward.js fetch the page again and swap its results in (docs/live-view.md): a push
+    analysed, a re-analysis, a verification pass or a clear. Times are ISO strings, so
+    the page's and the snapshot's marks of the same rows are the same text."""
+    v = verification
+    return json.dumps(
+        [
+            state["fingerprint"],
+            state["head"],
+            state["commits_analyzed"],
+            state["analyzed_at"],
+            [v["state"], v["checked_at"], v["withheld"]] if v is not None else None,
+        ],
+        separators=(",", ":"),
+    )
 
 
 def why_waiting(repo: Repository, *, limit: int = 5) -> list[str]:

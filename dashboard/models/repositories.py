@@ -58,6 +58,8 @@ class Repository(models.Model):
     #: How many of its runs may wait in one RQ queue at once (docs/scheduling.md#weights);
     #: None: ``GITWARD_FAIR_WEIGHT``.
     fair_weight = models.PositiveSmallIntegerField(null=True, blank=True)
+    #: Its fairness group (docs/scheduling.md#group-weights); "" the owner its URL names.
+    fair_group = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -121,6 +123,20 @@ class Repository(models.Model):
         if updated:
             self.status, self.error, self.updated_at = self.Status.FAILED, reason[:2000], now
         return bool(updated)
+
+
+class FairGroup(models.Model):
+    """The fairness weight of a group of repositories (docs/scheduling.md#group-weights):
+    each repository of the group without a weight of its own may have ``weight`` analyze
+    runs waiting in one RQ queue at once."""
+
+    #: ``host/owner`` (``github.com/pallets``), a local parent directory, or a name given
+    #: to repositories by their ``fair_group``.
+    name = models.CharField(max_length=200, unique=True)
+    weight = models.PositiveSmallIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.name} (weight {self.weight})"
 
 
 class Chunk(models.Model):
@@ -389,6 +405,14 @@ class MonthStamp(models.Model):
     #: aggregates (``MonthAggregate.span`` 12) were computed. Versions only grow, so the
     #: year's rows are current exactly while the sum is unchanged.
     year_aggregated = models.BigIntegerField(null=True, blank=True)
+    #: The same two records for the month's and the year's ``DirAggregate`` rows (kept
+    #: apart: the file and the directory aggregates are computed by different views).
+    dir_aggregated = models.BigIntegerField(null=True, blank=True)
+    dir_year_aggregated = models.BigIntegerField(null=True, blank=True)
+    #: As ``aggregated`` and ``year_aggregated``, for the ``AuthorMonth`` rows (computed
+    #: apart: a view needing one kind does not compute the other).
+    authors_aggregated = models.BigIntegerField(null=True, blank=True)
+    authors_year_aggregated = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -408,10 +432,114 @@ class MonthAggregate(models.Model):
         Repository, on_delete=models.CASCADE, related_name="+", db_index=False
     )
     fingerprint = models.CharField(max_length=64)
-    #: 1: the rows of ``month``; 12: of the calendar year ``month`` (a January) starts.
+    #: 1: the rows of ``month``; 12: of the calendar year ``month`` (a January) starts;
+    #: 12 × 2^k (24, 48, 96, …): of the aligned block of 2^k years it starts, its year a
+    #: multiple of 2^k (``coupling_aggregates.blocks``).
     span = models.SmallIntegerField(default=1)
     month = models.DateField()
     path = models.TextField()
+    author_canonical_email = models.TextField()
+    author_canonical_name = models.TextField()
+    revisions = models.IntegerField()
+    added = models.BigIntegerField()
+    deleted = models.BigIntegerField()
+    last_at = models.DateTimeField()
+    #: The file rows' language (the analyzer derives it from the path, so a path has one
+    #: under a fingerprint; rows of another would be a row of their own): one author's
+    #: languages read from these rows, not from a stored row per path.
+    language = models.CharField(max_length=40, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["repository", "fingerprint", "span", "month"],
+                name="monthagg_repo_fp_month_idx",
+            ),
+            # One file's sums (the one-file view, docs/analytics.md#performance).
+            models.Index(
+                fields=["repository", "fingerprint", "path", "span", "month"],
+                name="monthagg_repo_fp_path_idx",
+            ),
+        ]
+
+
+class AuthorMonth(models.Model):
+    """The non-merge commits of one month (or one calendar year) of one (repository,
+    fingerprint), summed per author (docs/analytics.md#performance): commits (each
+    once), their lines as stored, first and last committer date. Kept with the author's
+    canonical identity so that the ``bots`` lens and the identity map apply to these rows
+    as to the stored ones; current while ``MonthStamp.authors_aggregated`` (or, for a
+    year, ``authors_year_aggregated``) is the version they were computed at."""
+
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    fingerprint = models.CharField(max_length=64)
+    #: 1: the commits of ``month``; 12: of the calendar year ``month`` (a January) starts.
+    span = models.SmallIntegerField(default=1)
+    month = models.DateField()
+    author_canonical_email = models.TextField()
+    author_canonical_name = models.TextField()
+    commits = models.IntegerField()
+    insertions = models.BigIntegerField()
+    deletions = models.BigIntegerField()
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["repository", "fingerprint", "span", "month"],
+                name="authormonth_repo_fp_month_idx",
+            )
+        ]
+
+
+class AuthorWeek(models.Model):
+    """The non-merge commits of one month of one (repository, fingerprint), summed per
+    author and week (its Monday, UTC, as ``YYYY-MM-DD``; a week across two months has a
+    row in each): what one author's page needs per week (docs/analytics.md#performance).
+    Computed and kept current with the month's ``AuthorMonth`` rows."""
+
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    fingerprint = models.CharField(max_length=64)
+    month = models.DateField()
+    week = models.CharField(max_length=10)
+    author_canonical_email = models.TextField()
+    author_canonical_name = models.TextField()
+    commits = models.IntegerField()
+    insertions = models.BigIntegerField()
+    deletions = models.BigIntegerField()
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["repository", "fingerprint", "month"], name="authorweek_repo_fp_month_idx"
+            )
+        ]
+
+
+class DirAggregate(models.Model):
+    """The non-merge commits of one month (or one calendar year) of one (repository,
+    fingerprint), per directory at each depth and author (docs/analytics.md#performance):
+    ``revisions`` counts the distinct commits that changed a file in the directory (a
+    commit changing two of its files counts once), which sums of ``MonthAggregate`` rows
+    cannot give. Depth 0 (``dir`` empty) holds every commit of the author, with or
+    without file rows: the authors' names of the ownership view."""
+
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    fingerprint = models.CharField(max_length=64)
+    #: 1: the commits of ``month``; 12: of the calendar year ``month`` (a January) starts.
+    span = models.SmallIntegerField(default=1)
+    month = models.DateField()
+    depth = models.SmallIntegerField()
+    dir = models.TextField()
     author_canonical_email = models.TextField()
     author_canonical_name = models.TextField()
     revisions = models.IntegerField()
@@ -422,7 +550,112 @@ class MonthAggregate(models.Model):
     class Meta:
         indexes = [
             models.Index(
-                fields=["repository", "fingerprint", "span", "month"],
-                name="monthagg_repo_fp_month_idx",
+                fields=["repository", "fingerprint", "depth", "span", "month"],
+                name="diragg_repo_fp_depth_idx",
+            )
+        ]
+
+
+class CouplingAggregate(models.Model):
+    """The change-coupling counts of one month (or one calendar year) of one (repository,
+    fingerprint) (docs/analytics.md#performance): for ``depth`` 0 the files, for ``depth``
+    N the directories N levels deep; with ``eb`` null, the revisions that changed ``ea``;
+    else those that changed both ``ea`` and ``eb`` (``ea`` < ``eb``). Column ``leK`` counts
+    the revisions of at most K files (K = 2 … ``coupling_aggregates.CAP``), so a
+    ``max_changeset_size`` up to it reads one column: one row per pair and period, not
+    one per change-set size."""
+
+    repository = models.ForeignKey(
+        Repository, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    fingerprint = models.CharField(max_length=64)
+    depth = models.SmallIntegerField()
+    #: 1: the rows of ``month``; 12: of the calendar year ``month`` (a January) starts;
+    #: 12 × 2^k (24, 48, 96, …): of the aligned block of 2^k years it starts, its year a
+    #: multiple of 2^k (``coupling_aggregates.blocks``).
+    span = models.SmallIntegerField(default=1)
+    month = models.DateField()
+    ea = models.TextField()
+    eb = models.TextField(null=True, blank=True)
+    le2 = models.IntegerField()
+    le3 = models.IntegerField()
+    le4 = models.IntegerField()
+    le5 = models.IntegerField()
+    le6 = models.IntegerField()
+    le7 = models.IntegerField()
+    le8 = models.IntegerField()
+    le9 = models.IntegerField()
+    le10 = models.IntegerField()
+    le11 = models.IntegerField()
+    le12 = models.IntegerField()
+    le13 = models.IntegerField()
+    le14 = models.IntegerField()
+    le15 = models.IntegerField()
+    le16 = models.IntegerField()
+    le17 = models.IntegerField()
+    le18 = models.IntegerField()
+    le19 = models.IntegerField()
+    le20 = models.IntegerField()
+    le21 = models.IntegerField()
+    le22 = models.IntegerField()
+    le23 = models.IntegerField()
+    le24 = models.IntegerField()
+    le25 = models.IntegerField()
+    le26 = models.IntegerField()
+    le27 = models.IntegerField()
+    le28 = models.IntegerField()
+    le29 = models.IntegerField()
+    le30 = models.IntegerField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["repository", "fingerprint", "depth", "span", "month"],
+                name="couplingagg_repo_fp_month_idx",
+            )
+        ]
+
+
+class CouplingBlockStamp(models.Model):
+    """Which sum of ``MonthStamp`` versions one aligned block of years' ``CouplingAggregate``
+    rows of one depth were computed at (``aggregated``): the sum over every month of the
+    block, which changes when any of them is written, as a year's record does
+    (docs/analytics.md#performance). ``span`` in months (24, 48, 96, …), ``month`` its first
+    January."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    depth = models.SmallIntegerField()
+    span = models.SmallIntegerField()
+    month = models.DateField()
+    aggregated = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint", "depth", "span", "month"],
+                name="couplingblockstamp_unique",
+            )
+        ]
+
+
+class CouplingStamp(models.Model):
+    """Which ``MonthStamp`` version one month's ``CouplingAggregate`` rows of one depth
+    were computed at (``aggregated``), and on a January the sum of its year's twelve
+    versions the year's rows were (``year_aggregated``): the coupling's own record,
+    beside the file aggregates' on ``MonthStamp`` (docs/analytics.md#performance)."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    month = models.DateField()
+    depth = models.SmallIntegerField()
+    aggregated = models.BigIntegerField(null=True, blank=True)
+    year_aggregated = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "fingerprint", "month", "depth"],
+                name="couplingstamp_repo_fp_unique",
             )
         ]

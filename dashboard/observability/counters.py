@@ -158,6 +158,21 @@ FETCH_HOST_DEFERRALS = Counter(
     ("host", "why"),
 )
 
+PRECOMPUTE_SECONDS = Histogram(
+    "gitward_precompute_seconds",
+    "Run time of one aggregates precompute job (docs/analytics.md#precomputation), by outcome"
+    " (current, superseded, gone).",
+    _JOB_SECONDS,
+    ("outcome",),
+)
+PRECOMPUTE_SPANS = Counter(
+    "gitward_precompute_spans",
+    "Months and years a precompute job computed (result=computed) or skipped because a writer"
+    " held their lock (result=busy), per kind of aggregates (files, authors, directories,"
+    " coupling-N).",
+    ("family", "result"),
+)
+
 COUNTER_DEFS: dict[str, Counter] = {
     c.name: c
     for c in (
@@ -178,11 +193,18 @@ COUNTER_DEFS: dict[str, Counter] = {
         DROPPED,
         ROLLOUT_HEARTBEAT_ERRORS,
         FETCH_HOST_DEFERRALS,
+        PRECOMPUTE_SPANS,
     )
 }
 HISTOGRAM_DEFS: dict[str, Histogram] = {
     h.name: h
-    for h in (JOB_RUN_SECONDS, JOB_WAIT_SECONDS, LOCK_ACQUIRE_SECONDS, HTTP_REQUEST_SECONDS)
+    for h in (
+        JOB_RUN_SECONDS,
+        JOB_WAIT_SECONDS,
+        LOCK_ACQUIRE_SECONDS,
+        HTTP_REQUEST_SECONDS,
+        PRECOMPUTE_SECONDS,
+    )
 }
 
 # ---------------------------------------------------------------------------- the buffer
@@ -419,6 +441,16 @@ def count_fetch_host_deferral(host: str, *, why: str) -> None:
     """An attempt deferred by its git host's fetch limit (``limit``), token bucket
     (``rate``) or backoff (``backoff``): docs/scheduling.md."""
     count(FETCH_HOST_DEFERRALS, host=host, why=why)
+
+
+def observe_precompute(seconds: float, *, outcome: str) -> None:
+    """One aggregates precompute job ended (docs/analytics.md#precomputation)."""
+    observe(PRECOMPUTE_SECONDS, seconds, outcome=outcome)
+
+
+def count_precompute_spans(family: str, result: str, n: int) -> None:
+    """``n`` spans of ``family`` a precompute job ``computed`` or found ``busy``."""
+    count(PRECOMPUTE_SPANS, n, family=family, result=result)
 
 
 def _node_totals(node: Any) -> tuple[int, int, int, float]:

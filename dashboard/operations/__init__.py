@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dashboard.operations.prometheus import CONTENT_TYPE, metrics_text
-    from dashboard.operations.queue_stats import day_series, queues_stats, record_samples, series
+    from dashboard.operations.queue_stats import (
+        day_series,
+        held_backlog,
+        queues_stats,
+        record_samples,
+        series,
+    )
     from dashboard.operations.readiness import check_readiness
     from dashboard.operations.reconciler import reconcile
     from dashboard.operations.redis_health import quorum, redis_nodes
@@ -18,6 +24,7 @@ __all__ = [
     "CONTENT_TYPE",
     "check_readiness",
     "day_series",
+    "held_backlog",
     "metrics_text",
     "queues_stats",
     "quorum",
@@ -35,6 +42,7 @@ _SURFACE: dict[str, str] = {
     "CONTENT_TYPE": "dashboard.operations.prometheus",
     "metrics_text": "dashboard.operations.prometheus",
     "day_series": "dashboard.operations.queue_stats",
+    "held_backlog": "dashboard.operations.queue_stats",
     "queues_stats": "dashboard.operations.queue_stats",
     "record_samples": "dashboard.operations.queue_stats",
     "series": "dashboard.operations.queue_stats",

@@ -54,6 +54,7 @@ from dashboard.models import (
     RolloutNotification,
     WorkerBeat,
 )
+from dashboard.operations.queue_stats import held_backlog
 from dashboard.operations.redis_health import quorum, redis_nodes
 from dashboard.repositories import results_lag
 from workers.analysis import DEFAULT, queue_name
@@ -213,7 +214,9 @@ def _queues() -> Iterator[Metric]:
     conn = infra.connection()
     labels = ["queue", "version"]
     backlog = GaugeMetricFamily(
-        "gitward_queue_backlog", "Jobs waiting in the queue.", labels=labels
+        "gitward_queue_backlog",
+        "Jobs and runs waiting for the queue: its list, its worker hosts' queues, parked runs.",
+        labels=labels,
     )
     running = GaugeMetricFamily("gitward_queue_running", "Jobs being executed.", labels=labels)
     paused_f = GaugeMetricFamily(
@@ -226,10 +229,14 @@ def _queues() -> Iterator[Metric]:
     )
     paused = infra.paused_queue_names()
     now = timezone.now()
-    for name, version in _queue_list().items():
+    listed = _queue_list()
+    # what waits on worker hosts' queues and parked in the database counts too
+    # (docs/scheduling.md#where-the-backlog-is-counted)
+    held = held_backlog(list(listed))
+    for name, version in listed.items():
         q = Queue(name, connection=conn)
         key = [name, version]
-        backlog.add_metric(key, q.count)
+        backlog.add_metric(key, q.count + held[name]["host"] + held[name]["parked"])
         running.add_metric(key, StartedJobRegistry(name, connection=conn).count)
         paused_f.add_metric(key, int(name in paused))
         age = 0.0

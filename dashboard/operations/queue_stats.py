@@ -1,5 +1,10 @@
 """Queue statistics: live counts from RQ, rates from the attempt history, and the
-backlog sampled once per reconciler round (one day kept) for the one-hour charts."""
+backlog sampled once per reconciler round (one day kept) for the one-hour charts.
+
+A queue's backlog is every job or run waiting for it, wherever it waits
+(docs/scheduling.md#where-the-backlog-is-counted): its RQ list (every class: classes are
+places in that one list), its worker hosts' queues (mirror affinity) and its runs
+parked in the database (fairness). ``held_backlog`` counts the latter two."""
 
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.utils import str_to_date
 
-from dashboard import infra
-from dashboard.models import JobAttempt, QueueSample
+from dashboard import infra, runs
+from dashboard.models import JobAttempt, JobRun, QueueSample
 from dashboard.repositories import current_fingerprint
 
 HOUR = timedelta(hours=1)
@@ -50,9 +55,19 @@ def queues_stats(names: list[str], *, now: datetime | None = None) -> list[dict[
     }
     try:
         live = _live_counts(names)
+        held = held_backlog(names)
     except infra.QueueUnavailable:
         down = {"paused": None, "backlog": None, "running": None, "oldest_age_s": None}
         live = [{**down, "unreachable": True} for _ in names]
+        held = {}
+    for name, counted in zip(names, live, strict=True):
+        if name in held and counted["backlog"] is not None:
+            # Race: the reads are not one snapshot; a job moved between the lists meanwhile
+            # (a host queue's overdue move, a release of a parked run) is counted twice
+            # or not at all for this one second. The next snapshot is right again.
+            counted["backlog_host"] = held[name]["host"]
+            counted["backlog_parked"] = held[name]["parked"]
+            counted["backlog"] += held[name]["host"] + held[name]["parked"]
     current = current_fingerprint()
     out = []
     for name, counted in zip(names, live, strict=True):
@@ -126,20 +141,55 @@ def _live_counts(names: list[str]) -> list[dict[str, Any]]:
     ]
 
 
+def held_backlog(names: list[str]) -> dict[str, dict[str, int]]:
+    """Per queue of ``names``: ``host``, the jobs waiting on its worker hosts' queues
+    (``<queue>@host:<id>``, docs/scheduling.md#mirror-affinity), and ``parked``, its runs
+    parked in the database (docs/scheduling.md#fairness) — the backlog RQ's count of the
+    queue leaves out. One ``SMEMBERS`` of RQ's queue set and one pipeline of ``LLEN``s,
+    one aggregate query; raises ``QueueUnavailable``."""
+    conn: Any = infra.connection()
+    wanted = set(names)
+    keys: list[tuple[str, str]] = []
+    for raw in conn.smembers("rq:queues"):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        name = key.removeprefix("rq:queue:")
+        base = runs.base_queue(name)
+        if base != name and base in wanted:
+            keys.append((base, key))
+    host: dict[str, int] = dict.fromkeys(names, 0)
+    if keys:
+        pipe = conn.pipeline(transaction=False)
+        for _, key in keys:
+            pipe.llen(key)
+        for (base, _), length in zip(keys, pipe.execute(), strict=True):
+            host[base] += int(length)
+    parked = dict(
+        JobRun.objects.filter(queue__in=names, state=JobRun.State.QUEUED, parked=True)
+        .values("queue")
+        .annotate(n=Count("id"))
+        .values_list("queue", "n")
+    )
+    return {name: {"host": host[name], "parked": int(parked.get(name, 0))} for name in names}
+
+
 def record_samples() -> None:
     """Sample every queue's backlog (called by the reconciler loop); keep one day. With
     the queue server unreachable no sample is taken (a gap in the chart, not a zero)."""
     now = timezone.now()
     conn = infra.connection()
     try:
+        names = infra.queue_names()
+        held = held_backlog(names)
         samples = [
             QueueSample(
                 queue=name,
                 at=now,
-                backlog=Queue(name, connection=conn).count,
+                backlog=Queue(name, connection=conn).count
+                + held[name]["host"]
+                + held[name]["parked"],
                 running=StartedJobRegistry(name, connection=conn).count,
             )
-            for name in infra.queue_names()
+            for name in names
         ]
     except infra.QueueUnavailable:
         return

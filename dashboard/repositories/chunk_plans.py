@@ -232,7 +232,8 @@ def _drop_chunks(ids: list[int], now: Any) -> None:
 
 
 def _first_fresh(run_ids: list[int]) -> int | None:
-    """The first run (in chunk order) that is queued and was never attempted.
+    """The first run (in plan order: the largest chunk first) that is queued and was
+    never attempted.
 
     Race: such a run may have an RQ job already (planned by an earlier generation and
     still waiting in the queue), or the reconciler may enqueue one for it before the
@@ -353,7 +354,13 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
     open_chunks = list(
         Chunk.objects.filter(repository_id=repo_id, fingerprint=fingerprint, state__in=OPEN_STATES)
         .only("pk", "repository_id", "fingerprint", "key")
-        .order_by("position")  # the first chunk first: the one a sync analyses inline
+        # Largest first (ties in history order): the runs are created, enqueued and
+        # unparked in this order, and the sync analyses the first one inline, so the
+        # longest chunks start first and the short ones fill in at the end: the workers
+        # finish together instead of one of them running the last long chunk alone
+        # (longest-processing-time-first; docs/analysis.md#chunking). A chunk's key, run
+        # and job id do not depend on the order, so a re-plan finds the same ones.
+        .order_by("-size", "position")
     )
     return _runs_for(open_chunks, fingerprint), bool(open_chunks)
 

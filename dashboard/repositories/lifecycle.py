@@ -25,6 +25,7 @@ __all__ = [
     "claim_sync",
     "complete_repository",
     "current_fingerprint",
+    "get_or_create_repository",
     "publish_repo_changed",
     "refresh_repository",
     "repository_status",
@@ -52,6 +53,24 @@ def validate_remote(url: str) -> Remote:
     return parse_remote(url, remote_policy())
 
 
+def get_or_create_repository(*, url: str, branch: str | None, user: Any) -> tuple[Repository, bool]:
+    """Validate the remote (``InvalidRemote``), then get or create its row by normalised
+    URL and branch; ``user`` is recorded as the submitter of a new one.
+
+    Race: two identical submissions at once. ``get_or_create`` relies on the unique
+    (url, branch) constraint, so both get the same row and ``created`` is true for one;
+    what each caller does next (enqueue, re-analyse) keys on that."""
+    remote = validate_remote(url)
+    return Repository.objects.get_or_create(
+        url=remote.url,
+        branch=normalise_branch(branch),
+        defaults={
+            "fetch_url": remote.git_url(),
+            "submitted_by": user if getattr(user, "pk", None) else None,
+        },
+    )
+
+
 def submit_repository(
     *, url: str, branch: str | None = None, user: Any = None
 ) -> tuple[Repository, bool]:
@@ -67,17 +86,8 @@ def submit_repository(
     queued, generation + 1) and only the caller whose UPDATE matched a row enqueues.
     The sync job id contains the generation, so even a repeated enqueue is one job.
     """
-    remote = validate_remote(url)
-    norm_branch = normalise_branch(branch)
     with transaction.atomic():
-        repo, created = Repository.objects.get_or_create(
-            url=remote.url,
-            branch=norm_branch,
-            defaults={
-                "fetch_url": remote.git_url(),
-                "submitted_by": user if getattr(user, "pk", None) else None,
-            },
-        )
+        repo, created = get_or_create_repository(url=url, branch=branch, user=user)
         if not created:
             updated = Repository.objects.filter(
                 pk=repo.pk, status__in=[Repository.Status.READY, Repository.Status.FAILED]

@@ -15,10 +15,9 @@ from typing import Any, NamedTuple
 from django.db import transaction
 
 from dashboard.models import Repository
-from dashboard.repositories.lifecycle import ensure_sync_run, validate_remote
+from dashboard.repositories.lifecycle import ensure_sync_run, get_or_create_repository
 from dashboard.repositories.reanalysis import may_reanalyse, reanalyse
 from dashboard.runs import enqueue_after_commit
-from workers.remotes import normalise_branch
 
 __all__ = ["CREATED", "EXISTING", "REANALYSED", "Submission", "user_submission"]
 
@@ -43,17 +42,8 @@ def user_submission(*, url: str, branch: str | None, user: Any) -> Submission:
     conditional UPDATE (ready/failed → queued), so concurrent duplicates by users who
     may re-analyse start one sync, and each is audited with what it did.
     """
-    remote = validate_remote(url)
-    norm_branch = normalise_branch(branch)
     with transaction.atomic():
-        repo, created = Repository.objects.get_or_create(
-            url=remote.url,
-            branch=norm_branch,
-            defaults={
-                "fetch_url": remote.git_url(),
-                "submitted_by": user if getattr(user, "pk", None) else None,
-            },
-        )
+        repo, created = get_or_create_repository(url=url, branch=branch, user=user)
         if created:
             enqueue_after_commit([ensure_sync_run(repo).pk])
             return Submission(repo, CREATED)

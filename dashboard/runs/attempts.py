@@ -99,6 +99,7 @@ def enqueue_run(run: JobRun, *, delay: float = 0.0) -> bool:
         job_id=run.rq_id(),
         delay=delay,
         priority=dispatch.run_class(run),
+        express=dispatch.express(run),  # docs/scheduling.md#the-reserved-interactive-slot
     )
     if new:
         _event("job.queued", run, delay=delay)

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TypeVar
+from pathlib import PurePosixPath
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 
-from dashboard.models import JobRun, Repository
+from dashboard.accounts import record_audit
+from dashboard.models import FairGroup, JobRun, Repository
 
 __all__ = [
     "CATCH_UP",
@@ -37,9 +40,13 @@ __all__ = [
     "REFRESH",
     "VERIFICATION",
     "admit",
+    "express",
+    "group_of",
+    "group_weights",
     "parked_slots",
     "rotation",
     "run_class",
+    "set_group_weight",
     "split",
     "take_parked",
     "waiting_count",
@@ -98,11 +105,66 @@ def rotation(backlogs: dict[K, int], weights: dict[K, int], rounds: int) -> list
 # ---------------------------------------------------------------------------- rows
 
 
-def weight_of(repo: Repository) -> int:
-    """How many of ``repo``'s analyze runs may wait in one RQ queue (0: no limit)."""
+def group_of(repo: Repository) -> str:
+    """The repository's fairness group (docs/scheduling.md#group-weights): its
+    ``fair_group`` when set, else the owner its URL names: ``host/owner`` for a remote
+    (``github.com/pallets`` for ``https://github.com/pallets/flask.git``; the host alone
+    for a URL without an owner), the parent directory for a local path."""
+    if repo.fair_group:
+        return str(repo.fair_group)
+    url = str(repo.url)
+    parts = urlsplit(url)
+    if parts.scheme and parts.netloc:
+        host, path = (parts.hostname or ""), parts.path
+    elif ":" in url and not url.startswith("/"):  # scp-like: user@host:owner/name
+        host, path = url.split(":", 1)
+        host = host.rsplit("@", 1)[-1]
+    else:
+        return str(PurePosixPath(url).parent)
+    segments = [seg for seg in path.split("/") if seg]
+    return f"{host}/{segments[0]}" if len(segments) > 1 else host
+
+
+def group_weights() -> dict[str, int]:
+    """Every configured group's weight, by name."""
+    return dict(FairGroup.objects.values_list("name", "weight"))
+
+
+def weight_of(repo: Repository, groups: dict[str, int] | None = None) -> int:
+    """How many of ``repo``'s analyze runs may wait in one RQ queue (0: no limit): its
+    own ``fair_weight``, else its group's weight (``FairGroup``), else
+    ``GITWARD_FAIR_WEIGHT``. ``groups`` (``group_weights()``) saves a query per call."""
     if repo.fair_weight is not None:
         return int(repo.fair_weight)
-    return int(settings.FAIR_WEIGHT)
+    name = group_of(repo)
+    if groups is not None:
+        weight = groups.get(name)
+    else:
+        weight = FairGroup.objects.filter(name=name).values_list("weight", flat=True).first()
+    return int(settings.FAIR_WEIGHT if weight is None else weight)
+
+
+def set_group_weight(name: str, weight: int | None, *, user: Any) -> str:
+    """Set (``weight``) or remove (None) a group's weight; audited as
+    ``fair_group.set`` / ``fair_group.cleared``. Returns what changed, one line.
+    Raises ``ValueError`` for an empty name or a weight outside 0–1000.
+
+    Takes effect at the next admission or release of the group's repositories (the
+    share is read each time); runs already waiting in RQ stay where they are."""
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise ValueError("a group name is 1 to 200 characters")
+    if weight is None:
+        deleted, _ = FairGroup.objects.filter(name=name).delete()
+        outcome = f"group {name}: weight cleared" if deleted else f"group {name}: no weight set"
+        record_audit(user=user, action="fair_group.cleared", target=name, outcome=outcome)
+        return outcome
+    if not 0 <= int(weight) <= 1000:
+        raise ValueError("a weight is 0 (no limit) to 1000")
+    FairGroup.objects.update_or_create(name=name, defaults={"weight": int(weight)})
+    outcome = f"group {name}: weight {int(weight)}"
+    record_audit(user=user, action="fair_group.set", target=name, outcome=outcome)
+    return outcome
 
 
 def run_class(run: JobRun) -> int:
@@ -114,6 +176,17 @@ def run_class(run: JobRun) -> int:
     if run.kind == JobRun.Kind.ANALYZE and run.fingerprint and run.fingerprint != repo.fingerprint:
         return VERIFICATION
     return int(repo.priority)
+
+
+def express(run: JobRun) -> bool:
+    """Whether the reserved interactive slot may take the run's job
+    (docs/scheduling.md#the-reserved-interactive-slot): the run is interactive and its
+    repository's known history is small (``GITWARD_INTERACTIVE_MAX_COMMITS``; 0, so
+    small, before its first sync has counted it). A large backfill's chunks are not, so
+    they never hold the slot, whatever their class."""
+    if run_class(run) != INTERACTIVE:
+        return False
+    return int(run.repository.commits_total) <= int(settings.INTERACTIVE_MAX_COMMITS)
 
 
 def waiting_count(repo_id: int, queue: str, *, exclude: Iterable[int] = ()) -> int:

@@ -218,6 +218,7 @@ def _parked_position(run: JobRun, klass: int, listed: int) -> tuple[int, int, in
     )
     backlogs: dict[int, int] = {}
     weights: dict[int, int] = {}
+    groups = dispatch.group_weights()  # one query, not one per parked run
     mine_before = 0
     for other in parked:
         if dispatch.run_class(other) > klass:
@@ -225,7 +226,7 @@ def _parked_position(run: JobRun, klass: int, listed: int) -> tuple[int, int, in
         if other.repository_id == run.repository_id and other.pk < run.pk:
             mine_before += 1
         backlogs[other.repository_id] = backlogs.get(other.repository_id, 0) + 1
-        weights[other.repository_id] = dispatch.weight_of(other.repository) or 1
+        weights[other.repository_id] = dispatch.weight_of(other.repository, groups) or 1
     order = dispatch.rotation(backlogs, weights, rounds=mine_before + 1)
     seen = 0
     rank = len(order)

@@ -15,12 +15,20 @@ ports, independent of which process happens to be awake, so 420 connections land
 and is replaced loses no connection: those arriving meanwhile wait in its socket's
 backlog for the replacement (which inherits that socket). Only processes of the same
 user may bind a port alongside (a Linux rule for ``SO_REUSEPORT``).
+
+A process that dies is seen at once, even while the supervisor waits for its answer to a
+health ping (``WebProcess``): uvicorn's ping waits on the pipe alone, and as the
+supervisor holds the pipe's other end too, a dead process's pipe never reads as closed,
+so a process killed mid-ping stayed unreaped and unreplaced, its socket's connections
+waiting, for the whole ping timeout (60 s here: ``up``).
 """
 
 from __future__ import annotations
 
+import pickle
 import socket
 import sys
+from multiprocessing.connection import wait
 
 from uvicorn import Config
 from uvicorn.server import STARTUP_FAILURE
@@ -48,6 +56,23 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
+class WebProcess(Process):
+    """Uvicorn's web process, whose health ping also ends when the process dies."""
+
+    def _healthcheck(self, timeout: float) -> bool | None:
+        # As uvicorn's, waiting on the process's sentinel beside the pipe: a process that
+        # dies while we wait ends the wait (None: not alive), instead of the timeout.
+        try:
+            self.parent_conn.send(b"ping")
+            ready = wait([self.parent_conn, self.process.sentinel], timeout)
+            if self.parent_conn in ready:
+                started: bool = self.parent_conn.recv()
+                return started
+            return None
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+
+
 class BalancedMultiprocess(Multiprocess):
     """Uvicorn's supervisor, with process ``i`` always serving socket ``i``."""
 
@@ -56,7 +81,7 @@ class BalancedMultiprocess(Multiprocess):
         self.processes_num = len(sockets)
 
     def _spawn(self, idx: int) -> Process:
-        process = Process(self.config, [self.sockets[idx]])
+        process = WebProcess(self.config, [self.sockets[idx]])
         process.start()
         return process
 

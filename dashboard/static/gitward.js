@@ -236,6 +236,7 @@
     // earlier render (body data-reused, dashboard/web/page_cache.py): it may predate an event
     // sent before this socket joined, so its regions are fetched afresh once.
     if (snapshots > 1 || (snapshots === 1 && document.body.dataset.reused === "1")) swapAllRegions();
+    if (onRepoPage && $("analytics-results")) { onAnalyticsSnapshot(data); return; }
     if (onRepoPage) { renderRepo(data); return; }
     if (onRepoList) return;
     if (socketPath.startsWith("/ws/rollouts/")) { onRolloutsSnapshot(data); return; }
@@ -280,7 +281,7 @@
   // snapshot, then every event worth a line is prepended, newest first; the select
   // filters by kind. Every value is text (textContent), links are built from ids.
   const FEED_MAX = 100;
-  const TICKS = new Set(["job.progress", "lock.extended", "worker.heartbeat"]);
+  const TICKS = new Set(["job.progress", "lock.extended", "worker.heartbeat", "fetch.changed"]);
   function isActivity(ev) {
     if (TICKS.has(ev.type)) return false;
     return ev.type !== "action.progress" || ev.state !== "running";
@@ -394,7 +395,9 @@
       return el("tr", {}, [
         el("td", {}, [x.name, x.paused ? " " : null, x.paused ? el("span", { cls: "pill warn", text: "⏸ paused" }) : null]),
         el("td", {}, [x.version ? shortId(x.version) : "—", x.current ? el("span", { cls: "pill good", text: "current" }) : null]),
-        td(x.backlog === null || x.backlog === undefined ? "—" : plural(x.backlog, "job")),
+        el("td", {}, x.backlog === null || x.backlog === undefined ? ["—"] : [plural(x.backlog, "job"),
+          (x.backlog_host || x.backlog_parked) ? " " : null,
+          (x.backlog_host || x.backlog_parked) ? el("span", { cls: "small muted", text: `(${x.backlog_host} on host queues, ${x.backlog_parked} parked)` }) : null]),
         el("td", {}, [x.oldest_age_s === null ? "—" : el("span", { cls: level(x.oldest_age_s, 60, 600), text: x.oldest_age_s + " s" })]),
         td(x.running ?? "—"), td(x.jobs_per_min), td(x.retries),
         el("td", {}, [el("span", { cls: level(x.failure_rate, 0.05, 0.2), text: pct(x.failure_rate) })]), tools]);
@@ -416,7 +419,9 @@
     const contended = $("contended");
     if (contended) contended.replaceChildren(...(s.contention.most_contended.length ? s.contention.most_contended.map((r) =>
       el("li", {}, [el("a", { href: `/repos/${r.repo}/`, text: r.url }), ` — ${r.refusals}`])) : [el("li", { cls: "muted", text: "none" })]));
+    renderFetchHosts(s.fetch_hosts);
     renderDlq(s);
+    renderIntegrity(s);
     s.actions.forEach(renderAction);
     loadOffers();
   }
@@ -514,6 +519,48 @@
     } catch (err) { /* the next snapshot tries again */ }
     finally { dlqSwapping = false; }
   }
+  // The integrity group (verification mismatches, docs/analytics.md#verification) is
+  // rendered by the server too: #integrity carries the marks it was rendered from
+  // ([id, checked_at] of each open mismatch), and a snapshot whose marks differ (a new
+  // mismatch, a new pass, a clear) fetches the page again and swaps the section in,
+  // keeping the mismatches that were open; one during a swap is swapped for after it.
+  let integritySwapping = false, integrityWanted = null;
+  async function renderIntegrity(s) {
+    if (!$("integrity") || !s.integrity_marks) return;
+    integrityWanted = JSON.stringify(s.integrity_marks);
+    if (integritySwapping || integrityWanted === $("integrity").dataset.marks) return;
+    integritySwapping = true;
+    try {
+      while ($("integrity") && integrityWanted !== $("integrity").dataset.marks) {
+        const sig = integrityWanted;
+        if (dialogOpen()) { refreshSoon(); return; }  // never under the operator's eyes
+        const res = await fetchFresh(location.href);
+        if (!res.ok) return;
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        const fresh = doc.getElementById("integrity"), box = $("integrity");
+        if (!fresh || !box || dialogOpen()) return;
+        const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.verification));
+        const node = document.importNode(fresh, true);
+        for (const d of node.querySelectorAll("details[data-verification]")) if (open.has(d.dataset.verification)) d.open = true;
+        box.replaceWith(node);
+        // The page may be older than the snapshot (its marks then differ again): the
+        // next snapshot swaps once more, rather than this loop refetching at once.
+        if (node.dataset.marks !== sig) break;
+      }
+    } catch (err) { /* the next snapshot tries again */ }
+    finally { integritySwapping = false; }
+  }
+  // The Workers page's Git hosts table, drawn from each snapshot (textContent only).
+  function renderFetchHosts(hosts) {
+    const body = $("fetch-hosts-body");
+    if (!body || hosts === undefined) return;
+    if (hosts === null) { replaceRows(body, [], "The queue server does not answer: host limits unknown.", 6); return; }
+    replaceRows(body, hosts.map((h) => el("tr", { "data-host": h.host, title: h.text }, [
+      td(h.host, "path"), td(`${h.in_use}/${h.limit}`, "fetch-slots"), td(h.waiting, "fetch-waiting"),
+      td(h.tokens, "fetch-tokens"), td(h.rate ? `${h.rate}/s, burst ${h.burst}` : null),
+      el("td", { cls: "fetch-backoff" }, [h.backoff_text ? el("span", { cls: "bad", text: `until ${h.backoff_text} UTC` }) : "—"])])),
+      "No git host fetched under a limit yet.", 6);
+  }
   function wireGroups(box) {
     const canRetry = box.dataset.canRetry === "1", canDiscard = box.dataset.canDiscard === "1";
     for (const details of box.querySelectorAll("details.group")) {
@@ -603,6 +650,9 @@
     if (was && ACTIVE.has(was) && !ACTIVE.has(r.status)) swapResults();
   }
   function onRepoEvent(ev) {
+    // An analytics page: any change but a progress tick asks for a snapshot (at most
+    // one a second), whose marks say whether the results changed.
+    if ($("analytics-results")) { if (ev.type !== "job.progress") refreshSoon(); return; }
     const r = state.repo || {};
     if (ev.type === "job.progress") {
       const total = ev.total || r.commits_total || 0;
@@ -624,6 +674,38 @@
     const doc = new DOMParser().parseFromString(await res.text(), "text/html");
     const fresh = doc.getElementById("results"), current = $("results");
     if (fresh && current) current.replaceWith(document.importNode(fresh, true));
+  }
+
+  // ------------------------------------------------------------------ analytics pages
+  // A repository's analyses (hotspots, coupling, ownership, age, authors, a file) are
+  // rendered by the server; #analytics-results carries the marks of the results it was
+  // rendered from (served fingerprint, head, commits stored, analysis end, verification:
+  // dashboard/live/snapshots.py results_marks). A snapshot of the repository's socket
+  // with other marks, while it is not being analysed, fetches the page again and swaps
+  // the results and the badge/provenance line in: a push analysed, a verification pass,
+  // a clear — without a reload. A 400/404/409 page (a bad parameter, results withheld)
+  // carries both regions too, so it is swapped like a 200.
+  let analyticsSwapping = false, analyticsWanted = null;
+  async function onAnalyticsSnapshot(r) {
+    if (!r.results_marks || ACTIVE.has(r.status)) return;
+    analyticsWanted = r.results_marks;
+    if (analyticsSwapping || !$("analytics-results") || analyticsWanted === $("analytics-results").dataset.marks) return;
+    analyticsSwapping = true;
+    try {
+      while ($("analytics-results") && analyticsWanted !== $("analytics-results").dataset.marks) {
+        const sig = analyticsWanted;
+        const res = await fetchFresh(location.href);
+        if (res.status >= 500 || res.redirected) return;
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        const fresh = doc.getElementById("analytics-results"), head = doc.getElementById("analytics-status");
+        if (!fresh || !$("analytics-results")) return;
+        $("analytics-results").replaceWith(document.importNode(fresh, true));
+        if (head && $("analytics-status")) $("analytics-status").replaceWith(document.importNode(head, true));
+        tickTimes();
+        if (fresh.dataset.marks !== sig) break;  // the page is newer: its own event follows
+      }
+    } catch (err) { /* the next snapshot tries again */ }
+    finally { analyticsSwapping = false; }
   }
 
   // ------------------------------------------------------------------ rollouts

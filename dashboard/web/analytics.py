@@ -13,7 +13,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard import analytics
-from dashboard.models import Repository
+from dashboard.live.snapshots import results_marks
+from dashboard.repositories import repository_with_status
 from dashboard.web.charts import history_bars
 
 #: The form's fields per analysis, beside the window (since, until, last): (name, label).
@@ -58,9 +59,10 @@ def lens_toggles(query: Any, excluded: set[str]) -> list[dict[str, Any]]:
 def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> HttpResponse:
     if analysis not in analytics.KINDS:
         raise Http404("no such analysis")
-    repo = Repository.objects.filter(pk=repo_id).first()
-    if repo is None:
+    found = repository_with_status(repo_id)
+    if found is None:
         raise Http404("repository not found")
+    repo, state = found
     values = {k: request.GET.get(k, "").strip()[:4097] for k in request.GET}
     if "exclude" in request.GET:  # ?exclude=a,b or ?exclude=a&exclude=b
         values["exclude"] = ",".join(request.GET.getlist("exclude"))[:200]
@@ -91,6 +93,10 @@ def repository_analytics(request: HttpRequest, repo_id: int, analysis: str) -> H
         "error_field": None,
     }
     context["verification"] = analytics.verification_status(repo)
+    # Live: the page's socket (/ws/repos/N/) sends these marks in every snapshot; other
+    # ones (new results landed) swap the results in without a reload (docs/live-view.md).
+    context["live_socket"] = f"/ws/repos/{repo.pk}/?results=1"
+    context["results_marks"] = results_marks(state, context["verification"])
     if context["verification"] and context["verification"]["withheld"]:
         context["withheld"] = context["verification"]["reason"]  # docs/analytics.md#verification
         return render(request, "analytics.html", context, status=409)

@@ -5,7 +5,8 @@ socket itself (the overview sends users without it to their repositories instead
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import json
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -22,7 +23,7 @@ from dashboard.models import Repository
 from dashboard.operations import day_series
 from dashboard.repositories import repository_rows
 from dashboard.rollouts import canary_offers, permitted, transition_marks
-from dashboard.runs import group_page, host_statuses
+from dashboard.runs import group_page
 from dashboard.web.charts import day_charts, sparklines
 from dashboard.web.list_params import positive_int, query_prefix
 from dashboard.web.page_cache import FRESH_HEADER, reusable
@@ -38,6 +39,11 @@ def _ops_page(request: HttpRequest, template: str, **extra: Any) -> HttpResponse
     if template == "dead_letters.html":
         # the integrity group beside the dead letters (docs/analytics.md#verification)
         context["integrity"] = analytics.open_mismatches(limit=50)
+        # compared with each snapshot's ``integrity_marks`` by gitward.js: a differing
+        # one fetches the page again and swaps the group in (docs/live-view.md)
+        context["integrity_marks"] = json.dumps(
+            analytics.mismatch_marks_of(context["integrity"]), separators=(",", ":")
+        )
         context["can_clear_integrity"] = request.user.is_staff and request.user.has_perm(
             "dashboard.change_repository"
         )
@@ -105,31 +111,9 @@ def locks(request: HttpRequest) -> HttpResponse:
 @login_required
 @reusable
 def workers(request: HttpRequest) -> HttpResponse:
-    return _ops_page(request, "workers.html", fetch_hosts=_fetch_hosts())
-
-
-def _fetch_hosts() -> list[dict[str, Any]] | None:
-    """The Git hosts table: each limited host's fetch slots, waiters and backoff
-    (docs/scheduling.md#per-host-fetch-limits); None while the queue server is down."""
-    try:
-        statuses = host_statuses()
-    except Exception:  # the page's banner says the queue server is down
-        return None
-    return [
-        {
-            "host": s.host,
-            "in_use": s.in_use,
-            "limit": s.limit.concurrency,
-            "rate": s.limit.rate,
-            "burst": s.limit.burst,
-            "waiting": s.waiting,
-            "backoff_until": (
-                datetime.fromtimestamp(s.backoff_until, UTC) if s.backoff_until else None
-            ),
-            "text": s.text(),
-        }
-        for s in statuses
-    ]
+    # The Git hosts table comes from the snapshot (``snapshot.fetch_hosts``): the page's
+    # socket redraws it from every later one (docs/live-view.md).
+    return _ops_page(request, "workers.html")
 
 
 @login_required

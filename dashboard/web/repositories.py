@@ -165,6 +165,9 @@ def repository(request: HttpRequest, repo_id: int) -> HttpResponse:
             "can_cancel": request.user.has_perm(CANCEL_REPO_PERMISSION),
             "waiting": waiting,
             "verification": verification,
+            "aggregates": analytics.precompute_status(
+                repo, fingerprint=fp
+            ),  # docs/analytics.md#precomputation
         },
     )
 

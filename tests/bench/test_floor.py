@@ -49,4 +49,5 @@ def test_the_script_prints_the_floor_and_the_transfer_for_a_small_history(
     assert stored is not None, text
     assert int(stored.group(1)) == 300 and int(stored.group(2)) > 0
     assert re.search(r"\(d\) floor with zero per-job cost .* = [0-9.]+x a", text), text
-    assert re.search(r"hardened transfer alone .* = [0-9.]+x the anchor", text), text
+    transfer = r"hardened transfer alone .* = [0-9.]+x the local anchor, [0-9.]+x the --no-local"
+    assert re.search(transfer, text), text

@@ -15,6 +15,7 @@ from dashboard.models import (
     AuditEntry,
     BulkAction,
     Chunk,
+    FairGroup,
     JobAttempt,
     JobRun,
     Repository,
@@ -23,7 +24,9 @@ from dashboard.models import (
 
 pytestmark = pytest.mark.django_db
 
-REGISTERED = {ApiToken, AuditEntry, BulkAction, Chunk, JobRun, Repository, WorkerBeat}
+REGISTERED = {
+    ApiToken, AuditEntry, BulkAction, Chunk, FairGroup, JobRun, Repository, WorkerBeat,
+}  # fmt: skip
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ an autouse fixture in ``tests/conftest.py`` fails the test that left it behind.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: Held strongly: a failed thread the test dropped without joining is still reported.
 _UNREPORTED: set[CheckedThread] = set()
@@ -55,6 +58,31 @@ class CheckedThread(threading.Thread):
         super().join(timeout)
         if not self.is_alive():
             self.check()
+
+
+def at_once(target: Callable[[int], T], n: int) -> list[T]:
+    """Call ``target(0)`` … ``target(n - 1)`` in ``n`` checked threads released together
+    by one barrier (the race under test starts in all of them at once); each closes its
+    own database connection at the end. Returns the results in index order and raises
+    what any of them raised."""
+    from django.db import connection
+
+    barrier = threading.Barrier(n)
+    got: dict[int, T] = {}
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            got[k] = target(k)
+        finally:
+            connection.close()
+
+    threads = [CheckedThread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [got[k] for k in range(n)]
 
 
 def unreported() -> list[tuple[str, BaseException]]:

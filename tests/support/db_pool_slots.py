@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
 
 from dashboard.infra.dbpool import close_thread_connections
@@ -40,6 +41,37 @@ def pool() -> Any | None:
     ``connections["default"].pool`` would open it), else None (SQLite, no pool)."""
     pools = getattr(type(connections["default"]), "_connection_pools", None)
     return None if pools is None else pools.get("default")
+
+
+def pool_settings() -> tuple[Any, Any]:
+    """The default database's pool option and health-check flag, as the process's new
+    connections read them."""
+    default = settings.DATABASES["default"]
+    return default.get("OPTIONS", {}).get("pool"), default.get("CONN_HEALTH_CHECKS")
+
+
+def restore_pool_settings(saved: tuple[Any, Any]) -> bool:
+    """Put ``pool_settings()`` back as ``saved`` (closing this thread's connections, so
+    the next query opens one as they say); True if they had changed. A worker run in the
+    test process (``workers.pool.run_one_worker`` calls
+    ``dashboard.infra.use_direct_connections``) turns the pool off for the rest of the
+    process: every later test then ran on direct connections, and the pool-slot checks
+    counted nothing (tests/support/test_harness.py failed under pytest-xdist, where such
+    a test could run before it)."""
+    if pool_settings() == saved:
+        return False
+    pool, health = saved
+    default = settings.DATABASES["default"]
+    options = default.setdefault("OPTIONS", {})
+    if pool is None:
+        options.pop("pool", None)
+    else:
+        options["pool"] = pool
+    default["CONN_HEALTH_CHECKS"] = health
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+    return True
 
 
 def taken_by_others(of: Any) -> int:

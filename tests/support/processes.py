@@ -36,6 +36,8 @@ def worker_env(settings: object, tmp_path: Path, **extra: str) -> dict[str, str]
         # mirror affinity as this test process has it (the harness turns it off:
         # tests/conftest.py)
         GITWARD_AFFINITY_WAIT=str(settings.AFFINITY_WAIT),  # type: ignore[attr-defined]
+        # the reserved interactive slot as this test process has it (off by default)
+        GITWARD_INTERACTIVE_WORKERS=str(settings.INTERACTIVE_WORKERS),  # type: ignore[attr-defined]
         **extra,
     )
     return env

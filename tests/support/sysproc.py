@@ -94,38 +94,54 @@ def proc_field(pid: int, index: int) -> str | None:
 OWNER_VARIABLE = "PYTEST_GITWARD_OWNER"
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def processes_of(owner: str, root: int) -> dict[int, str]:
     """``{pid: command line}`` of the live (not zombie) processes started by the test
     process ``root``: below it in the process tree, or carrying ``OWNER_VARIABLE=owner``
     in their environment, which finds those re-parented to init (their parent gone) or
-    put in sessions of their own too. Other users' processes are skipped unread."""
+    put in sessions of their own too. Other users' processes are skipped unread.
+
+    Called twice per test (tests/conftest.py's leftover check), so it reads little: one
+    ``stat`` per process, and the environment only of processes started no earlier than
+    ``root`` (a process that inherited the marker was started after the process that
+    set it: ``root``, whose pid the marker holds; an older one cannot carry it). That
+    kept the scan under 2 ms of CPU instead of 20 ms (docs/testing.md#how-long-it-takes)."""
     marker = f"{OWNER_VARIABLE}={owner}".encode()
-    parents: dict[int, int] = {}
+    try:
+        since = int(_read(f"/proc/{root}/stat").rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        since = 0  # root gone (or not a pid): read every environment, as before
+    children: dict[int, list[int]] = {}
     marked: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
-        pid = int(entry.name)
+        pid = int(name)
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
+            fields = _read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
                 continue
-            parents[pid] = int(fields[1])
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
+            children.setdefault(int(fields[1]), []).append(pid)
+            # Field 22 of stat (index 19 after the command name): start time, in clock
+            # ticks since boot. Equal ticks are read too (started in root's tick).
+            if int(fields[19]) >= since and marker in _read(f"/proc/{name}/environ").split(b"\0"):
                 marked.add(pid)
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile, or not ours to read
     below: set[int] = set()
     todo = [root]
     while todo:
-        parent = todo.pop()
-        kids = [p for p, pp in parents.items() if pp == parent and p not in below]
+        kids = [p for p in children.get(todo.pop(), ()) if p not in below]
         below.update(kids)
         todo += kids
     found = {}
     for pid in (below | marked) - {root}:
         try:
-            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            cmd = _read(f"/proc/{pid}/cmdline")
         except OSError:
             continue
         found[pid] = cmd.replace(b"\0", b" ").decode(errors="replace").strip()

@@ -54,11 +54,19 @@ def test_processes_of_skips_zombies() -> None:
 
 
 def _pool() -> Any:
-    """This process's PostgreSQL pool (opened by a first query), or skip."""
+    """This process's PostgreSQL pool (opened by a first query), or skip; with nothing
+    lent to other threads once they have had 10 s to give it back. What an earlier test
+    of the process left (asgiref's shared thread keeps its connection between tests until
+    the fixture hands it back; a thread may still be closing) would otherwise be in
+    ``before`` and then reused or returned during the test: the counts below were off by
+    one under pytest-xdist, where a file's predecessor changes from run to run."""
     Repository.objects.exists()
     of = db_pool_slots.pool()
     if of is None:
         pytest.skip("the pool-slot check is for PostgreSQL with a pool (GITWARD_DB_POOL_SIZE)")
+    db_pool_slots.hand_back_asgi_thread(grace=10.0)
+    left = db_pool_slots.slots_left(of, before=0, grace=10.0)
+    assert left == 0, f"{left} pooled connections still lent to other threads"
     return of
 
 

@@ -329,3 +329,6 @@ def test_the_makefile_and_ci_run_the_same_checks() -> None:
     assert f"K8S_VERSION  ?= {K8S_VERSION}" in makefile
     ci = (ROOT / ".ci" / "run").read_text()
     assert ci.index("\nmake deploy-check\n") < ci.index("\nmake test\n")
+    # Both suites over two xdist processes (docs/testing.md#how-long-it-takes), set before
+    # any make so every suite of the run gets it.
+    assert ci.index('\nexport TEST_JOBS="${TEST_JOBS:-2}"\n') < ci.index("\nmake lint\n")

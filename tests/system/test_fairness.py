@@ -2,24 +2,32 @@
 real git repositories: small repositories submitted after a large history finish before
 its backlog does (and, as a control, not without fairness); an interactive submission
 queued after a scheduled refresh runs first; a work horse SIGKILLed between claiming a
-chunk and releasing the next one wedges nothing. Order is read from the attempts' ids
-(claim order), never from the clock."""
+chunk and releasing the next one wedges nothing; the reserved interactive slot takes a
+small submission past a large backlog, also while every regular worker is held on a long
+chunk. Order is read from the attempts' ids (claim order) and the runs' states, never from
+the clock."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from dashboard.models import Commit, JobAttempt, JobRun, Repository
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
 from dashboard.repositories.refresh_schedule import refresh_due
-from tests.conftest import run_workers
+from tests.conftest import run_syncs_only, run_workers
 from tests.support.gitrepo import GitRepo
-from tests.support.processes import run_burst_worker, worker_env
+from tests.support.processes import ROOT, ended, proc_state, run_burst_worker, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -155,3 +163,145 @@ def test_a_horse_killed_between_its_claim_and_its_release_wedges_nothing(
     assert_complete(large, 16)
     assert_complete(small, 4)
     assert not JobRun.objects.filter(parked=True).exists()
+
+
+def express_env(settings, tmp_path: Path, **extra: str) -> dict[str, str]:
+    settings.CHUNK_SIZE = settings.CHUNK_MAX = 2
+    settings.INTERACTIVE_MAX_COMMITS = 10
+    return worker_env(settings, tmp_path, GITWARD_CHUNK_SIZE="2", GITWARD_CHUNK_MAX="2",
+                      GITWARD_INTERACTIVE_MAX_COMMITS="10",
+                      GITWARD_FAIR_WEIGHT=str(settings.FAIR_WEIGHT), **extra)  # fmt: skip
+
+
+def test_the_reserved_slot_takes_a_small_submission_past_a_large_backlog_and_nothing_else(
+    tmp_path: Path, settings
+) -> None:
+    """docs/scheduling.md#the-reserved-interactive-slot: with the large history's
+    interactive chunks all in the queue ahead (FIFO, weight 0), a worker of the reserved
+    slot (``worker --express``) runs the small submission's sync and its queued second
+    chunk, and not one of the large chunks (a regular worker would take those first)."""
+    settings.FAIR_WEIGHT = 0
+    env = express_env(settings, tmp_path)
+    large = submit_repository(url=str(make_repo(tmp_path, "large", 48).path))[0]
+    run_syncs_only()  # its chunks all queued, none analysed
+    large_runs = JobRun.objects.filter(repository=large, kind=JobRun.Kind.ANALYZE)
+    backlog = large_runs.filter(state=JobRun.State.QUEUED).count()
+    assert backlog >= 12 and backlog == large_runs.count()
+    small = submit_repository(url=str(make_repo(tmp_path, "small", 4).path))[0]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "1", "--burst",
+         "--express"], env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert_complete(small, 4)
+    assert len(claims(small)) >= 2  # the inline chunk and those it queued behind the backlog
+    assert large_runs.filter(state=JobRun.State.QUEUED).count() == backlog
+    assert not JobAttempt.objects.filter(run__in=large_runs).exists()
+
+
+def wait_for(what: str, check, timeout: float = 240.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``check`` until true; the timeout only keeps a broken run from hanging."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.3)
+
+
+def test_with_every_regular_worker_held_on_a_long_chunk_a_submission_runs_in_the_reserved_slot(
+    tmp_path: Path, settings
+) -> None:
+    """A pool of 2 regular workers and 1 reserved slot (``GITWARD_INTERACTIVE_WORKERS``).
+    Both regular workers take a chunk of the large history and are held inside it
+    (SIGSTOP at ``analyze.locked`` for that repository: a chunk that never ends). A small
+    history submitted then is analysed to ready by the reserved slot while both large
+    chunks are still running; without the slot it would wait for one of them."""
+    settings.FAIR_WEIGHT = 2
+    settings.INTERACTIVE_WORKERS = 1  # off in the test harness (tests/conftest.py)
+    env = express_env(settings, tmp_path, GITWARD_FAILPOINTS="analyze.locked#large=stop",
+                      GITWARD_WORKER_GRACE="1")  # fmt: skip
+    large = submit_repository(url=str(make_repo(tmp_path, "large", 48).path))[0]
+    run_syncs_only()
+    large_runs = JobRun.objects.filter(repository=large, kind=JobRun.Kind.ANALYZE)
+    pool = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "2"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    with ended(pool):
+        wait_for("both regular workers on a large chunk",
+                 lambda: large_runs.filter(state=JobRun.State.RUNNING).count() == 2)  # fmt: skip
+        held = set(large_runs.filter(state=JobRun.State.RUNNING).values_list("pk", flat=True))
+        small = submit_repository(url=str(make_repo(tmp_path, "small", 4).path))[0]
+        wait_for("the small history ready", lambda: Repository.objects.get(
+            pk=small.pk).status == Repository.Status.READY)  # fmt: skip
+        still = set(large_runs.filter(state=JobRun.State.RUNNING).values_list("pk", flat=True))
+        assert still == held  # the regular workers never let go of their chunks
+        assert not large_runs.filter(state=JobRun.State.SUCCEEDED).exists()
+        assert_complete(small, 4)
+        workers = set(JobAttempt.objects.filter(run__repository=small).values_list(
+            "worker", flat=True))  # fmt: skip
+        held_by = set(JobAttempt.objects.filter(run__in=held).values_list("worker", flat=True))
+        assert len(workers) == 1 and not workers & held_by  # one worker, neither regular one
+        # The held horses run large (not express) chunks: they lowered their own CPU
+        # priority by GITWARD_BULK_NICE; the pool (and so the slot's horse) did not.
+        base = os.getpriority(os.PRIO_PROCESS, pool.pid)
+        pids = list(JobAttempt.objects.filter(run__in=held).values_list("pid", flat=True))
+        assert len(pids) == 2 and all(pids)
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [
+            min(19, base + settings.BULK_NICE)] * 2  # fmt: skip
+
+
+def stopped(pid: int | None) -> bool:
+    return bool(pid) and proc_state(int(pid)) == "T"  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the yield is SQLite's (one writer)")
+def test_on_sqlite_a_bulk_chunk_holds_its_write_back_while_an_express_job_runs(
+    tmp_path: Path, settings
+) -> None:
+    """docs/scheduling.md#bulk-writes-yield-on-sqlite: a small submission's sync runs on
+    the reserved slot and is held inside its job (SIGSTOP after its fetch). A regular
+    worker then analyses a chunk of the large history: before its write transaction it
+    finds the express job running and yields (held there by ``analyze.yielding``, which
+    only a yielding write reaches), with none of the large history's commits written.
+    Without the yield it would write beside the small job (the failpoint never fires).
+    Both histories are complete once let go."""
+    env = express_env(
+        settings, tmp_path, GITWARD_WORKER_GRACE="1", GITWARD_BULK_WRITE_YIELD="600",
+        GITWARD_FAILPOINTS="sync.fetched#small=stop,analyze.yielding#large=stop",
+    )  # fmt: skip
+    large = submit_repository(url=str(make_repo(tmp_path, "large", 48).path))[0]
+    run_syncs_only()
+    large_runs = JobRun.objects.filter(repository=large, kind=JobRun.Kind.ANALYZE)
+    small = submit_repository(url=str(make_repo(tmp_path, "small", 4).path))[0]
+    small_sync = JobRun.objects.filter(repository=small, kind=JobRun.Kind.SYNC)
+    worker = [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "1"]
+    slot = subprocess.Popen([*worker, "--express"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    with ended(slot):
+        wait_for("the small sync held on the slot",
+                 lambda: stopped(small_sync.values_list("pid", flat=True).first()))  # fmt: skip
+        assert not large_runs.exclude(state=JobRun.State.QUEUED).exists()  # the slot took none
+        regular = subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        with ended(regular):
+            running = large_runs.filter(state=JobRun.State.RUNNING)
+
+            def yielding() -> bool:
+                return any(stopped(pid) for pid in running.values_list("pid", flat=True))
+
+            def written() -> bool:  # what a chunk that does not yield gets to
+                return Commit.objects.filter(repository=large).exists()
+
+            wait_for("a large chunk yielding its write", lambda: yielding() or written())
+            assert yielding() and not written()
+            assert stopped(small_sync.values_list("pid", flat=True).first())  # still inside
+            small_pid = int(small_sync.values_list("pid", flat=True).get())
+            large_pid = int(next(p for p in running.values_list("pid", flat=True) if stopped(p)))
+            os.kill(small_pid, signal.SIGCONT)
+            wait_for("the small history ready", lambda: Repository.objects.get(
+                pk=small.pk).status == Repository.Status.READY)  # fmt: skip
+            os.kill(large_pid, signal.SIGCONT)
+            wait_for("the large history ready", lambda: Repository.objects.get(
+                pk=large.pk).status == Repository.Status.READY)  # fmt: skip
+    assert_complete(small, 4)
+    assert_complete(large, 48)

@@ -5,7 +5,6 @@ git, RQ workers and the database."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +13,6 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
 from django.test import Client
 
 from dashboard.infra import queues
@@ -32,7 +30,7 @@ from dashboard.repositories.lifecycle import submit_repository
 from dashboard.runs.attempts import normalise_message
 from dashboard.runs.dead_letters import list_groups, retry_runs, run_bulk, start_bulk
 from tests.conftest import run_syncs_only, run_workers
-from tests.support.checked_threads import CheckedThread
+from tests.support.checked_threads import at_once
 from tests.support.gitrepo import GitRepo
 from workers.git.mirror import packs_intact
 from workers.git.workspace import mirror_path
@@ -90,21 +88,7 @@ def test_retrying_a_dead_letter_twice_concurrently_runs_it_once(
     run = JobRun.objects.get(kind="analyze")
     assert run.state == JobRun.State.DEAD
     monkeypatch.delenv("GITWARD_FAILPOINTS")  # the bug got fixed
-    moved: list[int] = []
-    barrier = threading.Barrier(4)
-
-    def retry() -> None:
-        try:
-            barrier.wait()
-            moved.append(retry_runs([run.pk]))
-        finally:
-            connection.close()
-
-    threads = [CheckedThread(target=retry) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    moved = at_once(lambda _: retry_runs([run.pk]), 4)
     assert sorted(moved) == [0, 0, 0, 1]
     assert queues.analysis_queue(run.fingerprint).count == 1
     run_workers()

@@ -77,7 +77,13 @@ def sync_attempt(repo: Repository) -> JobAttempt:
 
 
 def first_run(repo: Repository) -> JobRun:
-    return JobRun.objects.get(repository=repo, kind="analyze", chunk__position=1)
+    """The run of the chunk the sync analyses inline: the first of its plan, which runs
+    the largest chunk first (docs/analysis.md#chunking)."""
+    return (
+        JobRun.objects.filter(repository=repo, kind="analyze")
+        .order_by("-chunk__size", "chunk__position")
+        .first()
+    )
 
 
 def outcomes(run: JobRun) -> list[str]:

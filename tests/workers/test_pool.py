@@ -122,6 +122,24 @@ def test_with_no_versions_the_pool_wants_the_default_shared_workers_and_the_driv
     ]
 
 
+def test_the_reserved_interactive_slot_is_configurable_and_absent_from_an_empty_pool(
+    settings,
+) -> None:
+    """docs/scheduling.md#the-reserved-interactive-slot: ``GITWARD_INTERACTIVE_WORKERS``
+    express workers of the served version on top of ``size``; none when ``size`` is 0.
+    (The test harness turns the slot off: tests/conftest.py.)"""
+    fp = DEFAULT.fingerprint()
+    settings.INTERACTIVE_WORKERS = 2
+    assert desired_workers(1) == [
+        ("--analyzer", fp, "--shared"),
+        *[("--analyzer", fp, "--shared", "--express")] * 2,
+        ("--queues", DRIVER_QUEUE),
+    ]
+    assert desired_workers(0) == [("--queues", DRIVER_QUEUE)]
+    version("o", S.CURRENT, code=OTHER_CODE)  # blue/green: no shared work, no slot either
+    assert desired_workers(1) == [("--queues", DRIVER_QUEUE)]
+
+
 def test_the_current_version_gets_size_workers_and_every_other_staffed_version_one() -> None:
     current = version("c", S.CURRENT)
     staffed = [version(fp, st) for fp, st in (("w", S.WARMING), ("v", S.VERIFIED),
@@ -421,20 +439,40 @@ def report_gc_freeze(path: str) -> None:
     Path(path).write_text(str(gc.get_freeze_count()))
 
 
-def test_a_work_horse_never_collects_what_it_inherited_and_its_worker_still_does(
-    tmp_path: Path,
-) -> None:
-    import gc
+#: Run in a fresh process: a forking RQ worker in burst mode. In the test process it would
+#: turn that process's database pool off for every later test (``run_one_worker`` calls
+#: ``use_direct_connections``) and leave its threads running.
+GC_FREEZE = """
+import gc, sys
+import django
+django.setup()
+from dashboard.infra import queues
+from workers.pool import run_one_worker
 
+queues.queue(queues.SYNC_QUEUE).enqueue(
+    "tests.workers.test_pool.report_gc_freeze", sys.argv[1], job_id="gc-freeze"
+)
+run_one_worker([queues.SYNC_QUEUE], burst=True)
+print(gc.get_freeze_count())
+"""
+
+
+def test_a_work_horse_never_collects_what_it_inherited_and_its_worker_still_does(
+    tmp_path: Path, settings: Any
+) -> None:
     out = tmp_path / "freeze-count"
-    queues.queue(queues.SYNC_QUEUE).enqueue(
-        "tests.workers.test_pool.report_gc_freeze", str(out), job_id="gc-freeze"
-    )
-    run_one_worker([queues.SYNC_QUEUE], burst=True)  # a forking RQ worker, in this process
-    # the horse inherited this process's objects frozen: a full collection in it walks
+    env = worker_env(settings, tmp_path)
+    env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    done = subprocess.run(
+        [sys.executable, "-c", GC_FREEZE, str(out)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the horse inherited the worker's objects frozen: a full collection in it walks
     # (and copies, page by page) none of them
     assert int(out.read_text()) > 10_000
-    assert gc.get_freeze_count() == 0  # the worker unfroze them right after the fork
+    # the worker unfroze them right after the fork
+    assert done.stdout.strip().splitlines()[-1] == "0"
 
 
 #: Run in a fresh process (the test process's own threads, e.g. pooled request threads

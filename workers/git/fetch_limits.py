@@ -34,7 +34,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -214,14 +214,16 @@ end
 return cur
 """
 
-# KEYS: slots, waiting, backoff.  Returns {in use, waiting, backoff until ms, now ms}.
+# KEYS: slots, waiting, backoff, bucket.  Returns {in use, waiting, backoff until ms,
+# now ms, tokens (a string: Lua numbers come back truncated) or false, at ms or false}.
 _STATUS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local used = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 local waiting = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local until_ms = tonumber(redis.call('GET', KEYS[3]) or '0')
-return {used, waiting, until_ms, now}
+local b = redis.call('HMGET', KEYS[4], 'tokens', 'at')
+return {used, waiting, until_ms, now, b[1], b[2]}
 """
 
 
@@ -247,6 +249,9 @@ class HostStatus:
     in_use: int
     waiting: int
     backoff_until: float | None  # epoch seconds, None when not backing off
+    #: Tokens in the bucket now (refilled to this moment, as the next fetch would find
+    #: it), None when the host has no token bucket (``rate`` 0).
+    tokens: float | None = None
 
     def text(self) -> str:
         """``github.com 4/4, 2 waiting, backoff until 14:05:10`` (UTC)."""
@@ -263,14 +268,25 @@ def limit_for(limits: Mapping[str, HostLimit], host: str) -> HostLimit:
 
 
 def host_status(conn: Redis, host: str, limits: Mapping[str, HostLimit]) -> HostStatus:
-    slots, _, waiting, backoff = _keys(host)
-    used, waiters, until, now = conn.register_script(_STATUS)(keys=[slots, waiting, backoff])
+    slots, bucket, waiting, backoff = _keys(host)
+    used, waiters, until, now, saved, at = conn.register_script(_STATUS)(
+        keys=[slots, waiting, backoff, bucket]
+    )
+    limit = limit_for(limits, host)
+    tokens: float | None = None
+    if limit.rate > 0:
+        # The bucket's refill as ``_ACQUIRE`` computes it; a missing bucket is full.
+        tokens = float(limit.burst)
+        if saved is not None and at is not None:
+            elapsed = max(0, int(now) - int(float(at)))
+            tokens = min(float(limit.burst), float(saved) + elapsed * limit.rate / 1000)
     return HostStatus(
         host=host,
-        limit=limit_for(limits, host),
+        limit=limit,
         in_use=int(used),
         waiting=int(waiters),
         backoff_until=int(until) / 1000 if int(until) > int(now) else None,
+        tokens=tokens,
     )
 
 
@@ -323,7 +339,10 @@ class FetchGate:
 
     ``wait``: how long a fetch waits for a slot before :class:`HostBusy`; ``lease``: how
     long a slot outlives a holder that stopped renewing it (a dead worker); ``backoff``:
-    how long a host that refused us with a rate limit naming no wait is left alone."""
+    how long a host that refused us with a rate limit naming no wait is left alone.
+    ``on_change``: called with the host after this gate changed what its status shows
+    (a slot taken or let go, a wait begun, a backoff recorded), e.g. to tell the live
+    Workers page (docs/live-view.md); what it raises is ignored, a fetch never fails on it."""
 
     def __init__(
         self,
@@ -334,13 +353,21 @@ class FetchGate:
         lease: float = 60.0,
         backoff: float = 60.0,
         holder: str = "",
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_change = on_change
         self.backoff = backoff
         self.conn = conn
         self.limits = dict(limits)
         self.wait = wait
         self.lease = lease
         self.holder = holder
+
+    def changed(self, host: str) -> None:
+        """Tell ``on_change`` (if any) that ``host``'s status changed."""
+        if self.on_change is not None:
+            with contextlib.suppress(Exception):  # a live view is never worth a fetch
+                self.on_change(host)
 
     def try_acquire(self, host: str, holder: str, waiter: str = "") -> tuple[bool, float, str]:
         """One try: ``(taken, seconds to wait, why)`` with why ``backoff``/``full``/``rate``."""
@@ -370,10 +397,14 @@ class FetchGate:
         holder = f"{self.holder or 'fetch'}:{uuid.uuid4().hex[:12]}"
         waiter = f"wait:{holder}"
         start = time.monotonic()
+        waited_before = False
         while True:
             taken, pause, why = self.try_acquire(host, holder, waiter)
             if taken:
                 break
+            if not waited_before:  # one change per wait: "1 waiting" (not per poll)
+                waited_before = True
+                self.changed(host)
             waited = time.monotonic() - start
             if waited + min(pause, 0.05) >= self.wait:
                 with contextlib.suppress(Exception):
@@ -384,9 +415,11 @@ class FetchGate:
                     f"host {host} token bucket empty" if why == "rate" else f"host limit {host}"
                 )
                 kind = {"full": "limit", "rate": "rate"}.get(why, "backoff")
+                self.changed(host)  # the waiter is gone
                 raise HostBusy(host, reason, max(pause, 0.5), kind)
             time.sleep(max(0.01, min(pause, 0.25, self.wait - waited)))
         held = FetchSlot(self, host, holder)
+        self.changed(host)
         try:
             yield held
         except RateLimited as exc:
@@ -394,6 +427,7 @@ class FetchGate:
             # only this fetch: the refusal is about our address, not this repository.
             asked = exc.retry_after if exc.retry_after is not None else self.backoff
             until = back_off(self.conn, host, asked)
+            self.changed(host)
             shown = time.strftime("%H:%M:%S", time.gmtime(until))
             raise HostBusy(
                 host,
@@ -403,3 +437,4 @@ class FetchGate:
             ) from exc
         finally:
             held.release()
+            self.changed(host)

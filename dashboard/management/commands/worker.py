@@ -1,4 +1,5 @@
-"""``manage.py worker [--workers N] [--burst] [--analyzer FP [--shared]] [--queues Q,…]``.
+"""``manage.py worker [--workers N] [--burst] [--analyzer FP [--shared]] [--queues Q,…]
+[--express]``.
 
 Without ``--workers 1`` it supervises a pool (``workers.pool.Pool``) that runs workers
 for every staffed analyzer version and the ``rollouts`` driver queue, following the
@@ -7,7 +8,9 @@ versions table without a restart. ``--workers 1`` runs one worker in this proces
 * ``--analyzer FP``: it loads that version's config and listens on its physical queue
   (``analysis@<fp8>``); ``--shared`` adds the sync and maintenance queues;
 * ``--queues Q,…``: exactly those queues (e.g. ``rollouts``);
-* neither: the served (current) version with the shared queues.
+* neither: the served (current) version with the shared queues;
+* ``--express``: the worker takes only small interactive jobs (the reserved interactive
+  slot, docs/scheduling.md#the-reserved-interactive-slot).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class Command(BaseCommand):
         parser.add_argument("--analyzer", default=None, help="analyzer fingerprint to load")
         parser.add_argument("--shared", action="store_true", help="also sync and maintenance")
         parser.add_argument("--queues", default=None, help="comma-separated queue names")
+        parser.add_argument(
+            "--express", action="store_true", help="take only small interactive jobs"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -56,7 +62,9 @@ class Command(BaseCommand):
         if size == 1 or options["burst"]:
             names, configs = self._one(options)
             try:
-                run_one_worker(names, burst=options["burst"], configs=configs)
+                run_one_worker(
+                    names, burst=options["burst"], configs=configs, express=options["express"]
+                )
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
             return

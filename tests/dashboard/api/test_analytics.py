@@ -190,6 +190,7 @@ def test_a_repository_with_no_commit_yet_has_empty_tables(client: Client, token:
         ("ownership", "until=2024-01-01&inactive_days=90", 200, "2023-10-04T00:00:00+00:00"),
         ("hotspots", "since=0001-01-01&until=9999-12-30", 200, None),
         ("ownership", "since=9999-12-30", 200, None),
+        ("hotspots", "since=9999-12-30", 200, None),
         ("age", "until=0001-01-01&last=30", 400, "before year 1"),
         ("age", "until=0001-01-31&last=30", 200, None),
     ],

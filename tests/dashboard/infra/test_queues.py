@@ -48,6 +48,19 @@ def test_due_scheduled_jobs_are_promoted_once() -> None:
     assert queues.promote_due_jobs(["sync"]) == 0
 
 
+def test_a_delayed_job_id_is_scheduled_once_while_live() -> None:
+    """A second delayed enqueue of a live id is refused and leaves the first job as it
+    was (RQ's ``enqueue_in`` ignores ``unique`` and would overwrite its hash and time)."""
+    q = queues.queue("sync")
+    registry = ScheduledJobRegistry(queue=q)
+    assert queues.enqueue_unique(q, FUNC, 1, 1, job_id="later-once", delay=30) is True
+    first = registry.get_scheduled_time("later-once")
+    assert queues.enqueue_unique(q, FUNC, 2, 2, job_id="later-once", delay=300) is False
+    assert registry.get_job_ids() == ["later-once"]
+    assert registry.get_scheduled_time("later-once") == first
+    assert Job.fetch("later-once", connection=queues.connection()).args == (1, 1)
+
+
 def test_pausing_is_recorded_and_reported_once() -> None:
     assert queues.set_paused("sync", True) is True
     assert queues.set_paused("sync", True) is False
@@ -100,3 +113,49 @@ def test_placing_a_job_a_worker_already_took_leaves_the_queue_alone() -> None:
     queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="c2", priority=2)
     assert queues.place(q, "c1") == -1  # not at the tail: taken, or placed already
     assert q.get_job_ids() == ["c1", "c2"]
+
+
+def test_the_express_take_finds_small_interactive_work_behind_a_large_backfill() -> None:
+    """``take_express`` (docs/scheduling.md#the-reserved-interactive-slot): the first
+    job marked express among the interactive head of the queue, wherever it stands in
+    it, taken out of the list; never a job of a less urgent class, express or not."""
+    q = queues.queue("express")
+    func = "workers.jobs.analyze_chunk"
+    for job_id, priority, express in [("big1", 0, False), ("big2", 0, False), ("small1", 0, True),
+                                      ("refresh", 1, True), ("small2", 0, True)]:  # fmt: skip
+        queues.enqueue_unique(q, func, 1, 1, job_id=job_id, priority=priority, express=express)
+    assert q.get_job_ids() == ["big1", "big2", "small1", "small2", "refresh"]
+    assert queues.take_express(q) == "small1"
+    assert queues.take_express(q) == "small2"
+    assert queues.take_express(q) is None  # "refresh" is express but not interactive
+    assert q.get_job_ids() == ["big1", "big2", "refresh"]
+    assert queues.take_express(queues.queue("express-empty")) is None
+
+
+def test_a_promoted_express_retry_keeps_its_mark() -> None:
+    q = queues.queue("express")
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="big", priority=0)
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="small-retry",
+                          delay=0.01, express=True)  # fmt: skip
+    assert queues.take_express(q) is None
+    time.sleep(1.1)  # RQ schedules by the whole second
+    assert queues.promote_due_jobs(["express"]) == 1
+    assert queues.take_express(q) == "small-retry"
+    assert q.get_job_ids() == ["big"]
+
+
+def test_express_jobs_running_are_counted_until_they_end_or_their_lease_does() -> None:
+    """docs/scheduling.md#bulk-writes-yield-on-sqlite: ``express_begun`` / ``ended``
+    count the express jobs running; an entry whose lease has ended (a killed horse never
+    took itself out) is dropped by the next count."""
+    assert queues.express_running() == 0
+    queues.express_begun("a")
+    queues.express_begun("b")
+    queues.express_begun("a")  # a redelivery of the same job: one entry
+    assert queues.express_running() == 2
+    queues.express_ended("a")
+    assert queues.express_running() == 1
+    conn = queues.connection()
+    conn.zadd(queues.EXPRESS_RUNNING_KEY, {"b": 1})  # its lease ended long ago
+    assert queues.express_running() == 0
+    assert conn.zcard(queues.EXPRESS_RUNNING_KEY) == 0

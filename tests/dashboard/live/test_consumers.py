@@ -135,6 +135,31 @@ def test_the_ops_snapshot_groups_dead_letters_only_when_asked() -> None:
     run(scenario())
 
 
+def test_the_repository_snapshot_has_the_results_marks_only_when_asked(repo: Repository) -> None:
+    """``/ws/repos/N/?results=1`` (the analytics pages, docs/live-view.md#analyses-live)
+    gets ``results_marks`` in its snapshots; the repository page's socket does not pay
+    for them."""
+    from dashboard.live.snapshots import repository_live
+
+    hdrs = session_headers(make_user("reader"))
+
+    async def first(path: str) -> dict[str, Any]:
+        comm, ok, _ = await connect(path, hdrs)
+        assert ok
+        snap = await comm.receive_json_from(timeout=10)
+        await comm.disconnect()
+        return snap["data"]  # type: ignore[no-any-return]
+
+    async def scenario() -> None:
+        plain = await first(f"/ws/repos/{repo.pk}/")
+        marked = await first(f"/ws/repos/{repo.pk}/?results=1")
+        assert "results_marks" not in plain
+        want = await sync_to_async(repository_live)(repo.pk, marks=True)
+        assert marked["results_marks"] == want["results_marks"]
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     ("frame", "code"),
     [

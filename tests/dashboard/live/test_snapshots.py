@@ -24,6 +24,7 @@ from dashboard.middleware import EventActorMiddleware
 from dashboard.models import Chunk, JobAttempt, JobRun, Repository
 from dashboard.repositories.lifecycle import current_fingerprint, submit_repository
 from dashboard.web.charts import sparklines
+from tests.conftest import run_workers
 from tests.support.gitrepo import GitRepo
 from workers.locks import LockNotOwned, keys
 
@@ -455,3 +456,83 @@ def test_while_a_copy_is_built_another_users_action_does_not_make_a_page_wait(se
     assert order.index("dashboard.middleware.EventActorMiddleware") > order.index(
         "django.contrib.auth.middleware.AuthenticationMiddleware"
     )
+
+
+def _mismatch(repo: Repository, sha: str) -> object:
+    """One verifier pass of ``repo`` finding ``sha``'s stored row wrong, recorded through
+    ``record_result`` as a pass records it (docs/analytics.md#verification)."""
+    from dashboard.analytics.integrity import record_result
+    from dashboard.models import Verification
+
+    row, _ = Verification.objects.get_or_create(repository=repo, fingerprint=current_fingerprint())
+    result = {
+        "head": sha,
+        "sampled": 10,
+        "mismatches": [{"sha": sha, "git": 3, "stored": 4,
+                        "fields": [{"path": "f.py", "field": "added", "git": 3, "stored": 4}]}],
+        "totals": {"stored": {"commits": 10}, "git": None},
+    }  # fmt: skip
+    return record_result(row, result, generation=repo.generation, next_at=None)
+
+
+def test_the_snapshot_carries_the_integrity_marks_and_the_git_hosts(settings) -> None:
+    """The two sections that were rendered per request only: the integrity group's marks
+    (what the Dead letters page compares, ``[id, checked_at]`` newest first, as the page
+    lists them) and the Git hosts table's rows, in every variant of the snapshot."""
+    from dashboard.analytics.integrity import clear_mismatch, mismatch_marks_of, open_mismatches
+    from dashboard.runs.fetch_limits import fetch_gate
+    from workers.git import HostLimit
+
+    settings.SNAPSHOT_TTL = 0
+    settings.FETCH_LIMITS = {"git.example.com": HostLimit(concurrency=3)}
+    first = Repository.objects.create(url="https://example.com/t/a.git")
+    second = Repository.objects.create(url="https://example.com/t/b.git")
+    empty = snapshots.build_shared_snapshot(dlq_groups=True)
+    assert empty["integrity_marks"] == [] and empty["fetch_hosts"] == []
+    a = _mismatch(first, "a" * 40)
+    b = _mismatch(second, "b" * 40)
+    with fetch_gate().slot("git.example.com"):
+        for groups in (True, False):
+            snap = snapshots.build_shared_snapshot(dlq_groups=groups)
+            marks = snap["integrity_marks"]
+            assert [m[0] for m in marks] == [b.pk, a.pk]  # newest first
+            assert marks == mismatch_marks_of(open_mismatches(limit=50))  # the page's
+            assert [(h["host"], h["in_use"], h["limit"]) for h in snap["fetch_hosts"]] == [
+                ("git.example.com", 1, 3)
+            ]
+    assert json_safe(snap)
+    # A new pass of an open mismatch moves its mark; a clear drops it.
+    again = _mismatch(first, "c" * 40)
+    marks = snapshots.build_shared_snapshot(dlq_groups=False)["integrity_marks"]
+    assert [m[0] for m in marks] == [a.pk, b.pk] and marks[0][1] == again.checked_at.isoformat()
+    assert clear_mismatch(b.pk, user="tester")
+    assert [m[0] for m in snapshots.build_shared_snapshot(dlq_groups=False)["integrity_marks"]] == [
+        a.pk
+    ]
+    [host] = snapshots.build_shared_snapshot(dlq_groups=False)["fetch_hosts"]
+    assert host["in_use"] == 0
+
+
+def json_safe(value: object) -> bool:
+    import json
+
+    return bool(json.dumps(value))
+
+
+def test_the_results_marks_move_when_new_results_land(git_repo: GitRepo) -> None:
+    """An analytics page's marks (``results_marks``) are the socket's: equal while nothing
+    changed, different once a push is analysed and once a verification pass records."""
+    git_repo.commit("one", {"f.py": "1\n"})
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    before = repository_live(repo.pk, marks=True)["results_marks"]
+    assert before == repository_live(repo.pk, marks=True)["results_marks"]
+    assert "results_marks" not in repository_live(repo.pk)  # the repository page's
+    git_repo.commit("two", {"g.py": "2\n"})
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    pushed = repository_live(repo.pk, marks=True)["results_marks"]
+    assert pushed != before
+    repo.refresh_from_db()
+    _mismatch(repo, git_repo.shas()[0])
+    assert repository_live(repo.pk, marks=True)["results_marks"] != pushed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -176,3 +177,25 @@ def test_rollout_refuses_a_reason_with_control_characters_before_acting(reason: 
     assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.DRAINED
     call_command("rollout", "retire", v.fingerprint[:12], "--reason", "superseded")
     assert AnalyzerVersion.objects.get(pk=v.pk).state == AnalyzerVersion.State.RETIRED
+
+
+@pytest.mark.django_db
+def test_fair_group_sets_lists_and_clears_a_groups_weight_and_refuses_bad_input(capsys) -> None:
+    """``manage.py fair_group`` (docs/cli.md, docs/scheduling.md#group-weights)."""
+    from dashboard.models import FairGroup
+
+    call_command("fair_group", "github.com/pallets", "4")
+    assert capsys.readouterr().out == "group github.com/pallets: weight 4\n"
+    call_command("fair_group")
+    assert capsys.readouterr().out == "github.com/pallets\t4\n"
+    call_command("fair_group", "github.com/pallets", "--clear")
+    assert capsys.readouterr().out == "group github.com/pallets: weight cleared\n"
+    assert not FairGroup.objects.exists()
+    for argv, message in [
+        (["g", "many"], "weight must be a whole number"),
+        (["g", "-3"], "a weight is 0 (no limit) to 1000"),
+        (["g"], "give a WEIGHT or --clear"),
+        (["g", "2", "--clear"], "give a WEIGHT or --clear"),
+    ]:
+        with pytest.raises(CommandError, match=re.escape(message)):
+            call_command("fair_group", *argv)

@@ -102,13 +102,15 @@ def test_every_queue_costs_the_same_two_round_trips_and_one_query(
         assert [s["backlog"] for s in stats] == [3] * count
         assert all(s["oldest_age_s"] is not None for s in stats)
         assert [s["failure_rate"] for s in stats] == [0.5] * count
-    # One pipeline for the lists, counts and paused set, one for the first jobs' ages;
-    # the fingerprint query is cached per process after the first call.
-    assert costs[1] == costs[0] and costs[1][0] == 2, costs
-    # Empty queues need no second round trip.
+    # One pipeline for the lists, counts and paused set, one for the first jobs' ages,
+    # one SMEMBERS of RQ's queue set for the host queues (their LLENs would be one more
+    # pipeline: there are none here); the fingerprint query is cached per process after
+    # the first call, the parked runs are one aggregate.
+    assert costs[1] == costs[0] and costs[1][0] == 3, costs
+    # Empty queues need no round trip for their ages.
     before = trips.n
     assert queue_stats.queues_stats(["empty"])[0]["oldest_age_s"] is None
-    assert trips.n - before == 1
+    assert trips.n - before == 2
 
 
 def test_running_counts_live_leases_and_leaves_the_registry_to_the_workers() -> None:
@@ -122,3 +124,33 @@ def test_running_counts_live_leases_and_leaves_the_registry_to_the_workers() -> 
     assert stats["running"] == 1
     # RQ's ``count`` would have moved the abandoned entry out on every snapshot.
     assert conn.zcard(key) == 2
+
+
+def test_the_backlog_counts_host_queues_and_parked_runs_everywhere_it_is_shown() -> None:
+    """docs/scheduling.md#where-the-backlog-is-counted: a queue's backlog is its RQ list,
+    its worker hosts' queues (mirror affinity) and its runs parked in the database
+    (fairness), in the queue statistics (Overview, Workers page, live view), the sampled
+    backlog of the charts and the ``gitward_queue_backlog`` gauge."""
+    from dashboard.operations.prometheus import metrics_text
+
+    name = queues.SYNC_QUEUE
+    func = "workers.jobs.analyze_chunk"
+    queues.queue(name).enqueue(func, 1, 1, job_id="listed")
+    for host, n in (("h1", 2), ("h2", 1)):
+        for i in range(n):
+            queues.queue(f"{name}@host:{host}").enqueue(func, i, 1, job_id=f"{host}-{i}")
+    queues.queue("elsewhere@host:h1").enqueue(func, 9, 1, job_id="not-ours")
+    repo = Repository.objects.create(url="https://example.com/t/parked.git")
+    for i, parked in enumerate([True, True, True, True, False]):
+        JobRun.objects.create(job_id=f"p{i}", kind="analyze", queue=name, repository=repo,
+                              parked=parked)  # fmt: skip
+    JobRun.objects.create(job_id="done", kind="analyze", queue=name, repository=repo,
+                          parked=True, state="succeeded")  # fmt: skip
+    assert queue_stats.held_backlog([name, "other"]) == {
+        name: {"host": 3, "parked": 4}, "other": {"host": 0, "parked": 0}}  # fmt: skip
+    stats = queue_stats.queue_stats(name)
+    assert (stats["backlog"], stats["backlog_host"], stats["backlog_parked"]) == (8, 3, 4)
+    queue_stats.record_samples()
+    assert QueueSample.objects.get(queue=name).backlog == 8
+    text = metrics_text()
+    assert f'gitward_queue_backlog{{queue="{name}",version=""}} 8.0' in text

@@ -102,6 +102,43 @@ def test_it_plans_every_pending_commit_once_and_enqueues_after_commit() -> None:
     assert Chunk.objects.count() == len(chunks)
 
 
+def test_runs_are_created_enqueued_and_inlined_largest_chunk_first(settings: Any) -> None:
+    """Longest first (docs/analysis.md#chunking): chunks of 2, 6, 1 and 3 commits in
+    history order get their runs, RQ jobs, parked releases and the inline attempt in the
+    order 6, 3, 2, 1, so the workers end together on the short ones."""
+    settings.CHUNK_SIZE = settings.CHUNK_MAX = 3  # a fixed target: cap 6
+    settings.FAIR_WEIGHT = 2
+
+    def sha(i: int, cut: bool) -> str:  # int(sha[:8], 16) % 3: 0 a cut point, 1 not
+        return f"{0 if cut else 1:08x}{i:032x}"
+
+    cuts = [False, True] + [False] * 6 + [True] + [False, False, True]
+    shas = [sha(i, cut) for i, cut in enumerate(cuts)]
+    assert [len(c) for c in plan_chunks(shas, target=3)] == [2, 6, 1, 3]
+    repo = a_repo()
+    key = repo.lock_key()
+    planned = chunk_plans.plan_repository(
+        repo_id=repo.pk,
+        generation=repo.generation,
+        fingerprint=FP,
+        head=shas[-1],
+        shas=shas,
+        lock_key=key,
+        token=next_token(key),
+        inline_for=[FP],
+    )
+    assert planned is not None
+    runs = list(JobRun.objects.filter(kind=JobRun.Kind.ANALYZE).order_by("pk"))
+    sizes = {c.pk: c.size for c in Chunk.objects.filter(repository=repo)}
+    assert [sizes[r.chunk_id] for r in runs] == [6, 3, 2, 1]  # created in this order
+    assert planned.runs == [r.pk for r in runs]
+    assert planned.inline == runs[0].pk  # the sync's work horse takes the largest
+    # the repository's share of 2 waiting runs: the inline one and the next largest;
+    # the two shortest parked, released in pk order (so, size order) as runs are claimed
+    assert queues.queue(queue_name(FP)).job_ids == [runs[1].rq_id()]
+    assert [r.parked for r in runs] == [False, False, True, True]
+
+
 def test_stored_commits_are_not_planned_and_nothing_pending_is_ready() -> None:
     repo = a_repo()
     for sha in SHAS:

@@ -209,3 +209,66 @@ def test_run_class_puts_another_versions_chunks_in_verification() -> None:
     assert dispatch.run_class(run) == dispatch.REFRESH
     run.fingerprint = "b" * 16
     assert dispatch.run_class(run) == dispatch.VERIFICATION
+
+
+def test_only_small_interactive_runs_are_express_and_their_jobs_carry_the_mark(settings) -> None:
+    """docs/scheduling.md#the-reserved-interactive-slot: a run is express when it is
+    interactive and its repository's known history is at most
+    ``GITWARD_INTERACTIVE_MAX_COMMITS``; ``enqueue_run`` marks its job so, and the
+    reserved slot's take finds it behind a large backfill's interactive chunks."""
+    settings.FAIR_WEIGHT = 0
+    settings.INTERACTIVE_MAX_COMMITS = 100
+    _, big = repo_with_runs("big", 3, commits_total=200_000)
+    _, small = repo_with_runs("small", 1, commits_total=40)
+    _, refresh = repo_with_runs("refreshed", 1, commits_total=40, priority=dispatch.REFRESH)
+    _, new = repo_with_runs("new", 1)  # before its first sync: nothing counted yet
+    loaded = lambda rs: [JobRun.objects.select_related("repository").get(pk=r.pk) for r in rs]  # noqa: E731
+    assert [dispatch.express(r) for r in loaded(big + small + refresh + new)] == [
+        False, False, False, True, False, True,
+    ]  # fmt: skip
+    enqueue_all(loaded(big + refresh + small + new))
+    q = queues.queue(QUEUE)
+    assert queues.take_express(q) == small[0].rq_id()
+    assert queues.take_express(q) == new[0].rq_id()
+    assert queues.take_express(q) is None
+    assert listed() == [r.rq_id() for r in big + refresh]
+
+
+def test_a_repositorys_group_is_its_own_name_or_the_owner_its_url_names() -> None:
+    def group(url: str, fair_group: str = "") -> str:
+        return dispatch.group_of(Repository(url=url, fair_group=fair_group))
+
+    assert group("https://github.com/pallets/flask.git") == "github.com/pallets"
+    assert group("https://user@git.example.com:8443/a/b/c.git") == "git.example.com/a"
+    assert group("https://example.com/solo.git") == "example.com"
+    assert group("git@github.com:pallets/flask.git") == "github.com/pallets"
+    assert group("/srv/git/team/repo") == "/srv/git/team"
+    assert group("https://github.com/pallets/flask.git", "batch") == "batch"
+
+
+def test_a_groups_weight_applies_to_its_repositories_without_a_weight_of_their_own(
+    settings,
+) -> None:
+    """docs/scheduling.md#group-weights: the repository's own weight, else its group's,
+    else ``GITWARD_FAIR_WEIGHT``; admission parks by it."""
+    settings.FAIR_WEIGHT = 1
+    team, team_runs = repo_with_runs("a", 5)  # https://example.com/team/a.git
+    own, own_runs = repo_with_runs("b", 5, fair_weight=2)
+    other = Repository.objects.create(url="https://other.example.com/x/y.git")
+    assert dispatch.group_of(team) == "example.com/team"
+    assert dispatch.set_group_weight("example.com/team", 3, user="test") == (
+        "group example.com/team: weight 3")  # fmt: skip
+    assert [dispatch.weight_of(r) for r in (team, own, other)] == [3, 2, 1]
+    assert dispatch.weight_of(team, dispatch.group_weights()) == 3
+    enqueue_all(team_runs + own_runs)
+    assert listed() == [r.rq_id() for r in team_runs[:3] + own_runs[:2]]
+    assert JobRun.objects.filter(parked=True).count() == 2 + 3
+    assert dispatch.set_group_weight("example.com/team", None, user="test").endswith("cleared")
+    assert dispatch.weight_of(team) == 1
+    from dashboard.models import AuditEntry
+
+    assert list(AuditEntry.objects.order_by("pk").values_list("action", flat=True)) == [
+        "fair_group.set", "fair_group.cleared"]  # fmt: skip
+    for bad in [("", 1), ("g", -1), ("g", 1001), ("x" * 201, 1)]:
+        with pytest.raises(ValueError):
+            dispatch.set_group_weight(*bad, user="test")

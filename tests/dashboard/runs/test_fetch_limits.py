@@ -40,3 +40,31 @@ def test_the_reason_provider_names_a_full_host_and_a_backoff(settings: object) -
     back_off(queues.connection(), "github.com", 30)
     reason = fetch_limits.fetch_wait_reason(repo)
     assert reason is not None and reason.startswith("host github.com backing off until ")
+
+
+def test_the_gate_publishes_fetch_changed_and_the_rows_follow(settings: object) -> None:
+    """The deployment's gate tells the operators' live view (``fetch.changed``, a tick:
+    not in the activity feed) whenever a slot is taken or let go, and the Git hosts
+    table's rows (in the operations snapshot) show the change: cap, in use, tokens,
+    backoff (docs/live-view.md)."""
+    from dashboard.infra import activity_feed
+    from tests.support.live_tap import Tap
+
+    settings.FETCH_LIMITS = {  # type: ignore[attr-defined]
+        "github.com": HostLimit(concurrency=2, rate=0.001, burst=5)
+    }
+    tap = Tap()
+    with fetch_limits.fetch_gate().slot("github.com"):
+        [row] = fetch_limits.fetch_host_rows() or []
+        assert (row["host"], row["in_use"], row["limit"], row["waiting"]) == ("github.com", 1, 2, 0)
+        assert row["rate"] == 0.001 and row["burst"] == 5 and 4.0 <= row["tokens"] < 4.1
+        assert row["backoff_until"] is None and row["backoff_text"] is None
+        tap.until(lambda evs: [e["type"] for e in evs].count("fetch.changed") >= 1)
+    tap.until(lambda evs: [e["type"] for e in evs].count("fetch.changed") >= 2)
+    assert {e["host"] for e in tap.events if e["type"] == "fetch.changed"} == {"github.com"}
+    assert not activity_feed.is_activity({"type": "fetch.changed", "host": "github.com"})
+    [row] = fetch_limits.fetch_host_rows() or []
+    assert row["in_use"] == 0
+    until = back_off(queues.connection(), "github.com", 30)
+    [row] = fetch_limits.fetch_host_rows() or []
+    assert row["backoff_until"] == until and row["backoff_text"] and "backoff until" in row["text"]

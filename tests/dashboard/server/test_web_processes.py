@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dashboard.server.web_processes import bind_sockets
+from dashboard.server.web_processes import WebProcess, bind_sockets
+from tests.support.checked_threads import CheckedThread
 from tests.support.mirror_writers import wait_for
 from tests.support.processes import ended, up_env
 from tests.support.sysproc import wait_http
@@ -132,7 +133,7 @@ def test_each_web_process_listens_on_its_own_socket_and_gets_its_share(tmp_path:
         # connection made meanwhile waits in that socket's backlog instead of failing.
         victim = web[0]
         victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=10)
+        victim.wait(timeout=60)  # reaped by the supervisor (a zombie until then)
         waiting = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(16)]
         try:
             for client in waiting:
@@ -151,3 +152,32 @@ def test_each_web_process_listens_on_its_own_socket_and_gets_its_share(tmp_path:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
+
+
+def test_a_web_process_that_dies_during_its_health_ping_is_seen_dead_at_once() -> None:
+    """The supervisor pings each web process and waits up to 60 s for the answer
+    (``up``). A process killed during that wait used to keep it waiting the whole 60 s
+    (the supervisor holds the pipe's other end, so the pipe never reads as closed): the
+    dead process stayed unreaped and its socket unserved. Here the process never answers
+    and the ping's timeout is an hour: the ping ends when the process is killed."""
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context("spawn")
+    web = WebProcess.__new__(WebProcess)  # uvicorn's pipe, a process that never answers
+    web.parent_conn, web.child_conn = context.Pipe()
+    web.process = context.Process(target=time.sleep, args=(3600,), daemon=True)
+    web.process.start()
+    answers: list[bool] = []
+    ping = CheckedThread(target=lambda: answers.append(web.ping(timeout=3600)))
+    ping.start()
+    try:
+        ping.join(timeout=1)
+        assert ping.is_alive(), "the ping returned before the process died"
+    finally:
+        web.process.kill()
+    ping.join(timeout=60)  # with the pipe alone it would wait the hour
+    assert not ping.is_alive(), "the ping still waits for a dead process"
+    assert answers == [False]
+    web.process.join(timeout=10)
+    assert web.process.exitcode == -signal.SIGKILL

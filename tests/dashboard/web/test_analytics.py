@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from tests.support.analytics_history import analysed, build, git_log
+from tests.support.gitrepo import GitRepo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,3 +164,46 @@ def test_the_lens_toggles_keep_the_other_parameters_and_equal_git(
     html = res.content.decode()
     assert res.status_code == 400 and "exclude: unknown lens &#x27;tests&#x27;" in html
     assert 'id="analytics-lenses" aria-label="Lenses" aria-invalid="true"' in html
+
+
+@pytest.mark.parametrize("analysis", ["hotspots", "coupling", "ownership", "age", "authors",
+                                      "files"])  # fmt: skip
+def test_every_analysis_page_is_live_with_the_sockets_marks(
+    browser: Client, git_repo: GitRepo, analysis: str
+) -> None:
+    """Every analysis page joins its repository's socket and carries the marks of the
+    results it shows (``#analytics-results[data-marks]``), which equal the socket's
+    snapshot (``repository_live(marks=True)``, what ``RepositoryConsumer`` sends) until a
+    push is analysed; the page rendered then carries the new ones, so gitward.js swaps
+    its results in without a reload (docs/live-view.md)."""
+    import html as html_lib
+    import re
+
+    from dashboard.live.snapshots import repository_live
+    from dashboard.repositories.lifecycle import submit_repository
+    from tests.conftest import run_workers
+
+    git_repo.commit("one", {"src/a.py": "1\n"})
+    repo, _ = submit_repository(url=str(git_repo.path))
+    run_workers()
+    url = f"/repos/{repo.pk}/analytics/{analysis}/?path=src/a.py&author=x@example.com"
+
+    def marks(page: str) -> str:
+        found = re.search(r'id="analytics-results" data-marks="([^"]*)"', page)
+        assert found, page[:500]
+        return html_lib.unescape(found.group(1))
+
+    page = browser.get(url).content.decode()
+    assert f'data-live-socket="/ws/repos/{repo.pk}/?results=1"' in page
+    assert 'id="analytics-status"' in page
+    before = marks(page)
+    assert before == repository_live(repo.pk, marks=True)["results_marks"]
+    git_repo.commit("two", {"src/b.py": "2\n"})
+    submit_repository(url=str(git_repo.path))
+    run_workers()
+    now = repository_live(repo.pk, marks=True)["results_marks"]
+    assert now != before
+    page = browser.get(url).content.decode()
+    assert marks(page) == now
+    if analysis == "hotspots":
+        assert "src/b.py" in page  # the new results, which the swap brings in

@@ -513,5 +513,5 @@ def test_the_workers_page_shows_each_git_hosts_fetch_slots_waiters_and_backoff(
         for host, row in re.findall(r'<tr data-host="([^"]+)"[^>]*>(.*?)</tr>', page, re.S)
     }
     assert set(rows) == {"github.com", "gitlab.com"}
-    assert rows["github.com"] == "github.com 1/1 0 — —"
-    assert rows["gitlab.com"].startswith("gitlab.com 0/4 0 — until ")
+    assert rows["github.com"] == "github.com 1/1 0 — — —"
+    assert rows["gitlab.com"].startswith("gitlab.com 0/4 0 — — until ")

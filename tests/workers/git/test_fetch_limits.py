@@ -250,3 +250,42 @@ def test_rate_limited_reads_git_stderr() -> None:
     assert rate_limited("error: RPC failed; HTTP 429 curl 22") == (True, None)
     assert rate_limited("remote: API rate limit exceeded") == (True, None)
     assert rate_limited("fatal: repository 'x' not found") == (False, None)
+
+
+def test_the_gate_tells_on_change_of_every_slot_wait_and_backoff(conn: redis.Redis) -> None:
+    """``on_change`` (the live Workers page's trigger, docs/live-view.md): once when a
+    slot is taken, once when it is let go, once when a wait begins and once when it
+    gives up, once for a backoff; never per poll, and its failure never fails a fetch."""
+    seen: list[str] = []
+    gate = FetchGate(conn, {"h": HostLimit(concurrency=1)}, wait=0.3, lease=10,
+                     on_change=seen.append)  # fmt: skip
+    with gate.slot("h"):
+        assert seen == ["h"]  # taken
+        other = FetchGate(conn, gate.limits, wait=0.3, lease=10, on_change=seen.append)
+        with pytest.raises(HostBusy):
+            _enter(other, "h")
+        assert seen == ["h", "h", "h"]  # the wait began, then gave up (several polls)
+    assert seen == ["h"] * 4  # let go
+    with pytest.raises(HostBusy), gate.slot("h"):
+        raise RateLimited("429", retry_after=5, returncode=128, stderr="")
+    assert seen == ["h"] * 7  # taken, backoff, let go
+
+    def broken(host: str) -> None:
+        raise RuntimeError("live view down")
+
+    conn.delete("gitward:fetch:h:backoff")
+    with FetchGate(conn, {}, wait=0.3, lease=10, on_change=broken).slot("h"):
+        assert host_status(conn, "h", {}).in_use == 1
+    assert host_status(conn, "h", {}).in_use == 0
+
+
+def test_the_status_shows_the_tokens_left_in_the_bucket(conn: redis.Redis) -> None:
+    """The Git hosts table's Tokens: a full bucket before any fetch, one fewer per
+    fetch, refilled at the rate up to the burst; None without a bucket."""
+    limits = {"h": HostLimit(concurrency=10, rate=0.001, burst=3), "*": HostLimit()}
+    assert host_status(conn, "h", limits).tokens == 3.0
+    gate = FetchGate(conn, limits, lease=10)
+    assert gate.try_acquire("h", "a")[0] and gate.try_acquire("h", "b")[0]
+    tokens = host_status(conn, "h", limits).tokens
+    assert tokens is not None and 1.0 <= tokens < 1.1  # 0.001/s: barely refilled
+    assert host_status(conn, "other", limits).tokens is None
