@@ -48,6 +48,10 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
         self.user_group = infra.user_group(self.scope["user"].pk)
         self.hub = fanout.hub()
         self.last_snapshot = 0.0
+        #: When the client last asked for a snapshot, and the task answering a request
+        #: that came inside the interval (``_snapshot_requested``).
+        self.requested_at = 0.0
+        self.answering: asyncio.Task[None] | None = None
         self.backlog = fanout.Backlog()
         self.wake = asyncio.Event()
         self.sender: asyncio.Task[None] | None = None
@@ -104,7 +108,8 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
                 await self.send(text_data=text)
 
     async def disconnect(self, code: int) -> None:
-        for task in (getattr(self, "sender", None), getattr(self, "rejoiner", None)):
+        tasks = ("sender", "rejoiner", "answering")
+        for task in (getattr(self, name, None) for name in tasks):
             if task is not None:
                 task.cancel()
         hub = getattr(self, "hub", None)
@@ -135,11 +140,39 @@ class _Coalescing(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "snapshot":
-            # A flood of requests costs at most one snapshot per second per socket.
-            now = asyncio.get_running_loop().time()
-            if now - self.last_snapshot >= SNAPSHOT_MIN_INTERVAL:
-                self.last_snapshot = now
-                await self.send_snapshot()
+            await self._snapshot_requested()
+
+    async def _snapshot_requested(self) -> None:
+        """A flood of requests costs at most one snapshot per ``SNAPSHOT_MIN_INTERVAL``
+        per socket, and no request goes unanswered: one asked inside the interval is
+        answered when it ends, by one snapshot for every request that came meanwhile.
+        A page asks because an event told it something changed (docs/live-view.md); a
+        dropped request would leave it showing the state before that change for good
+        (the request coming while the previous snapshot was still being built, so that
+        one may predate the change too).
+
+        Race: requests and the deferred answer run on this socket's event loop only.
+        ``requested_at`` is set before the answer is looked at, and the answer checks it
+        after each snapshot it sent: a request that came after that snapshot's build
+        began gets another one; a request never finds a finished answer task that has
+        not seen it (the check and the task's end happen in one step of the loop)."""
+        loop = asyncio.get_running_loop()
+        self.requested_at = loop.time()
+        if self.answering is not None and not self.answering.done():
+            return  # the pending answer sees this request (requested_at)
+        if loop.time() - self.last_snapshot >= SNAPSHOT_MIN_INTERVAL:
+            await self.send_snapshot()  # inline: frames of one socket stay in order
+            return
+        self.answering = asyncio.create_task(self._answer_later())
+
+    async def _answer_later(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, self.last_snapshot + SNAPSHOT_MIN_INTERVAL - loop.time()))
+            started = loop.time()
+            await self.send_snapshot()
+            if self.requested_at < started:
+                return
 
     async def session_ended(self, message: dict[str, Any]) -> None:
         """The user logged out: this socket must not outlive the session."""

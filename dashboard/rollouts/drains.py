@@ -20,7 +20,7 @@ from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from dashboard import infra
 from dashboard.models import AnalyzerVersion, JobRun, Rollout, RolloutEvent
-from dashboard.rollouts.steps import locked_rollout, set_rollout_state
+from dashboard.rollouts.steps import locked_rollout, set_rollout_state, version_name
 from dashboard.runs import crash_attempt, sweep_queue
 from dashboard.versions import actor_name, do_transition, physical_queue
 
@@ -141,7 +141,7 @@ def check_drain(
                 actor=actor,
                 token=token,
                 reason="drained",
-                outcome=f"rolled back to {ro.previous}",
+                outcome=f"rolled back to {version_name(ro.previous)}",
             )
     return drained
 

@@ -25,6 +25,7 @@ from dashboard.versions import (
     RolloutBusy,
     check_fence,
     do_transition,
+    physical_queue,
     publish_rollout_event,
     record_event,
     served_fingerprint,
@@ -213,6 +214,12 @@ def set_ramp(*, rollout: Rollout | int, percent: int, token: int, actor: Any) ->
     return _locked_step(rollout, step)
 
 
+def version_name(version: AnalyzerVersion | None) -> str:
+    """``analysis@3f2a9c1e``: a version as an outcome names it. Not ``str(version)``,
+    whose state is the one read before the step changed it ("(ramping) is current")."""
+    return physical_queue(version.queue, version.fingerprint) if version is not None else "—"
+
+
 def promote(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
     """ramping → current (the previous current → draining, in the same transaction);
     the rollout completes. The driver then releases the deploy lock."""
@@ -232,7 +239,7 @@ def promote(*, rollout: Rollout | int, token: int, actor: Any) -> Rollout:
             actor=actor,
             token=token,
             reason="promoted",
-            outcome=f"{ro.version} is current",
+            outcome=f"{version_name(ro.version)} is current",
         )
         closed = [ro.previous.fingerprint] if ro.previous is not None else []
         served = ro.version.fingerprint
@@ -384,7 +391,7 @@ def abort_in_place(
             if state in {S.DRAINED, S.RETIRED}:
                 set_rollout_state(
                     rollout=locked, to=Rollout.State.ROLLED_BACK, actor=actor, token=token,
-                    reason="drained", outcome=f"rolled back to {locked.previous}",
+                    reason="drained", outcome=f"rolled back to {version_name(locked.previous)}",
                 )  # fmt: skip
             return
         if locked.state in {Rollout.State.PENDING, Rollout.State.ACTIVE} and state in UNTOUCHED:

@@ -205,6 +205,40 @@ def test_unknown_control_messages_are_ignored_and_a_snapshot_request_answered() 
     run(scenario())
 
 
+def test_a_snapshot_asked_for_inside_the_interval_is_answered_when_it_ends(
+    repo: Repository,
+) -> None:
+    """A page asks for a snapshot because an event told it something changed; one asked
+    within a second of the last snapshot (which may predate the change) is answered
+    when the second ends, never dropped — and a burst of requests costs one snapshot."""
+    hdrs = session_headers(make_user("op", perms=OPERATOR))
+
+    async def scenario() -> None:
+        comm, ok, _ = await connect(f"/ws/repos/{repo.pk}/", hdrs)
+        assert ok
+        first = await comm.receive_json_from(timeout=10)
+        assert first["type"] == "snapshot" and first["data"]["head"] is None
+        # The change, then its request, inside the interval of the first snapshot.
+        await sync_to_async(Repository.objects.filter(pk=repo.pk).update)(head="ab" * 20)
+        await comm.send_json_to({"type": "snapshot"})
+        answer = await comm.receive_json_from(timeout=10)
+        assert answer["type"] == "snapshot" and answer["data"]["head"] == "ab" * 20
+        # A burst inside the next interval (3 s here, so that a slow machine still sends
+        # all 20 inside it): one snapshot when it ends, after which nothing more.
+        consumers.SNAPSHOT_MIN_INTERVAL = 3.0
+        for _ in range(20):
+            await comm.send_json_to({"type": "snapshot"})
+        assert (await comm.receive_json_from(timeout=10))["type"] == "snapshot"
+        assert await comm.receive_nothing(timeout=4.0)
+        await comm.disconnect()
+
+    before = consumers.SNAPSHOT_MIN_INTERVAL
+    try:
+        run(scenario())
+    finally:
+        consumers.SNAPSHOT_MIN_INTERVAL = before
+
+
 def test_a_logout_closes_the_users_sockets_as_unauthenticated() -> None:
     op = make_user("op", perms=OPERATOR)
     browser = Client()

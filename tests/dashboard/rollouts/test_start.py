@@ -75,6 +75,8 @@ def test_a_rollout_walks_every_state_to_current_and_records_each_step() -> None:
         ro = rollouts_steps.promote(rollout=ro, token=token, actor="alice")
         events = collect(14)
     assert ro.state == Rollout.State.COMPLETED and ro.finished_at is not None
+    # The outcome names the version, not the state it had before the step ("(ramping)").
+    assert ro.outcome == f"{v.queue}@{v.fingerprint[:8]} is current"
     assert (state(v.pk), state(base.pk)) == (S.CURRENT, S.DRAINING)
     assert AnalyzerVersion.objects.get(pk=v.pk).ramp_percent == 0
     assert transitions(v) == [
@@ -296,7 +298,8 @@ def test_rollback_mid_ramp_routes_back_then_drains_on_two_empty_checks() -> None
     assert drains.check_drain(rollout=ro, token=token, actor="a")
     ro.refresh_from_db()
     assert ro.state == Rollout.State.ROLLED_BACK and state(ro.version_id) == S.DRAINED
-    assert "rolled back to" in ro.outcome
+    previous = AnalyzerVersion.objects.get(pk=ro.previous_id)
+    assert ro.outcome == f"rolled back to {previous.queue}@{previous.fingerprint[:8]}"
 
 
 def test_rollback_mid_warming_leaves_the_previous_version_current() -> None:
