@@ -30,7 +30,7 @@ from dashboard.repositories.lifecycle import (
 from dashboard.repositories.summaries import repository_summary
 from dashboard.runs import CATCH_UP, enqueue_after_commit, ensure_run
 from dashboard.versions import planned_fingerprints, repository_key, served_fingerprint
-from workers.analysis import chunk_key, chunk_target, iter_chunks, queue_name
+from workers.analysis import ShaList, chunk_key, chunk_target, iter_weighted_chunks, queue_name
 
 OPEN_STATES = [Chunk.State.QUEUED, Chunk.State.RUNNING]
 
@@ -317,12 +317,15 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
     """
     stored = _stored(repo_id, fingerprint, shas)
     in_flight = _in_flight(repo_id, fingerprint)
-    pending = (s for s in shas if s not in stored and s not in in_flight)
+    # Weighed by git's cost estimate (a merge heavier: workers/analysis/chunks.py) when the
+    # sync listed the merges (a ShaList from ``list_commits``); else every commit weighs 1.
+    weighed = shas.weights() if isinstance(shas, ShaList) else ((s, 1) for s in shas)
+    pending = ((s, w) for s, w in weighed if s not in stored and s not in in_flight)
     # The target is the listed history's (``shas``), not the pending part's: a re-plan
     # of the same history (a re-submission after a failed chunk) cuts the same chunks,
     # whatever is stored by now, so a failed chunk gets its own key (and run) back.
     target = chunk_target(
-        len(shas),
+        shas.weight() if isinstance(shas, ShaList) else len(shas),
         floor=settings.CHUNK_SIZE,
         ceiling=settings.CHUNK_MAX,
         spread=settings.CHUNK_SPREAD,
@@ -334,7 +337,7 @@ def _plan_chunks(repo_id: int, fingerprint: str, shas: Sequence[str]) -> tuple[l
         or 0
     )
     batch: list[Chunk] = []
-    for part in iter_chunks(pending, target=target):
+    for part in iter_weighted_chunks(pending, target=target):
         position += 1
         batch.append(
             Chunk(

@@ -197,8 +197,9 @@ def test_an_admin_rolls_out_and_rolls_back_from_the_rollouts_page(system) -> Non
             page.click("#confirm-ok")
             expect(page.locator(".flash.success")).to_contain_text("promote requested")
         section = page.locator(f"#rollout-{rollout_id}")
+        # The same driver step as each promote above: the same bound.
         expect(section.locator('[data-field="version-state"]')).to_have_text(
-            "current", timeout=30000
+            "current", timeout=90000
         )
         expect(section.locator('[data-field="rollout-state"]')).to_have_text("completed")
         # Current: the repository page serves the new version's numbers (the warm set was

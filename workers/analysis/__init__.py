@@ -16,7 +16,13 @@ from workers.analysis.analyzer import (
     path_excluded,
     queue_name,
 )
-from workers.analysis.chunks import chunk_key, chunk_target, iter_chunks
+from workers.analysis.chunks import (
+    ShaList,
+    chunk_key,
+    chunk_target,
+    iter_chunks,
+    iter_weighted_chunks,
+)
 from workers.analysis.code_version import derive as derive_code_version
 from workers.analysis.history import list_commits, renamed_commits, stream_commits
 from workers.analysis.numstat import CommitRecord, CommitTooLarge, HistoryError
@@ -31,12 +37,14 @@ __all__ = [
     "CommitTooLarge",
     "HistoryError",
     "InvalidConfig",
+    "ShaList",
     "VersionNotLoaded",
     "chunk_key",
     "chunk_target",
     "config_for",
     "derive_code_version",
     "iter_chunks",
+    "iter_weighted_chunks",
     "list_commits",
     "path_excluded",
     "queue_name",

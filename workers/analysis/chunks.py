@@ -13,12 +13,22 @@ it as raw bytes (20 a sha, 32 for SHA-256) in one ``bytearray`` instead of one P
 ``str`` per commit (~90 bytes each plus the list's pointer), and :func:`iter_chunks`
 yields one chunk at a time, so planning holds the compact list plus one chunk of text.
 
+Chunks are cut by an estimate of git's cost, not by commit count alone
+(docs/analysis.md#chunking): a merge is diffed against its first parent, so it carries the
+whole merged branch's changes, and on real histories its diff costs several times an
+ordinary commit's (measured: 2–12× the changed lines). So a merge weighs ``MERGE_WEIGHT`` +
+1 and every other commit 1; a commit is a cut point with probability ``weight / target``
+(``int(sha[:8], 16) % target < weight``) and a chunk ends at ``2 * target`` weight at the
+latest. Whether a commit is a merge is a fact of the commit, so the cuts stay
+content-defined. ``git rev-list --parents`` tells merges apart at no extra cost
+(``ShaList.extend_parent_lines``).
+
 The target itself grows with the history (``chunk_target``): per-chunk costs (an RQ job
 and its forked work horse with fresh connections, a lease, a git process, the bookkeeping
 rows) are fixed, so a long history is cut into fewer, larger chunks — while it still
 spans ``spread`` targets (so at least ``spread / 2`` chunks: the workers share it, progress
 moves, a lease is held for a bounded time) — between a floor and a ceiling. It is a
-function of the length of the listed history only, and takes only the values
+function of the listed history's weight only, and takes only the values
 ``floor × 2^k``: re-planning the same history finds the same target, and so the same
 chunks; a history must double before its target changes.
 """
@@ -34,6 +44,14 @@ from typing import overload
 _WIDTHS = {40: 20, 64: 32}
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _LINES = {20: re.compile(rb"(?:[0-9a-f]{40}\n)*"), 32: re.compile(rb"(?:[0-9a-f]{64}\n)*")}
+#: ``git rev-list --parents`` lines: the commit, then its parents (none for a root).
+_PARENT_LINES = {
+    20: re.compile(rb"(?:[0-9a-f]{40}(?: [0-9a-f]{40})*\n)*"),
+    32: re.compile(rb"(?:[0-9a-f]{64}(?: [0-9a-f]{64})*\n)*"),
+}
+#: What a merge weighs beyond an ordinary commit's 1 when chunks are cut (module
+#: docstring): measured on real histories (BENCHMARKS.md, "cut by cost").
+MERGE_WEIGHT = 4
 
 
 class ShaList(Sequence[str]):
@@ -45,11 +63,14 @@ class ShaList(Sequence[str]):
     anything but a full lowercase hex sha of that width raises ``ValueError``.
     """
 
-    __slots__ = ("_buf", "_width")
+    __slots__ = ("_buf", "_merges", "_width")
 
     def __init__(self, shas: Iterable[str] = ()) -> None:
         self._buf = bytearray()
         self._width = 0
+        #: One byte a sha, 1 for a merge, once any line came with its parents
+        #: (``extend_parent_lines``); None: nothing known of merges (every weight 1).
+        self._merges: bytearray | None = None
         for sha in shas:
             self.append(sha)
 
@@ -74,8 +95,50 @@ class ShaList(Sequence[str]):
         width = self._width_of(len(lines) if end < 0 else end)
         if not _LINES[width].fullmatch(lines):
             raise ValueError("not sha lines of this list's width")
+        if self._merges is not None:
+            self._merges += bytes(lines.count(b"\n"))
         self._buf += binascii.unhexlify(lines.replace(b"\n", b""))
         self._width = width
+
+    def extend_parent_lines(self, lines: bytes) -> None:
+        """Append ``git rev-list --parents`` lines (whole lines only): each line's first
+        sha, marked a merge when it has two parents or more. Checked at C speed like
+        ``extend_lines``; then one split of the block and two list comprehensions
+        (about 7 ms for 22,000 commits; a regular expression marking the merges took
+        0.9 s, backtracking at every position)."""
+        if not lines:
+            return
+        end = lines.find(b" ")
+        newline = lines.find(b"\n")
+        end = newline if end < 0 or (0 <= newline < end) else end
+        width = self._width_of(len(lines) if end < 0 else end)
+        if not _PARENT_LINES[width].fullmatch(lines):
+            raise ValueError("not rev-list --parents lines of this list's width")
+        if self._merges is None:
+            self._merges = bytearray(len(self))
+        rows = lines.split(b"\n")
+        rows.pop()  # after the last newline: empty
+        digits = 2 * width
+        self._merges += bytes([row.count(b" ") >= 2 for row in rows])
+        self._buf += binascii.unhexlify(b"".join([row[:digits] for row in rows]))
+        self._width = width
+
+    def weights(self) -> Iterator[tuple[str, int]]:
+        """Each sha with its weight for cutting chunks: ``1 + MERGE_WEIGHT`` for a merge,
+        1 otherwise (and 1 for every sha when the list knows nothing of merges)."""
+        merges = self._merges
+        if merges is None:
+            for sha in self:
+                yield sha, 1
+            return
+        heavy = 1 + MERGE_WEIGHT
+        for sha, merge in zip(self, merges, strict=True):
+            yield sha, heavy if merge else 1
+
+    def weight(self) -> int:
+        """The sum of ``weights()``: the listed history's weight (``chunk_target``)."""
+        merges = self._merges.count(1) if self._merges is not None else 0
+        return len(self) + MERGE_WEIGHT * merges
 
     def __len__(self) -> int:
         return len(self._buf) // self._width if self._width else 0
@@ -119,10 +182,10 @@ class ShaList(Sequence[str]):
 
 
 def chunk_target(total: int, *, floor: int, ceiling: int, spread: int) -> int:
-    """The chunk target for a history of ``total`` commits: ``floor × 2^k`` for the
-    largest ``k`` that keeps the target at most ``ceiling`` (never below ``floor``) and
-    ``total`` at least ``spread`` targets long. ``floor`` for anything shorter than
-    ``2 × spread × floor`` commits."""
+    """The chunk target for a history of ``total`` weight (commits, a merge weighing
+    ``1 + MERGE_WEIGHT``): ``floor × 2^k`` for the largest ``k`` that keeps the target at
+    most ``ceiling`` (never below ``floor``) and ``total`` at least ``spread`` targets
+    long. ``floor`` for anything lighter than ``2 × spread × floor``."""
     if floor < 1 or spread < 1:
         raise ValueError("floor and spread must be >= 1")
     target = floor
@@ -132,21 +195,33 @@ def chunk_target(total: int, *, floor: int, ceiling: int, spread: int) -> int:
 
 
 def iter_chunks(pending: Iterable[str], *, target: int) -> Iterator[list[str]]:
-    """Split ``pending`` shas (oldest first) into chunks of about ``target`` commits,
-    yielded one at a time (``pending`` is read as the chunks are taken)."""
+    """Split ``pending`` shas (oldest first, each weighing 1) into chunks of about
+    ``target`` commits, yielded one at a time (``pending`` is read as the chunks are
+    taken)."""
+    return iter_weighted_chunks(((sha, 1) for sha in pending), target=target)
+
+
+def iter_weighted_chunks(pending: Iterable[tuple[str, int]], *, target: int) -> Iterator[list[str]]:
+    """Split ``pending`` ``(sha, weight)`` pairs (oldest first; ``ShaList.weights``) into
+    chunks of about ``target`` weight, yielded one at a time. A sha is a cut point when
+    ``int(sha[:8], 16) % target < weight``; a chunk also ends once it weighs
+    ``2 * target``."""
     if target < 1:
         raise ValueError("target must be >= 1")
     return _chunks(pending, target)
 
 
-def _chunks(pending: Iterable[str], target: int) -> Iterator[list[str]]:
+def _chunks(pending: Iterable[tuple[str, int]], target: int) -> Iterator[list[str]]:
     current: list[str] = []
+    weight = 0
     limit = 2 * target
-    for sha in pending:
+    for sha, w in pending:
         current.append(sha)
-        if len(current) >= limit or int(sha[:8], 16) % target == 0:
+        weight += w
+        if weight >= limit or int(sha[:8], 16) % target < w:
             yield current
             current = []
+            weight = 0
     if current:
         yield current
 

@@ -326,7 +326,9 @@ def list_commits(
 ) -> ShaList:
     """All commit shas reachable from ``ref`` but not from ``exclude``, oldest first.
 
-    ``git rev-list --reverse --topo-order --stdin``; the exclusions are passed as ``^rev``
+    ``git rev-list --reverse --topo-order --parents --stdin`` (the parents only mark the
+    merges, which weigh more when chunks are cut: ``ShaList.weights``); the exclusions
+    are passed as ``^rev``
     lines on stdin (equivalent to ``--not``, and also supported by git < 2.42).
     Takes no analyzer config on purpose: which commits exist does not depend on the
     version (a commit touching only excluded paths is still analysed, with no files).
@@ -337,7 +339,9 @@ def list_commits(
     runner = git or default_git_runner
     proc = _Proc(
         runner(
-            ["rev-list", "--reverse", "--topo-order", "--stdin"], cwd=git_dir, stdin=subprocess.PIPE
+            ["rev-list", "--reverse", "--topo-order", "--parents", "--stdin"],
+            cwd=git_dir,
+            stdin=subprocess.PIPE,
         ),
         b"\n".join(lines) + b"\n",
     )
@@ -350,10 +354,10 @@ def list_commits(
                 block = pending + block
             cut = block.rfind(b"\n") + 1
             pending = block[cut:]
-            out.extend_lines(block[:cut])
+            out.extend_parent_lines(block[:cut])
         proc.finish()
         if pending:
-            out.extend_lines(pending + b"\n")
+            out.extend_parent_lines(pending + b"\n")
         finished = True
     except ValueError as exc:
         raise HistoryError(f"unexpected git rev-list output: {exc}") from exc

@@ -8,7 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.analysis.chunks import ShaList, chunk_key, chunk_target, iter_chunks, plan_chunks
+from workers.analysis.chunks import (
+    MERGE_WEIGHT,
+    ShaList,
+    chunk_key,
+    chunk_target,
+    iter_chunks,
+    iter_weighted_chunks,
+    plan_chunks,
+)
 
 
 def _shas(n: int, salt: str = "") -> list[str]:
@@ -135,6 +143,70 @@ def test_sha_lines_are_taken_whole_and_checked() -> None:
         refused.extend_lines(("f" * 64 + "\n").encode() + b"x\n")
     refused.append(shas[0])  # a refused batch decided no width
     assert refused == shas[:1]
+
+
+def test_parent_lines_mark_merges_and_keep_the_shas() -> None:
+    """``git rev-list --parents`` lines: a root (no parent), ordinary commits, a merge and
+    an octopus; taken in two blocks. The shas are the first of each line; merges weigh
+    ``1 + MERGE_WEIGHT``, the rest 1."""
+    shas = _shas(6, "p")
+    lines = [
+        shas[0],
+        f"{shas[1]} {shas[0]}",
+        f"{shas[2]} {shas[0]}",
+        f"{shas[3]} {shas[1]} {shas[2]}",  # a merge
+        f"{shas[4]} {shas[3]}",
+        f"{shas[5]} {shas[4]} {shas[1]} {shas[2]}",  # an octopus
+    ]
+    compact = ShaList()
+    compact.extend_parent_lines("".join(f"{x}\n" for x in lines[:3]).encode())
+    compact.extend_parent_lines(b"")
+    compact.extend_parent_lines("".join(f"{x}\n" for x in lines[3:]).encode())
+    assert compact == shas
+    heavy = 1 + MERGE_WEIGHT
+    assert list(compact.weights()) == list(zip(shas, [1, 1, 1, heavy, 1, heavy], strict=True))
+    assert compact.weight() == 4 + 2 * heavy
+    # plain lines know nothing of merges: every weight 1
+    plain = ShaList(shas)
+    assert [w for _, w in plain.weights()] == [1] * 6 and plain.weight() == 6
+    for bad in (
+        f"{shas[0]} {shas[1]}".encode(),  # no newline
+        f"{shas[0]}  {shas[1]}\n".encode(),
+        f"{shas[0]} {shas[1][:39]}\n".encode(),
+        f"{shas[0]} \n".encode(),
+        f"{shas[0]}\n\n".encode(),
+    ):
+        with pytest.raises(ValueError):
+            ShaList().extend_parent_lines(bad)
+
+
+def test_a_heavy_commit_is_a_cut_point_in_proportion_to_its_weight() -> None:
+    """Weighted cuts: a commit ends a chunk when ``int(sha[:8], 16) % target < weight``,
+    and a chunk ends once it weighs ``2 * target``; with every weight 1 the chunks are
+    exactly the unweighted ones."""
+    shas = _shas(3000, "q")
+    target = 40
+    weights = [1 + MERGE_WEIGHT if i % 3 == 0 else 1 for i in range(len(shas))]
+    chunks = list(iter_weighted_chunks(zip(shas, weights, strict=True), target=target))
+    assert [s for c in chunks for s in c] == shas
+    weight_of = dict(zip(shas, weights, strict=True))
+
+    def cut(sha: str) -> bool:
+        return int(sha[:8], 16) % target < weight_of[sha]
+
+    for chunk in chunks[:-1]:
+        total = sum(weight_of[s] for s in chunk)
+        assert cut(chunk[-1]) or total >= 2 * target
+        assert not any(cut(s) for s in chunk[:-1])
+        assert sum(weight_of[s] for s in chunk[:-1]) < 2 * target
+    # heavier commits, more cuts: more chunks than the same list weighing 1 each
+    plain = plan_chunks(shas, target=target)
+    assert len(chunks) > len(plain)
+    assert list(iter_weighted_chunks(((s, 1) for s in shas), target=target)) == plain
+    # content-defined: dropping whole finished chunks keeps the others
+    done = sum(len(c) for c in chunks[:5])
+    rest = zip(shas[done:], weights[done:], strict=True)
+    assert list(iter_weighted_chunks(rest, target=target)) == chunks[5:]
 
 
 def test_planning_a_sha_list_yields_exactly_the_chunks_of_the_plain_list() -> None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from workers.analysis import history, numstat
 from workers.analysis.analyzer import DEFAULT, AnalyzerConfig
-from workers.analysis.chunks import ShaList
+from workers.analysis.chunks import MERGE_WEIGHT, ShaList
 from workers.analysis.history import list_commits, stream_commits
 from workers.analysis.languages import language_for
 from workers.analysis.numstat import CommitRecord, HistoryError
@@ -341,6 +341,13 @@ def test_merges_report_first_parent_numstat_for_two_parent_and_octopus(repo: Rep
         )
         assert c.files  # merges are not silently empty
     assert {f.path for f in got[octo].files} == {"b2.txt", "b2-more.txt", "b3.txt", "b3-more.txt"}
+    # The listed history knows its merges (two-parent and octopus), which weigh more
+    # when chunks are cut (workers/analysis/chunks.py); the root commit weighs 1 too.
+    listed = list_commits(bare, "main")
+    assert listed == git(bare, "rev-list", "--reverse", "--topo-order", "main").decode().split()
+    assert {sha for sha, w in listed.weights() if w > 1} == {m2, octo}
+    assert {w for _, w in listed.weights()} == {1, 1 + MERGE_WEIGHT}
+    assert listed.weight() == len(listed) + 2 * MERGE_WEIGHT
 
 
 def test_binary_files_are_flagged_with_zero_line_counts(repo: Repo) -> None:
@@ -682,6 +689,8 @@ def test_random_histories_match_git(
     bare = repo.bare()
     got = assert_matches_git(bare)
     event(f"merges: {sum(c.is_merge for c in got)}")
+    merges = set(git(bare, "rev-list", "--merges", "main").decode().split())
+    assert {sha for sha, w in list_commits(bare, "main").weights() if w > 1} == merges
     event(f"binary files: {any(f.binary for c in got for f in c.files)}")
     assert_matches_git(bare, RENAMES)
     assert_matches_git(bare, AnalyzerConfig(exclude_paths=("s/**", "m/*.bin")))
@@ -721,16 +730,18 @@ def test_list_commits_keeps_a_long_history_compact_across_read_blocks(tmp_path: 
     assert list(shas) == [s.decode() for s in expected]
 
 
-def test_list_commits_refuses_output_that_is_not_one_sha_a_line(tmp_path: Path) -> None:
+def test_list_commits_refuses_output_that_is_not_one_commit_and_its_parents_a_line(
+    tmp_path: Path,
+) -> None:
     bare = _fast_import_repo(tmp_path / "p.git", 3)
 
-    def with_parents(
+    def with_timestamps(
         args: list[str], *, cwd: str | Path, stdin: int | None
     ) -> subprocess.Popen[bytes]:
-        return history.default_git_runner([*args, "--parents"], cwd=cwd, stdin=stdin)
+        return history.default_git_runner([*args, "--timestamp"], cwd=cwd, stdin=stdin)
 
     with pytest.raises(HistoryError, match="rev-list output"):
-        list_commits(bare, "main", git=with_parents)
+        list_commits(bare, "main", git=with_timestamps)
 
 
 def test_co_authored_by_trailers_are_read_as_git_parses_them(repo: Repo) -> None:
