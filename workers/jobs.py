@@ -130,8 +130,10 @@ def sync_repository(run_id: int, attempt: int) -> str:
         if not held.synced:  # the body ended in a recorded failure or deferral after its plan
             _enqueue_held(held.runs)
             return result
+        if held.runs and held.listed > settings.INTERACTIVE_MAX_COMMITS:
+            _express_over()
         for inline in held.runs:
-            failpoint("sync.inline")
+            failpoint("sync.inline", held.name)
             result += f"; first chunk inline: {_analyze_inline(inline)}"
         return result
 
@@ -143,6 +145,9 @@ class _Held:
 
     runs: list[int] = field(default_factory=list)
     synced: bool = False
+    #: How many commits the plan listed, and the repository's name (a failpoint's tag).
+    listed: int = 0
+    name: str = ""
 
 
 def _analyze_inline(run_id: int) -> str:
@@ -261,6 +266,7 @@ def _sync(attempt: runs.Attempt, *, held: _Held | None = None) -> str:
     publish_repo_changed(repo.pk)
     if held is not None:
         held.synced = True
+        held.listed, held.name = len(shas), repo.name
     return f"planned {len(planned.runs)} chunks over {len(shas)} {new}commits"
 
 
@@ -438,6 +444,33 @@ def _express_marked() -> Iterator[None]:
             # writes back until its lease ends (infra.EXPRESS_LEASE_MS), never longer.
             with contextlib.suppress(Exception):
                 infra.express_ended(job.id)
+
+
+def _express_over() -> None:
+    """The rest of this job is bulk work: an express sync (a new submission's, its size
+    unknown when it was enqueued) that listed more than
+    ``GITWARD_INTERACTIVE_MAX_COMMITS`` commits goes on to analyse its first chunk
+    inline, the largest chunk of a backfill. It stops counting as express before that
+    chunk (``infra.express_ended``), so the other workers' chunks of the same backfill
+    do not hold their writes back for it (``_yield_write``: they waited for the whole
+    inline chunk, 0.5–5 s on one real history's end to end, BENCHMARKS.md), and the
+    chunk yields its own write to real express work and runs at the bulk niceness, as
+    when a regular worker takes it from the queue.
+
+    Race: a bulk write that looked just before this still waits, at most one
+    ``WRITE_YIELD_POLL``; one that looks after writes at once. No correctness rests on
+    the mark (``_yield_write``)."""
+    if not _RUNNING_EXPRESS[0]:
+        return
+    _RUNNING_EXPRESS[0] = False
+    job = get_current_job()
+    if job is not None:
+        with contextlib.suppress(Exception):  # Redis trouble: its lease ends it
+            infra.express_ended(job.id)
+    nice = int(settings.BULK_NICE)
+    if not _EXPRESS[0] and nice > 0:  # never on the reserved slot (it runs no large inline)
+        with contextlib.suppress(OSError):
+            os.nice(nice)
 
 
 #: Whether the job this work horse runs is express (``_express_marked``).

@@ -21,6 +21,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from dashboard.infra.queues import express_running
 from dashboard.models import Commit, JobAttempt, JobRun, Repository
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
@@ -305,3 +306,48 @@ def test_on_sqlite_a_bulk_chunk_holds_its_write_back_while_an_express_job_runs(
                 pk=large.pk).status == Repository.Status.READY)  # fmt: skip
     assert_complete(small, 4)
     assert_complete(large, 48)
+
+
+def test_a_large_submissions_sync_stops_counting_as_express_before_its_inline_chunk(
+    tmp_path: Path, settings
+) -> None:
+    """docs/scheduling.md#bulk-writes-yield-on-sqlite: a new submission's sync is express
+    (its size unknown when it was enqueued). Held at ``sync.inline`` (SIGSTOP, right
+    before it analyses its first chunk inline), it still counts as an express job running
+    when it listed a small history (4 commits), and no longer when it listed a large one
+    (48, over ``GITWARD_INTERACTIVE_MAX_COMMITS``): that chunk is bulk work, and the
+    other workers' chunks of the backfill must not hold their writes back for it."""
+    env = express_env(
+        settings, tmp_path, GITWARD_FAILPOINTS="sync.inline#small=stop,sync.inline#large=stop"
+    )
+    repos = {
+        name: submit_repository(url=str(make_repo(tmp_path, name, n).path))[0]
+        for name, n in (("small", 4), ("large", 48))
+    }
+    expected = {"small": 1, "large": 0}
+    worker = [sys.executable, str(ROOT / "manage.py"), "worker", "--workers", "1"]
+    proc = subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    with ended(proc):
+        while expected:  # one worker: the two syncs run one after the other, in either order
+
+            def held() -> str | None:
+                for name in expected:
+                    pid = JobRun.objects.filter(repository=repos[name], kind=JobRun.Kind.SYNC
+                                                ).values_list("pid", flat=True).first()  # fmt: skip
+                    if stopped(pid):
+                        return name
+                return None
+
+            wait_for("a sync held before its inline chunk", lambda: held() is not None)
+            name = held()
+            assert name is not None
+            assert express_running() == expected.pop(name), name
+            pid = JobRun.objects.filter(repository=repos[name], kind=JobRun.Kind.SYNC
+                                        ).values_list("pid", flat=True).get()  # fmt: skip
+            os.kill(int(pid), signal.SIGCONT)
+        wait_for("both histories ready", lambda: all(
+            r.status == Repository.Status.READY
+            for r in Repository.objects.filter(pk__in=[r.pk for r in repos.values()])))  # fmt: skip
+    assert_complete(repos["small"], 4)
+    assert_complete(repos["large"], 48)
