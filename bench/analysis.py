@@ -779,7 +779,7 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     from dashboard.models import Chunk, Repository
     from dashboard.repositories.commits import write_chunk
     from workers.analysis.analyzer import DEFAULT
-    from workers.analysis.chunks import chunk_key, chunk_target, plan_chunks
+    from workers.analysis.chunks import chunk_key, chunk_target, iter_weighted_chunks
     from workers.analysis.history import list_commits, stream_commits
 
     call_command("migrate", verbosity=0)
@@ -791,14 +791,14 @@ def stages_child(cfg: dict[str, Any]) -> dict[str, Any]:
     shas = list_commits(path, "HEAD")
     c1, s1 = _children_cpu(), _self_cpu()
     target = cfg["chunk_size"]
-    if target is None:  # what plans._plan_chunks cuts this history with
+    if target is None:  # what chunk_plans._plan_chunks cuts this history with
         target = chunk_target(
-            len(shas),
+            shas.weight(),  # a merge weighs more (docs/analysis.md#chunking)
             floor=settings.CHUNK_SIZE,
             ceiling=settings.CHUNK_MAX,
             spread=settings.CHUNK_SPREAD,
         )
-    planned = plan_chunks(shas, target=target)
+    planned = list(iter_weighted_chunks(shas.weights(), target=target))
     s2 = _self_cpu()
     fp = DEFAULT.fingerprint()
     repo = Repository.objects.create(
