@@ -19,7 +19,7 @@ this time, like the month now running, and computed by a later read."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
 from typing import Any
@@ -35,6 +35,9 @@ from dashboard.models import Commit, FileChange, MonthAggregate, MonthStamp
 __all__ = [
     "LOCK_WAIT_MS",
     "Split",
+    "compute_stale",
+    "current_months",
+    "current_years",
     "ensure_months",
     "ensure_years",
     "file_parts",
@@ -354,41 +357,79 @@ def _insert(cursor: Any, scope: Scope, span: int, first: date, after: date) -> N
     )
 
 
-def ensure_years(
-    scope: Scope, years: tuple[date, ...], busy: list[date] | None = None, *, skip: bool = False
-) -> int:
-    """Make the aggregates of every year of ``years`` current; returns how many years
-    were computed (one query reads their months' stamps). A year whose lock stayed busy
-    (``_short_wait``) is left stale and added to ``busy`` (raised as ``Busy`` without
-    a list), and so is every stale year after it, or every stale year with ``skip``,
-    untried: a read pays the wait once, not once per span."""
-    if not years:
-        return 0
+def current_years(scope: Scope, years: tuple[date, ...], field: str) -> set[date]:
+    """The Januaries of ``years`` whose ``field`` (on the January's ``MonthStamp``) records
+    the sum of their twelve month versions: the years whose aggregates of that kind are
+    current (one query reads their months' stamps)."""
     found: dict[date, list[tuple[date, int, int | None]]] = {}
-    for month, version, year_aggregated in MonthStamp.objects.filter(
+    for month, version, done in MonthStamp.objects.filter(
         repository_id=scope.repo.pk,
         fingerprint=scope.fingerprint,
         month__gte=years[0],
         month__lt=next_year(years[-1]),
-    ).values_list("month", "version", "year_aggregated"):
-        found.setdefault(month.replace(month=1), []).append((month, version, year_aggregated))
-    computed = 0
+    ).values_list("month", "version", field):
+        found.setdefault(month.replace(month=1), []).append((month, version, done))
+    current = set()
     for january in years:
         rows = sorted(found.get(january, []))
         if len(rows) == 12 and rows[0][2] == sum(version for _, version, _ in rows):
-            continue
+            current.add(january)
+    return current
+
+
+def current_months(scope: Scope, months: list[date], field: str) -> set[date]:
+    """The months of ``months`` (ascending) whose ``field`` records their version: those
+    whose aggregates of that kind are current (one query)."""
+    return set(
+        MonthStamp.objects.filter(
+            repository_id=scope.repo.pk,
+            fingerprint=scope.fingerprint,
+            month__gte=months[0],
+            month__lte=months[-1],
+            **{field: F("version")},
+        ).values_list("month", flat=True)
+    )
+
+
+def compute_stale(
+    stale: Iterable[date],
+    compute: Callable[[date], None],
+    busy: list[date] | None = None,
+    *,
+    skip: bool = False,
+) -> int:
+    """Compute each stale span (a month or a year) with ``compute``, each in its own short
+    transaction; returns how many were computed. A span whose lock stayed busy
+    (``_short_wait``) is left stale and added to ``busy`` (raised as ``Busy`` without a
+    list), and so is every stale span after it, or every one with ``skip``, untried: the
+    lock a writer holds is held for all of them (the database's on SQLite), and a read
+    pays the wait once, not once per span. Shared by every kind of aggregate."""
+    computed = 0
+    for span in stale:
         if busy is not None and (busy or skip):
-            busy.append(january)
+            busy.append(span)
             continue
         try:
-            _compute_year(scope, january)
+            compute(span)
         except Busy:
             if busy is None:
                 raise
-            busy.append(january)
+            busy.append(span)
             continue
         computed += 1
     return computed
+
+
+def ensure_years(
+    scope: Scope, years: tuple[date, ...], busy: list[date] | None = None, *, skip: bool = False
+) -> int:
+    """Make the aggregates of every year of ``years`` current; returns how many years
+    were computed. Busy years: ``compute_stale``."""
+    if not years:
+        return 0
+    current = current_years(scope, years, "year_aggregated")
+    stale = [january for january in years if january not in current]
+    return compute_stale(stale, lambda january: _compute_year(scope, january), busy, skip=skip)
 
 
 def ensure_months(
@@ -396,37 +437,13 @@ def ensure_months(
 ) -> int:
     """Make the aggregates of every month of ``runs`` current; returns how many months
     were computed. One query finds the months that are; each other month is computed
-    in its own short transaction (``_compute``). A month whose lock stayed busy is left
-    stale and added to ``busy`` (raised as ``Busy`` without a list), and so is every
-    stale month after it, untried: the lock a writer holds is held for all of them (the
-    database's on SQLite), and a read pays the wait once, not once per month."""
+    in its own short transaction (``_compute``). Busy months: ``compute_stale``."""
     if not runs:
         return 0
     months = _months(runs)
-    current = set(
-        MonthStamp.objects.filter(
-            repository_id=scope.repo.pk,
-            fingerprint=scope.fingerprint,
-            month__gte=months[0],
-            month__lte=months[-1],
-            aggregated=F("version"),
-        ).values_list("month", flat=True)
-    )
-    missing = [m for m in months if m not in current]
-    computed = 0
-    for month in missing:
-        if busy:
-            busy.append(month)
-            continue
-        try:
-            _compute(scope, month)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(month)
-            continue
-        computed += 1
-    return computed
+    current = current_months(scope, months, "aggregated")
+    stale = [m for m in months if m not in current]
+    return compute_stale(stale, lambda month: _compute(scope, month), busy)
 
 
 def settle(

@@ -27,16 +27,17 @@ from datetime import date
 from typing import Any
 
 from django.db import connection
-from django.db.models import F
 
 from dashboard.analytics.aggregates import (
     ANALYZE_AFTER,
-    Busy,
     Split,
     _midnight,
     _months,
     compute_month,
+    compute_stale,
     compute_year,
+    current_months,
+    current_years,
     file_parts,
     next_month,
     next_year,
@@ -52,7 +53,6 @@ from dashboard.models import (
     Commit,
     FileChange,
     MonthAggregate,
-    MonthStamp,
 )
 
 __all__ = [
@@ -176,35 +176,14 @@ def ensure_author_months(
     scope: Scope, runs: tuple[tuple[date, date], ...], busy: list[date] | None = None
 ) -> int:
     """Make the ``AuthorMonth`` rows of every month of ``runs`` current; returns how many
-    months were computed (one query finds those that are). As ``aggregates.ensure_months``:
-    a month whose lock stayed busy is added to ``busy`` (raised as ``Busy`` without a
-    list), and so is every stale month after it, untried."""
+    months were computed (one query finds those that are). Busy months as
+    ``aggregates.ensure_months`` (``compute_stale``)."""
     if not runs:
         return 0
     months = _months(runs)
-    current = set(
-        MonthStamp.objects.filter(
-            repository_id=scope.repo.pk,
-            fingerprint=scope.fingerprint,
-            month__gte=months[0],
-            month__lte=months[-1],
-            authors_aggregated=F("version"),
-        ).values_list("month", flat=True)
-    )
-    computed = 0
-    for month in (m for m in months if m not in current):
-        if busy:
-            busy.append(month)
-            continue
-        try:
-            _compute(scope, month)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(month)
-            continue
-        computed += 1
-    return computed
+    current = current_months(scope, months, "authors_aggregated")
+    stale = [m for m in months if m not in current]
+    return compute_stale(stale, lambda month: _compute(scope, month), busy)
 
 
 def ensure_author_years(
@@ -212,34 +191,12 @@ def ensure_author_years(
 ) -> int:
     """Make the ``AuthorMonth`` rows of every year of ``years`` current; returns how
     many years were computed (one query reads their months' stamps). Busy years as
-    ``aggregates.ensure_years``."""
+    ``aggregates.ensure_years`` (``compute_stale``)."""
     if not years:
         return 0
-    found: dict[date, list[tuple[date, int, int | None]]] = {}
-    for month, version, done in MonthStamp.objects.filter(
-        repository_id=scope.repo.pk,
-        fingerprint=scope.fingerprint,
-        month__gte=years[0],
-        month__lt=next_year(years[-1]),
-    ).values_list("month", "version", "authors_year_aggregated"):
-        found.setdefault(month.replace(month=1), []).append((month, version, done))
-    computed = 0
-    for january in years:
-        rows = sorted(found.get(january, []))
-        if len(rows) == 12 and rows[0][2] == sum(version for _, version, _ in rows):
-            continue
-        if busy is not None and (busy or skip):
-            busy.append(january)
-            continue
-        try:
-            _compute_year(scope, january)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(january)
-            continue
-        computed += 1
-    return computed
+    current = current_years(scope, years, "authors_year_aggregated")
+    stale = [january for january in years if january not in current]
+    return compute_stale(stale, lambda january: _compute_year(scope, january), busy, skip=skip)
 
 
 def _runs_of(months: list[date]) -> tuple[tuple[date, date], ...]:

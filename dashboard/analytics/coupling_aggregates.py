@@ -32,6 +32,7 @@ from dashboard.analytics.aggregates import (
     Busy,
     Split,
     _short_wait,
+    compute_stale,
     lock_months,
     next_month,
     next_year,
@@ -222,22 +223,8 @@ def ensure_months(
     if not months:
         return 0
     versions, mine = _stamps(scope, depth, months[0], months[-1])
-    computed = 0
-    for month in months:
-        if month in versions and mine.get(month, (None, None))[0] == versions[month]:
-            continue
-        if busy:
-            busy.append(month)
-            continue
-        try:
-            _compute(scope, depth, 1, month)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(month)
-            continue
-        computed += 1
-    return computed
+    stale = [m for m in months if m not in versions or mine.get(m, (None, None))[0] != versions[m]]
+    return compute_stale(stale, lambda month: _compute(scope, depth, 1, month), busy)
 
 
 def ensure_years(
@@ -254,24 +241,16 @@ def ensure_years(
     if not years:
         return 0
     versions, mine = _stamps(scope, depth, years[0], years[-1].replace(month=12))
-    computed = 0
-    for january in years:
+
+    def current(january: date) -> bool:
         year = [versions.get(january.replace(month=k)) for k in range(1, 13)]
         recorded = mine.get(january, (None, None))[1]
-        if None not in year and recorded == sum(v for v in year if v is not None):
-            continue
-        if busy is not None and (busy or skip):
-            busy.append(january)
-            continue
-        try:
-            _compute(scope, depth, 12, january)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(january)
-            continue
-        computed += 1
-    return computed
+        return None not in year and recorded == sum(v for v in year if v is not None)
+
+    stale = [january for january in years if not current(january)]
+    return compute_stale(
+        stale, lambda january: _compute(scope, depth, 12, january), busy, skip=skip
+    )
 
 
 def blocks(years: tuple[date, ...]) -> tuple[tuple[date, int], ...]:

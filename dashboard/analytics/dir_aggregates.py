@@ -24,14 +24,16 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import F
 
 from dashboard.analytics.aggregates import (
     ANALYZE_AFTER,
-    Busy,
     Split,
+    _months,
     compute_month,
+    compute_stale,
     compute_year,
+    current_months,
+    current_years,
     next_month,
     next_year,
     settle,
@@ -39,7 +41,7 @@ from dashboard.analytics.aggregates import (
 )
 from dashboard.analytics.rows import MAX_DEPTH, Scope, fetch
 from dashboard.analytics.window import Window
-from dashboard.models import CoAuthor, Commit, DirAggregate, FileChange, MonthStamp
+from dashboard.models import CoAuthor, Commit, DirAggregate, FileChange
 
 __all__ = [
     "DirParts",
@@ -53,16 +55,6 @@ __all__ = [
 
 def _midnight(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
-
-
-def _months(runs: tuple[tuple[date, date], ...]) -> list[date]:
-    out = []
-    for a, b in runs:
-        m = a
-        while m <= b:
-            out.append(m)
-            m = next_month(m)
-    return out
 
 
 def _positions(source: str, columns: tuple[str, ...], depth: int) -> tuple[str, str]:
@@ -177,72 +169,27 @@ def ensure_dir_years(
     scope: Scope, years: tuple[date, ...], busy: list[date] | None = None, *, skip: bool = False
 ) -> int:
     """Make the directory aggregates of every year of ``years`` current; returns how
-    many years were computed. A year whose lock stayed busy is left stale and added to
-    ``busy``, as ``aggregates.ensure_years`` does (docs/analytics.md#performance)."""
+    many years were computed. Busy years as ``aggregates.ensure_years``
+    (``compute_stale``, docs/analytics.md#performance)."""
     if not years:
         return 0
-    found: dict[date, list[tuple[date, int, int | None]]] = {}
-    for month, version, done in MonthStamp.objects.filter(
-        repository_id=scope.repo.pk,
-        fingerprint=scope.fingerprint,
-        month__gte=years[0],
-        month__lt=next_year(years[-1]),
-    ).values_list("month", "version", "dir_year_aggregated"):
-        found.setdefault(month.replace(month=1), []).append((month, version, done))
-    computed = 0
-    for january in years:
-        rows = sorted(found.get(january, []))
-        if len(rows) == 12 and rows[0][2] == sum(version for _, version, _ in rows):
-            continue
-        if busy is not None and (busy or skip):
-            busy.append(january)
-            continue
-        try:
-            _compute_year(scope, january)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(january)
-            continue
-        computed += 1
-    return computed
+    current = current_years(scope, years, "dir_year_aggregated")
+    stale = [january for january in years if january not in current]
+    return compute_stale(stale, lambda january: _compute_year(scope, january), busy, skip=skip)
 
 
 def ensure_dir_months(
     scope: Scope, runs: tuple[tuple[date, date], ...], busy: list[date] | None = None
 ) -> int:
     """Make the directory aggregates of every month of ``runs`` current; returns how
-    many months were computed (each in its own short transaction). A month whose lock
-    stayed busy is left stale and added to ``busy``, and so is every stale month after
-    it, as ``aggregates.ensure_months`` does."""
+    many months were computed (each in its own short transaction). Busy months as
+    ``aggregates.ensure_months`` (``compute_stale``)."""
     if not runs:
         return 0
     months = _months(runs)
-    current = set(
-        MonthStamp.objects.filter(
-            repository_id=scope.repo.pk,
-            fingerprint=scope.fingerprint,
-            month__gte=months[0],
-            month__lte=months[-1],
-            dir_aggregated=F("version"),
-        ).values_list("month", flat=True)
-    )
-    computed = 0
-    for month in months:
-        if month in current:
-            continue
-        if busy:
-            busy.append(month)
-            continue
-        try:
-            _compute_month(scope, month)
-        except Busy:
-            if busy is None:
-                raise
-            busy.append(month)
-            continue
-        computed += 1
-    return computed
+    current = current_months(scope, months, "dir_aggregated")
+    stale = [m for m in months if m not in current]
+    return compute_stale(stale, lambda month: _compute_month(scope, month), busy)
 
 
 @dataclass(frozen=True)
