@@ -108,6 +108,13 @@ def main() -> None:
         "0: bulk chunks on SQLite never hold their write back for express work)",
     )
     parser.add_argument(
+        "--write-slice",
+        type=int,
+        default=None,
+        help="GITWARD_SQLITE_WRITE_SLICE of the pool (default: the production default; "
+        "a very large number: every chunk in one write transaction, as before slices)",
+    )
+    parser.add_argument(
         "--postgres",
         default="",
         help="a PostgreSQL server URL (postgres://user@host:port): each mode gets a fresh "
@@ -226,6 +233,8 @@ def run_mode(args: Any) -> dict[str, Any]:
             os.environ["GITWARD_BULK_NICE"] = str(args.nice)
         if args.write_yield is not None:
             os.environ["GITWARD_BULK_WRITE_YIELD"] = str(args.write_yield)
+        if args.write_slice is not None:
+            os.environ["GITWARD_SQLITE_WRITE_SLICE"] = str(args.write_slice)
         if args.child.startswith("beside"):  # production chunks; the slot on or off
             os.environ["GITWARD_INTERACTIVE_WORKERS"] = "0" if args.child == "beside0" else "1"
         else:

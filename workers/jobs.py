@@ -331,7 +331,8 @@ def _inline_fingerprints(listed: int = 0) -> list[str]:
 
 
 def _analyze(attempt: runs.Attempt) -> str:
-    """Analyse one chunk with one streaming git process; write it in one transaction.
+    """Analyse one chunk with one streaming git process; write it fenced (one
+    transaction, or on SQLite one per slice of a large chunk: ``write_chunk``).
 
     Holds ``locks:git:repo:{id}:commit:{first}..{last}``; if the lock is lost the
     heartbeat kills git's process group and ``lock.check()``/the fencing check stop any
@@ -364,7 +365,13 @@ def _analyze(attempt: runs.Attempt) -> str:
         failpoint("analyze.before_write", repo.name)
         if altered("analyze.alter_row", repo.name):
             records = _alter_one_row(records)
-        written = write_chunk(chunk=chunk, records=records, token=lock.token)
+
+        def between_slices() -> None:  # SQLite: write_chunk stores a large chunk in slices
+            failpoint("analyze.between_slices", repo.name)
+            _yield_write(repo.name)
+            lock.check()
+
+        written = write_chunk(chunk=chunk, records=records, token=lock.token, pause=between_slices)
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     if repositories.finish_chunk(chunk):
         _enqueue_precompute(repo.pk, chunk.fingerprint)
@@ -491,12 +498,14 @@ def _express_job(job: Job | None) -> bool:
 
 
 def _yield_write(repo_name: str) -> None:
-    """Before a chunk's write transaction: on SQLite, a chunk that is not express waits
-    while an express job runs, up to ``GITWARD_BULK_WRITE_YIELD`` seconds
-    (docs/scheduling.md#bulk-writes-yield-on-sqlite). SQLite has one writer at a time,
-    and a large chunk's write (one transaction, seconds) started beside a small job
-    holds up every write of that job. The chunk's lock stays held and renewed while it
-    waits, and its fencing token is checked after (``lock.check``, ``write_chunk``).
+    """Before a chunk's write transaction, and before each further slice of it: on
+    SQLite, a chunk that is not express waits while an express job runs, up to
+    ``GITWARD_BULK_WRITE_YIELD`` seconds (docs/scheduling.md#bulk-writes-yield-on-sqlite).
+    SQLite has one writer at a time, and a large chunk's write started beside a small
+    job holds up every write of that job: for one slice at most
+    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite), as the next slice waits here.
+    The chunk's lock stays held and renewed while it waits, and its fencing token is
+    checked after (``lock.check``, ``write_chunk``).
 
     Race: an express job that begins just after this returned finds the write under
     way and waits for it, as without the yield; the yield only orders the writes, no

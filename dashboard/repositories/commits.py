@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from itertools import chain
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone as djtz
@@ -215,13 +216,19 @@ def _insert_sqlite(fresh: list[int], rows: _Rows) -> int:
         # metadata; ``first`` and the repository id are integers and the fingerprint a
         # quoted literal (``_sql_text``), the same for every row of the chunk; everything
         # from the repository (paths, languages) is a bound parameter: no injection.
+        start = fresh[0]
+        # the usual case: nothing of the chunk (or of its slice) stored yet, so the fresh
+        # commits are one run of indexes and a file row's ``k`` minus the run's start is
+        # its commit's position: the rows go in as built
+        run = fresh[-1] - start + 1 == len(fresh)
         file_sql = (
             f"INSERT INTO {_table(FileChange)} ({_columns(FileChange, FILE_COLUMNS)}) "  # noqa: S608
-            f"VALUES (? + {first:d}, {int(rows.repo_id):d}, {_sql_text(rows.fp)}, ?, ?, ?, ?, ?)"
+            f"VALUES (? + {(first - start) if run else first:d}, {int(rows.repo_id):d}, "
+            f"{_sql_text(rows.fp)}, ?, ?, ?, ?, ?)"
         )
         files = rows.files
-        if len(fresh) == len(files):  # the usual case: nothing of the chunk stored yet
-            raw.executemany(file_sql, chain.from_iterable(files))
+        if run:
+            raw.executemany(file_sql, chain.from_iterable(files[start : fresh[-1] + 1]))
         else:  # re-number the files of the fresh commits by their position among them
             raw.executemany(
                 file_sql, ((pos, *row[1:]) for pos, i in enumerate(fresh) for row in files[i])
@@ -309,10 +316,16 @@ def stored_shas(repo_id: int, fp: str, shas: Sequence[str]) -> set[str]:
         return {row[0] for row in cursor.cursor.fetchall()}
 
 
-def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | None) -> int:
-    """Store every commit of ``chunk`` in one transaction; return rows inserted.
+def write_chunk(
+    *,
+    chunk: Chunk,
+    records: Sequence[CommitRecord],
+    token: int | None,
+    pause: Callable[[], None] | None = None,
+) -> int:
+    """Store every commit of ``chunk``, fenced; return rows inserted.
 
-    1. Build the rows before the transaction (no database lock held meanwhile).
+    1. Build the rows before any transaction (no database lock held meanwhile).
     2. Check the fencing token of the chunk lock is still the newest (row locked until
        commit, see ``check_token``): a holder whose lease ran out writes nothing.
     3. Write nothing if the chunk was dropped meanwhile (a rewritten history, see
@@ -324,6 +337,16 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
        (SQLite ``executemany``, PostgreSQL ``COPY``); mark the chunk done.
     6. Add the number of commit rows the database reported inserted to the stored
        count (``commit_counts.add_stored``), last, in the same transaction.
+
+    PostgreSQL does all of it in one transaction. SQLite, whose single write lock a
+    large chunk's transaction would hold for seconds, does steps 2–6 once per slice of
+    about ``GITWARD_SQLITE_WRITE_SLICE`` rows (``_slices``), each slice its own fenced
+    transaction, and calls ``pause`` between two slices (a bulk chunk's job holds its
+    next slice back there while express work runs, and checks its lease:
+    docs/scheduling.md#bulk-writes-in-slices-on-sqlite). Only the last slice marks the
+    chunk done, so a chunk is never done without every row; a crash or a lost lease
+    between slices leaves whole commits stored and counted, which the chunk's next
+    attempt skips (step 4), as it skips another chunk's.
     """
     planned = chunk.sha_list()
     got = [r.sha for r in records]
@@ -331,28 +354,71 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
         raise ChunkMismatch(
             f"chunk {chunk.key}: git returned {len(got)} commits, {len(planned)} planned"
         )
-    repo_id = chunk.repository_id
-    fp = chunk.fingerprint
-    rows = _Rows(repo_id, fp, records, token or 0)
+    rows = _Rows(chunk.repository_id, chunk.fingerprint, records, token or 0)
+    if connection.vendor == "sqlite":
+        parts = _slices(rows, int(settings.SQLITE_WRITE_SLICE))
+    else:
+        parts = [range(len(rows.shas))]
+    inserted = 0
+    for n, part in enumerate(parts):
+        if n and pause is not None:
+            pause()
+        written = _write_slice(chunk, rows, part, records, token, last=n == len(parts) - 1)
+        if written is None:  # the chunk was dropped
+            break
+        inserted += written
+    return inserted
+
+
+def _slices(rows: _Rows, size: int) -> list[range]:
+    """The chunk's commits cut in runs of at least ``size`` rows each (a commit's row
+    and its file rows; the last run may be smaller), in chunk order."""
+    out: list[range] = []
+    start = weight = 0
+    for i, files in enumerate(rows.files):
+        weight += 1 + len(files)
+        if weight >= size:
+            out.append(range(start, i + 1))
+            start, weight = i + 1, 0
+    if start < len(rows.files) or not out:
+        out.append(range(start, len(rows.files)))
+    return out
+
+
+def _write_slice(
+    chunk: Chunk,
+    rows: _Rows,
+    part: range,
+    records: Sequence[CommitRecord],
+    token: int | None,
+    *,
+    last: bool,
+) -> int | None:
+    """Steps 2–6 of ``write_chunk`` for the commits ``part`` of the chunk, in one
+    transaction; the chunk is marked done by its ``last`` slice. ``None``: the chunk
+    was dropped, nothing written."""
+    repo_id, fp = rows.repo_id, rows.fp
     with transaction.atomic():
         # Race: the token check comes first, before any row is written. It locks the
         # token row (PostgreSQL FOR UPDATE; SQLite's IMMEDIATE transaction already holds
         # the write lock), so no newer token can be issued between this check and our
         # commit. COPY and executemany are statements of this same transaction: if the
-        # check fails, or anything after it, nothing of the chunk becomes visible.
+        # check fails, or anything after it, nothing of the slice becomes visible. Each
+        # slice checks again: a lease lost between two slices stores nothing more.
         check_token(chunk.lock_key(), token)
         # Race: a plan after a rewritten history drops this chunk (its commits are no
         # longer all reachable) while it was analysed. The plan's UPDATE and this lock
         # take the chunk row in turn (SQLite: one write transaction at a time): a drop
         # committed first is seen here and nothing is written; one that comes after
-        # waits for this commit and then deletes what it stored that is unreachable.
+        # waits for this commit and then deletes what it stored that is unreachable
+        # (so a drop between two slices also removes the earlier slices' commits).
         state = (
             Chunk.objects.select_for_update().filter(pk=chunk.pk).values_list("state", flat=True)
         ).first()
         if state in (None, Chunk.State.DROPPED):
-            return 0
-        existing = stored_shas(repo_id, fp, planned)
-        fresh = [i for i, sha in enumerate(rows.shas) if sha not in existing]
+            return None
+        existing = stored_shas(repo_id, fp, [rows.shas[i] for i in part])
+        fresh = [i for i in part if rows.shas[i] not in existing]
         inserted = 0
         if fresh:
             if connection.vendor == "postgresql":
@@ -361,10 +427,11 @@ def write_chunk(*, chunk: Chunk, records: Sequence[CommitRecord], token: int | N
                 inserted = _insert_sqlite(fresh, rows)
         if inserted:
             bump_months(repo_id, fp, (records[i].committed_at for i in fresh))
-        failpoint("analyze.writing", chunk.repository.name)
-        Chunk.objects.filter(pk=chunk.pk).update(
-            state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()
-        )
+        if last:
+            failpoint("analyze.writing", chunk.repository.name)
+            Chunk.objects.filter(pk=chunk.pk).update(
+                state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()
+            )
         # Last statement before the commit: on PostgreSQL it row-locks the count, so
         # concurrent chunk writes of this repository wait for each other only for the
         # commit itself. Exact because it is what this transaction inserted, and it

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from dashboard.models import Commit, JobAttempt, JobRun, Repository, WorkerBeat
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
 from tests.conftest import run_workers
-from tests.support.gitrepo import GitRepo
+from tests.support.gitrepo import GitRepo, reference_commits
 from tests.support.processes import (
     ROOT,
     children,
@@ -26,6 +27,7 @@ from tests.support.processes import (
     run_burst_worker,
     worker_env,
 )
+from tests.support.stored_commits import assert_counts_exact, assert_matches_reference
 from workers.git.workspace import mirror_path
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -89,6 +91,31 @@ def test_work_horses_killed_at_random_points_lose_nothing_and_write_nothing_twic
     assert not list(workspace.rglob("*.lock"))
     assert not list((workspace / "tmp").glob("*")) if (workspace / "tmp").exists() else True
     assert git_processes_under(workspace) == []
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite writes a large chunk in slices")
+def test_a_work_horse_killed_between_two_slices_of_its_write_loses_and_doubles_nothing(
+    tmp_path: Path, settings
+) -> None:
+    """docs/scheduling.md#bulk-writes-in-slices-on-sqlite: slices of 2 rows (one commit
+    and its file each), one chunk of 6 commits; the work horse SIGKILLs itself after its
+    first slice committed. The retry stores the other five, the count stays exact and
+    the rows are git's."""
+    origin = make_repo(tmp_path, "sliced", 6)
+    repo = submit_repository(url=str(origin.path))[0]
+    once = tmp_path / "once"
+    once.mkdir()
+    env = worker_env(settings, tmp_path, GITWARD_FAILPOINTS="analyze.between_slices=kill",
+                     GITWARD_FAILPOINTS_ONCE=str(once), GITWARD_SQLITE_WRITE_SLICE="2",
+                     GITWARD_CHUNK_SIZE="100")  # fmt: skip
+    result = run_burst_worker(env, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (once / "analyze.between_slices").exists()
+    crashed = JobAttempt.objects.filter(outcome="crashed")
+    assert crashed.count() == 1 and "signal 9" in crashed[0].error
+    assert_complete_and_exactly_once({"sliced": (repo, 6)})
+    assert_counts_exact()
+    assert_matches_reference(repo, reference_commits(origin.path))
 
 
 def test_a_poison_repository_is_dead_lettered_after_three_crashes(tmp_path: Path, settings) -> None:

@@ -1,0 +1,157 @@
+"""dashboard.repositories.commits.write_chunk on SQLite stores a large chunk in slices, each
+its own fenced transaction, and calls the caller's pause between two of them
+(docs/scheduling.md#bulk-writes-in-slices-on-sqlite); PostgreSQL writes any chunk in one
+transaction. Whatever the cut: every file row belongs to its commit, the stored count is
+exact, the chunk is done only with every row, and a lease lost, a crash or a drop between
+two slices leaves whole commits that the next attempt completes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from dashboard.locks.fencing import StaleToken, next_token
+from dashboard.models import Chunk, Commit, FileChange, Repository
+from dashboard.repositories.commit_counts import stored_commits
+from dashboard.repositories.commits import write_chunk
+from tests.support.gitrepo import GitRepo
+from tests.support.stored_commits import assert_counts_exact
+from workers.analysis.history import stream_commits
+from workers.analysis.numstat import CommitRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SQLITE = connection.vendor == "sqlite"
+
+
+def _history(path: Path, n: int) -> tuple[list[str], list[CommitRecord]]:
+    """``n`` commits, commit ``i`` touching ``i % 3 + 1`` files: slices of uneven size."""
+    repo = GitRepo.create(path)
+    for i in range(n):
+        repo.commit(f"change {i}", {f"d{k}/f{i % 4}.txt": f"{i} {k}\n" * (i + k + 1)
+                                   for k in range(i % 3 + 1)})  # fmt: skip
+    shas = repo.git("rev-list", "--reverse", "--topo-order", "HEAD").split()
+    return shas, list(stream_commits(repo.path / ".git", shas))
+
+
+def _chunk(repo: Repository, shas: list[str]) -> Chunk:
+    return Chunk.objects.create(
+        repository=repo, fingerprint="fp", key=f"{shas[0]}..{shas[-1]}",
+        shas="\n".join(shas), size=len(shas),
+    )  # fmt: skip
+
+
+def _assert_rows_are_git(records: list[CommitRecord], shas: list[str]) -> None:
+    """Every stored commit of ``shas`` carries exactly its own file rows, as git gave them."""
+    by_sha = {r.sha: r for r in records}
+    for c in Commit.objects.filter(fingerprint="fp", sha__in=shas):
+        files = sorted((f.path, f.added, f.deleted) for f in FileChange.objects.filter(commit=c))
+        assert files == sorted((f.path, f.added, f.deleted) for f in by_sha[c.sha].files), c.sha
+        assert c.files_changed == len(files)
+
+
+def test_a_large_chunk_is_written_in_slices_on_sqlite_and_in_one_transaction_elsewhere(
+    tmp_path: Path, settings
+) -> None:
+    settings.SQLITE_WRITE_SLICE = 5  # rows: a commit and its files
+    shas, records = _history(tmp_path / "h", 12)
+    repo = Repository.objects.create(url=str(tmp_path / "h"))
+    chunk = _chunk(repo, shas)
+    seen: list[tuple[int, str, bool]] = []  # (stored, chunk state, in a transaction)
+
+    def pause() -> None:
+        chunk.refresh_from_db()
+        # between two transactions: each slice committed, the write lock free
+        seen.append((stored_commits(repo.pk, "fp"), chunk.state, connection.in_atomic_block))
+
+    assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
+                       pause=pause) == 12  # fmt: skip
+    if SQLITE:
+        # commits of 1, 2, 3 files (2, 3, 4 rows) repeating: cut at 5 rows or more
+        # → [2+3], [4+2], [3+4], [2+3], [4+2], [3+4]: six slices, each committed
+        # before the next pause, none but the last marking the chunk done
+        assert seen == [(n, "queued", False) for n in (2, 4, 6, 8, 10)]
+    else:
+        assert seen == []
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DONE
+    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
+    _assert_rows_are_git(records, shas)
+    assert_counts_exact()
+
+
+@pytest.mark.skipif(not SQLITE, reason="PostgreSQL writes a chunk in one transaction")
+def test_a_lease_lost_between_slices_keeps_whole_commits_and_the_next_holder_completes(
+    tmp_path: Path, settings
+) -> None:
+    settings.SQLITE_WRITE_SLICE = 5
+    shas, records = _history(tmp_path / "h", 12)
+    repo = Repository.objects.create(url=str(tmp_path / "h"))
+    chunk = _chunk(repo, shas)
+    calls: list[int] = []
+    newer: list[int] = []
+
+    def lose_the_lease() -> None:  # a newer holder takes the chunk's lock after 2 slices
+        calls.append(1)
+        if len(calls) == 2:
+            newer.append(next_token(chunk.lock_key()))
+
+    with pytest.raises(StaleToken):
+        write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
+                    pause=lose_the_lease)  # fmt: skip
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.QUEUED  # never done without every row
+    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 4
+    assert set(Commit.objects.values_list("sha", flat=True)) == set(shas[:4])
+    _assert_rows_are_git(records, shas)
+    assert_counts_exact()
+    # the new holder's attempt skips the four and stores the rest, in slices again
+    assert write_chunk(chunk=chunk, records=records, token=newer[0]) == 8
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DONE
+    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
+    _assert_rows_are_git(records, shas)
+    assert_counts_exact()
+
+
+@pytest.mark.skipif(not SQLITE, reason="PostgreSQL writes a chunk in one transaction")
+def test_commits_already_stored_inside_a_slice_are_skipped_and_the_rest_keep_their_rows(
+    tmp_path: Path, settings
+) -> None:
+    """A slice whose fresh commits are not one run (an overlapping chunk stored some of
+    them): its file rows are numbered by position among the fresh ones."""
+    settings.SQLITE_WRITE_SLICE = 9
+    shas, records = _history(tmp_path / "h", 12)
+    repo = Repository.objects.create(url=str(tmp_path / "h"))
+    other = _chunk(repo, shas[1:2] + shas[4:6])  # inside the first and second slices
+    by_sha = {r.sha: r for r in records}
+    assert write_chunk(chunk=other, records=[by_sha[s] for s in other.sha_list()],
+                       token=next_token(other.lock_key())) == 3  # fmt: skip
+    chunk = _chunk(repo, shas)
+    pauses: list[int] = []
+    assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
+                       pause=lambda: pauses.append(1)) == 9  # fmt: skip
+    assert len(pauses) == 3  # rows 2, 3, 4 repeating: four slices of 9 rows
+    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
+    _assert_rows_are_git(records, shas)
+    assert_counts_exact()
+
+
+@pytest.mark.skipif(not SQLITE, reason="PostgreSQL writes a chunk in one transaction")
+def test_a_chunk_dropped_between_slices_stores_nothing_more(tmp_path: Path, settings) -> None:
+    settings.SQLITE_WRITE_SLICE = 5
+    shas, records = _history(tmp_path / "h", 12)
+    repo = Repository.objects.create(url=str(tmp_path / "h"))
+    chunk = _chunk(repo, shas)
+
+    def drop() -> None:  # what a plan after a rewritten history does to the chunk's row
+        Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DROPPED)
+
+    assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
+                       pause=drop) == 2  # fmt: skip
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DROPPED
+    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 2
+    assert_counts_exact()
