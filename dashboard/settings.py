@@ -360,7 +360,7 @@ BULK_WRITE_YIELD = env_float("GITWARD_BULK_WRITE_YIELD", 10.0, minimum=0.0)
 #: chunk is stored in slices of about this many rows, and a bulk chunk holds its next
 #: slice back while an express job runs (docs/scheduling.md#bulk-writes-in-slices-on-sqlite).
 #: PostgreSQL writes a chunk in one transaction whatever its size.
-SQLITE_WRITE_SLICE = env_int("GITWARD_SQLITE_WRITE_SLICE", 4000, minimum=1)
+SQLITE_WRITE_SLICE = env_int("GITWARD_SQLITE_WRITE_SLICE", 1000, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 
