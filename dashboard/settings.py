@@ -350,6 +350,9 @@ FAIR_WEIGHT = env_int("GITWARD_FAIR_WEIGHT", 2, minimum=0)
 #: largest known history (commits) whose interactive jobs count as small.
 INTERACTIVE_WORKERS = env_int("GITWARD_INTERACTIVE_WORKERS", 1, minimum=0)
 INTERACTIVE_MAX_COMMITS = env_int("GITWARD_INTERACTIVE_MAX_COMMITS", 1000, minimum=0)
+#: Seconds at most between two looks of an idle reserved-slot worker at its queues; an
+#: express job enqueued wakes it at once (workers/pool.py, ``dequeue_express``).
+EXPRESS_POLL = env_float("GITWARD_EXPRESS_POLL", 0.2, minimum=0.01)
 #: Niceness a regular worker's work horse adds to itself for a job that is not express
 #: (docs/scheduling.md#the-reserved-interactive-slot): the CPU goes to small work first.
 BULK_NICE = env_int("GITWARD_BULK_NICE", 10, minimum=0, maximum=19)

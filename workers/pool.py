@@ -139,10 +139,6 @@ def load_contexts() -> list[str]:
     return names
 
 
-#: Seconds between two looks of an express worker at its queues' heads.
-EXPRESS_POLL = 0.2
-
-
 def run_one_worker(
     queue_names: Sequence[str],
     *,
@@ -261,12 +257,14 @@ def run_one_worker(
             return None
 
         def dequeue_express(self, *, burst: bool) -> Any:
-            """The reserved slot's dequeue: every ``EXPRESS_POLL`` seconds, the first
-            express job of its (unpaused) queues in their order, taken out of its list
-            by one script (``infra.take_express``: a regular worker's pop of the same
-            id and this script run one after the other, so one of them gets it). A
-            burst worker looks once. The heartbeat (and with it the pause and gate
-            read) runs once a second, as for a regular worker."""
+            """The reserved slot's dequeue: the first express job of its (unpaused)
+            queues in their order, taken out of its list by one script
+            (``infra.take_express``: a regular worker's pop of the same id and this
+            script run one after the other, so one of them gets it); looked for again
+            as soon as an express job is enqueued (``infra.wait_for_express``) and at
+            least every ``GITWARD_EXPRESS_POLL`` seconds (a job that turns express or is
+            unpaused meanwhile). A burst worker looks once. The heartbeat (and with it
+            the pause and gate read) runs once a second, as for a regular worker."""
             next_beat = 0.0
             while not self._stop_requested:
                 if time.monotonic() >= next_beat:
@@ -286,7 +284,10 @@ def run_one_worker(
                     return job, q
                 if burst:
                     return None
-                time.sleep(EXPRESS_POLL)
+                try:  # woken by the next express enqueue, or look again after the poll
+                    infra.wait_for_express(self.connection, float(settings.EXPRESS_POLL))
+                except Exception:  # Redis trouble: the heartbeat above reports it
+                    time.sleep(float(settings.EXPRESS_POLL))
             return None
 
         def request_force_stop(self, signum: int, frame: Any) -> None:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         redis_urls,
         set_paused,
         take_express,
+        wait_for_express,
         worker_connection,
     )
 
@@ -116,6 +117,7 @@ __all__ = [
     "take_express",
     "use_direct_connections",
     "user_group",
+    "wait_for_express",
     "worker_connection",
 ]
 
@@ -169,6 +171,7 @@ _SURFACE: dict[str, str] = {
     "express_ended": "dashboard.infra.queues",
     "express_running": "dashboard.infra.queues",
     "take_express": "dashboard.infra.queues",
+    "wait_for_express": "dashboard.infra.queues",
     "paused_queue_names": "dashboard.infra.queues",
     "promote_due_jobs": "dashboard.infra.queues",
     "queue": "dashboard.infra.queues",

@@ -343,6 +343,37 @@ def take_express(q: Queue) -> str | None:
     return found.decode() if isinstance(found, bytes) else str(found)
 
 
+#: A list the reserved slot's idle workers block on between two looks at their queues
+#: (``wait_for_express``): every express job enqueued pushes a token (``_put``), so an
+#: idle slot takes it at once instead of at its next look (``GITWARD_EXPRESS_POLL`` later,
+#: 0.1 s on average: BENCHMARKS.md, "Beside a running backfill").
+EXPRESS_WAKE_KEY = "gitward:express:wake"
+
+#: Tokens kept at most: enqueues while no slot waits leave at most this many early looks.
+EXPRESS_WAKE_MAX = 8
+
+
+def express_enqueued(conn: redis.Redis) -> None:
+    """Wake one idle reserved-slot worker (``wait_for_express``): an express job is in a
+    queue now."""
+    pipe = conn.pipeline(transaction=False)
+    pipe.rpush(EXPRESS_WAKE_KEY, 1)
+    pipe.ltrim(EXPRESS_WAKE_KEY, -EXPRESS_WAKE_MAX, -1)
+    pipe.expire(EXPRESS_WAKE_KEY, 3600)
+    pipe.execute()
+
+
+def wait_for_express(conn: redis.Redis, timeout: float) -> bool:
+    """Block until an express job was enqueued (a token of ``express_enqueued``: True)
+    or ``timeout`` seconds passed (False), whichever comes first.
+
+    Race: a token says a job was enqueued, not that it is still there (a regular worker
+    or another slot may take it first); the caller looks at its queues either way, and
+    one token wakes one waiter. A job enqueued with no slot waiting leaves its token
+    for the next wait, which returns at once."""
+    return conn.blpop([EXPRESS_WAKE_KEY], timeout=timeout) is not None
+
+
 #: Sorted set of the express jobs running now: member a job id, score the end of its
 #: lease (ms, the queue server's clock) (docs/scheduling.md#bulk-writes-yield-on-sqlite).
 EXPRESS_RUNNING_KEY = "gitward:express:running"
@@ -429,6 +460,9 @@ def _put(
         if marks:
             q.connection.hset(Job.key_for(job_id), mapping=marks)
         place(q, job_id)
+        if express:
+            # after the job is in its place and marked: a slot woken now finds it
+            express_enqueued(q.connection)
 
 
 def place(q: Queue, job_id: str) -> int:

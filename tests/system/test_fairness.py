@@ -218,8 +218,11 @@ def test_with_every_regular_worker_held_on_a_long_chunk_a_submission_runs_in_the
     chunks are still running; without the slot it would wait for one of them."""
     settings.FAIR_WEIGHT = 2
     settings.INTERACTIVE_WORKERS = 1  # off in the test harness (tests/conftest.py)
+    # The slot looks at its queues when it starts and then only when an express job is
+    # enqueued (an hour between looks otherwise): the small history is ready only if its
+    # enqueues wake it (docs/scheduling.md#the-reserved-interactive-slot).
     env = express_env(settings, tmp_path, GITWARD_FAILPOINTS="analyze.locked#large=stop",
-                      GITWARD_WORKER_GRACE="1")  # fmt: skip
+                      GITWARD_WORKER_GRACE="1", GITWARD_EXPRESS_POLL="3600")  # fmt: skip
     large = submit_repository(url=str(make_repo(tmp_path, "large", 48).path))[0]
     run_syncs_only()
     large_runs = JobRun.objects.filter(repository=large, kind=JobRun.Kind.ANALYZE)

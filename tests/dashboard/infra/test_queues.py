@@ -3,6 +3,7 @@ pauses, on a real Redis."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -159,3 +160,40 @@ def test_express_jobs_running_are_counted_until_they_end_or_their_lease_does() -
     conn.zadd(queues.EXPRESS_RUNNING_KEY, {"b": 1})  # its lease ended long ago
     assert queues.express_running() == 0
     assert conn.zcard(queues.EXPRESS_RUNNING_KEY) == 0
+
+
+def test_an_express_enqueue_wakes_one_waiting_slot_and_a_regular_one_none() -> None:
+    """docs/scheduling.md#the-reserved-interactive-slot: every express job enqueued pushes
+    one token on the wake list (at most ``EXPRESS_WAKE_MAX`` kept); ``wait_for_express``
+    returns True at once on a token, False after its timeout with none."""
+    conn = queues.connection()
+    q = queues.queue("wake")
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="big", priority=0)
+    assert conn.llen(queues.EXPRESS_WAKE_KEY) == 0  # not express: no slot woken
+    assert queues.wait_for_express(conn, 0.05) is False
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="small", express=True)
+    assert conn.llen(queues.EXPRESS_WAKE_KEY) == 1
+    # a timeout far longer than the test: only the token can end this wait
+    assert queues.wait_for_express(conn, 3600) is True
+    assert conn.llen(queues.EXPRESS_WAKE_KEY) == 0  # one token, one waiter
+    for i in range(3 * queues.EXPRESS_WAKE_MAX):
+        queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id=f"s{i}", express=True)
+    assert conn.llen(queues.EXPRESS_WAKE_KEY) == queues.EXPRESS_WAKE_MAX
+
+
+def test_a_slot_waiting_when_an_express_job_arrives_is_woken_by_it() -> None:
+    conn = queues.connection()
+    woken: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: woken.append(queues.wait_for_express(queues.connection(), 3600)),
+        daemon=True,
+    )
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while int(conn.info("clients")["blocked_clients"]) < 1:  # the waiter is in BLPOP
+        assert time.monotonic() < deadline, "the waiter never blocked"
+        time.sleep(0.01)
+    q = queues.queue("wake")
+    queues.enqueue_unique(q, "workers.jobs.analyze_chunk", 1, 1, job_id="small", express=True)
+    waiter.join(timeout=30)  # without the token: blocked for an hour
+    assert woken == [True]
