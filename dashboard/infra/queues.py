@@ -13,10 +13,13 @@ degrade; the database stays the truth and the reconciler enqueues what is missin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import secrets
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -410,6 +413,28 @@ def express_begun(job_id: str) -> None:
 def express_ended(job_id: str) -> None:
     """Take ``job_id`` out of the express jobs running now."""
     connection().zrem(EXPRESS_RUNNING_KEY, job_id)
+
+
+@contextlib.contextmanager
+def express_writing(name: str) -> Iterator[None]:
+    """Around an interactive write that is not an RQ job (a submission from the form,
+    the API or the CLI): counted as an express job running (``express_begun``, under
+    ``name`` plus a random suffix), so a bulk chunk on SQLite begins no further write
+    slice meanwhile and the write waits for one slice at most
+    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). Redis trouble: the write goes
+    on unmarked (bulk writes then do not hold back for it; nothing else rests on the
+    mark)."""
+    key = f"{name}:{secrets.token_hex(6)}"
+    try:
+        express_begun(key)
+    except Exception:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            express_ended(key)
 
 
 def express_running() -> int:

@@ -155,3 +155,27 @@ def test_a_chunk_dropped_between_slices_stores_nothing_more(tmp_path: Path, sett
     assert chunk.state == Chunk.State.DROPPED
     assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 2
     assert_counts_exact()
+
+
+def test_a_submission_counts_as_express_work_while_it_writes(
+    git_repo: GitRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulk chunk on SQLite begins no further slice while express work runs
+    (``_yield_write`` reads ``express_running``); a submission from the form, the API or
+    the CLI is such work while its transaction runs, and is not once it returned."""
+    from dashboard.infra import queues
+    from dashboard.repositories import lifecycle
+
+    seen: list[int] = []
+    real = lifecycle.get_or_create_repository
+
+    def inside(**kwargs: object) -> object:
+        seen.append(queues.express_running())
+        return real(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lifecycle, "get_or_create_repository", inside)
+    git_repo.commit("one", {"a.txt": "a\n"})
+    assert queues.express_running() == 0
+    repo, created = lifecycle.submit_repository(url=str(git_repo.path))
+    assert created and seen == [1]
+    assert queues.express_running() == 0
