@@ -176,6 +176,6 @@ def test_a_submission_counts_as_express_work_while_it_writes(
     monkeypatch.setattr(lifecycle, "get_or_create_repository", inside)
     git_repo.commit("one", {"a.txt": "a\n"})
     assert queues.express_running() == 0
-    repo, created = lifecycle.submit_repository(url=str(git_repo.path))
+    _repo, created = lifecycle.submit_repository(url=str(git_repo.path))
     assert created and seen == [1]
     assert queues.express_running() == 0
