@@ -360,7 +360,8 @@ def _analyze(attempt: runs.Attempt) -> str:
         # (docs/rollouts.md#result-contract); unarmed, it changes nothing.
         records = [_perturbed(r) if perturbs("analyze.perturb", chunk.fingerprint, r.sha)
                    else r for r in records]  # fmt: skip
-        _yield_write(repo.name)
+        allowance = [float(settings.BULK_WRITE_YIELD)]  # for the whole chunk (_yield_write)
+        _yield_write(repo.name, allowance)
         lock.check()
         failpoint("analyze.before_write", repo.name)
         if altered("analyze.alter_row", repo.name):
@@ -368,7 +369,7 @@ def _analyze(attempt: runs.Attempt) -> str:
 
         def between_slices() -> None:  # SQLite: write_chunk stores a large chunk in slices
             failpoint("analyze.between_slices", repo.name)
-            _yield_write(repo.name)
+            _yield_write(repo.name, allowance)
             lock.check()
 
         written = write_chunk(chunk=chunk, records=records, token=lock.token, pause=between_slices)
@@ -497,10 +498,13 @@ def _express_job(job: Job | None) -> bool:
         return False
 
 
-def _yield_write(repo_name: str) -> None:
+def _yield_write(repo_name: str, allowance: list[float]) -> None:
     """Before a chunk's write transaction, and before each further slice of it: on
     SQLite, a chunk that is not express waits while an express job runs, up to
-    ``GITWARD_BULK_WRITE_YIELD`` seconds (docs/scheduling.md#bulk-writes-yield-on-sqlite).
+    ``GITWARD_BULK_WRITE_YIELD`` seconds over all its slices (``allowance``: the seconds
+    it has left, one list per chunk, lowered here by each wait), so a stream of small
+    jobs delays a backfill's chunk by that much at most and never stalls it
+    (docs/scheduling.md#bulk-writes-yield-on-sqlite).
     SQLite has one writer at a time, and a large chunk's write started beside a small
     job holds up every write of that job: for one slice at most
     (docs/scheduling.md#bulk-writes-in-slices-on-sqlite), as the next slice waits here.
@@ -510,21 +514,24 @@ def _yield_write(repo_name: str) -> None:
     Race: an express job that begins just after this returned finds the write under
     way and waits for it, as without the yield; the yield only orders the writes, no
     correctness rests on it."""
-    limit = float(settings.BULK_WRITE_YIELD)
-    if limit <= 0 or _RUNNING_EXPRESS[0] or django_connection.vendor != "sqlite":
+    if allowance[0] <= 0 or _RUNNING_EXPRESS[0] or django_connection.vendor != "sqlite":
         return
-    deadline = time.monotonic() + limit
+    start = time.monotonic()
+    deadline = start + allowance[0]
     told = False
-    while time.monotonic() < deadline:
-        try:
-            if not infra.express_running():
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if not infra.express_running():
+                    return
+            except Exception:  # Redis trouble: write now
                 return
-        except Exception:  # Redis trouble: write now
-            return
-        if not told:
-            failpoint("analyze.yielding", repo_name)
-            told = True
-        time.sleep(WRITE_YIELD_POLL)
+            if not told:
+                failpoint("analyze.yielding", repo_name)
+                told = True
+            time.sleep(WRITE_YIELD_POLL)
+    finally:
+        allowance[0] -= time.monotonic() - start
 
 
 #: Seconds between two looks of a yielding bulk write at the express jobs running.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from rq import SimpleWorker
 from rq.job import Job
 from rq.registry import FailedJobRegistry
@@ -441,3 +442,26 @@ def test_a_driver_job_of_a_rollout_aborted_before_it_ran_returns_at_once() -> No
     ro = start_rollout(config={"detect_renames": True}, actor="ci", enqueue_driver=False)
     assert abort_rollout(rollout=ro, actor="ops").state == "aborted"
     assert jobs.drive_rollout(ro.pk) == f"nothing to drive: rollout #{ro.pk} is aborted"
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the yield is SQLite's")
+def test_a_chunk_holds_its_writes_back_for_at_most_its_allowance_over_all_its_slices(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/scheduling.md#bulk-writes-yield-on-sqlite: with express work running all the
+    while, the first slice waits out the chunk's whole allowance; every later slice of
+    the same chunk then writes at once (a stream of small jobs delays a backfill's chunk
+    by ``GITWARD_BULK_WRITE_YIELD`` at most, it never stalls it)."""
+    settings.BULK_WRITE_YIELD = 0.2
+    yielded: list[str] = []
+    monkeypatch.setattr(jobs, "failpoint", lambda name, tag="": yielded.append(name))
+    queues.express_begun("small")  # and it never ends during the test
+    allowance = [float(settings.BULK_WRITE_YIELD)]
+    jobs._yield_write("large", allowance)
+    assert yielded == ["analyze.yielding"] and allowance[0] <= 0
+    for _slice in range(3):
+        jobs._yield_write("large", allowance)
+    assert yielded == ["analyze.yielding"]  # none of them waited
+    fresh = [float(settings.BULK_WRITE_YIELD)]  # the next chunk has its own
+    jobs._yield_write("large", fresh)
+    assert yielded == ["analyze.yielding"] * 2
