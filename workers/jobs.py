@@ -367,12 +367,18 @@ def _analyze(attempt: runs.Attempt) -> str:
         if altered("analyze.alter_row", repo.name):
             records = _alter_one_row(records)
 
-        def between_slices() -> None:  # SQLite: write_chunk stores a large chunk in slices
+        def between_slices() -> None:  # SQLite: a large chunk's write let express work in
             failpoint("analyze.between_slices", repo.name)
             _yield_write(repo.name, allowance)
             lock.check()
 
-        written = write_chunk(chunk=chunk, records=records, token=lock.token, pause=between_slices)
+        written = write_chunk(
+            chunk=chunk,
+            records=records,
+            token=lock.token,
+            wanted=lambda: _write_wanted(allowance),
+            pause=between_slices,
+        )
     runs.mark_phase(attempt, written_at=timezone.now())  # stored by succeed_attempt
     if repositories.finish_chunk(chunk):
         _enqueue_precompute(repo.pk, chunk.fingerprint)
@@ -532,6 +538,22 @@ def _yield_write(repo_name: str, allowance: list[float]) -> None:
             time.sleep(WRITE_YIELD_POLL)
     finally:
         allowance[0] -= time.monotonic() - start
+
+
+def _write_wanted(allowance: list[float]) -> bool:
+    """Asked by ``write_chunk`` after each slice of a chunk's write on SQLite: whether to
+    commit now and let express work write (``_yield_write`` then holds the next slice
+    back), i.e. whether an express job runs while this bulk chunk still has yield
+    allowance. With nobody waiting the chunk stays one transaction: committing after
+    every slice cost a backfill alone half again its write time (two bulk writers
+    handing the lock back and forth; BENCHMARKS.md, "On an idle machine"). Redis
+    trouble: no (the write goes on)."""
+    if allowance[0] <= 0 or _RUNNING_EXPRESS[0]:
+        return False
+    try:
+        return infra.express_running() > 0
+    except Exception:
+        return False
 
 
 #: Seconds between two looks of a yielding bulk write at the express jobs running.

@@ -321,6 +321,7 @@ def write_chunk(
     chunk: Chunk,
     records: Sequence[CommitRecord],
     token: int | None,
+    wanted: Callable[[], bool] | None = None,
     pause: Callable[[], None] | None = None,
 ) -> int:
     """Store every commit of ``chunk``, fenced; return rows inserted.
@@ -338,15 +339,18 @@ def write_chunk(
     6. Add the number of commit rows the database reported inserted to the stored
        count (``commit_counts.add_stored``), last, in the same transaction.
 
-    PostgreSQL does all of it in one transaction. SQLite, whose single write lock a
-    large chunk's transaction would hold for seconds, does steps 2–6 once per slice of
-    about ``GITWARD_SQLITE_WRITE_SLICE`` rows (``_slices``), each slice its own fenced
-    transaction, and calls ``pause`` between two slices (a bulk chunk's job holds its
-    next slice back there while express work runs, and checks its lease:
-    docs/scheduling.md#bulk-writes-in-slices-on-sqlite). Only the last slice marks the
-    chunk done, so a chunk is never done without every row; a crash or a lost lease
-    between slices leaves whole commits stored and counted, which the chunk's next
-    attempt skips (step 4), as it skips another chunk's.
+    PostgreSQL does all of it in one transaction. On SQLite, whose single write lock a
+    large chunk's transaction would hold for seconds, step 5 goes slice by slice (about
+    ``GITWARD_SQLITE_WRITE_SLICE`` rows each, ``_slices``), and after each slice
+    ``wanted()`` is asked whether another writer should get the lock now (a bulk chunk's
+    job: whether express work runs). If so, the transaction commits what it wrote so
+    far (steps 5 and 6 for those slices), ``pause()`` runs (the job holds its next slice
+    back while express work runs and checks its lease), and a new transaction goes on
+    from step 2 (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). With nobody
+    waiting it stays one transaction, as on PostgreSQL. Only the transaction that writes
+    the last slice marks the chunk done, so a chunk is never done without every row; a
+    crash or a lost lease between two transactions leaves whole commits stored and
+    counted, which the chunk's next attempt skips (step 4), as it skips another chunk's.
     """
     planned = chunk.sha_list()
     got = [r.sha for r in records]
@@ -359,11 +363,11 @@ def write_chunk(
         parts = _slices(rows, int(settings.SQLITE_WRITE_SLICE))
     else:
         parts = [range(len(rows.shas))]
-    inserted = 0
-    for n, part in enumerate(parts):
-        if n and pause is not None:
+    inserted = done = 0
+    while done < len(parts):
+        if done and pause is not None:
             pause()
-        written = _write_slice(chunk, rows, part, records, token, last=n == len(parts) - 1)
+        written, done = _write_slices(chunk, rows, parts, done, records, token, wanted)
         if written is None:  # the chunk was dropped
             break
         inserted += written
@@ -385,49 +389,58 @@ def _slices(rows: _Rows, size: int) -> list[range]:
     return out
 
 
-def _write_slice(
+def _write_slices(
     chunk: Chunk,
     rows: _Rows,
-    part: range,
+    parts: list[range],
+    first: int,
     records: Sequence[CommitRecord],
     token: int | None,
-    *,
-    last: bool,
-) -> int | None:
-    """Steps 2–6 of ``write_chunk`` for the commits ``part`` of the chunk, in one
-    transaction; the chunk is marked done by its ``last`` slice. ``None``: the chunk
-    was dropped, nothing written."""
+    wanted: Callable[[], bool] | None,
+) -> tuple[int | None, int]:
+    """Steps 2–6 of ``write_chunk`` in one transaction, for ``parts[first]`` and the
+    slices after it until ``wanted()`` asks for the lock or the last slice is written
+    (which marks the chunk done). Returns (rows inserted, index of the next slice to
+    write); rows ``None``: the chunk was dropped, nothing written."""
     repo_id, fp = rows.repo_id, rows.fp
     with transaction.atomic():
         # Race: the token check comes first, before any row is written. It locks the
         # token row (PostgreSQL FOR UPDATE; SQLite's IMMEDIATE transaction already holds
         # the write lock), so no newer token can be issued between this check and our
         # commit. COPY and executemany are statements of this same transaction: if the
-        # check fails, or anything after it, nothing of the slice becomes visible. Each
-        # slice checks again: a lease lost between two slices stores nothing more.
+        # check fails, or anything after it, nothing of it becomes visible. Each
+        # transaction checks again: a lease lost between two stores nothing more.
         check_token(chunk.lock_key(), token)
         # Race: a plan after a rewritten history drops this chunk (its commits are no
         # longer all reachable) while it was analysed. The plan's UPDATE and this lock
         # take the chunk row in turn (SQLite: one write transaction at a time): a drop
         # committed first is seen here and nothing is written; one that comes after
         # waits for this commit and then deletes what it stored that is unreachable
-        # (so a drop between two slices also removes the earlier slices' commits).
+        # (so a drop between two transactions also removes the earlier ones' commits).
         state = (
             Chunk.objects.select_for_update().filter(pk=chunk.pk).values_list("state", flat=True)
         ).first()
         if state in (None, Chunk.State.DROPPED):
-            return None
-        existing = stored_shas(repo_id, fp, [rows.shas[i] for i in part])
-        fresh = [i for i in part if rows.shas[i] not in existing]
+            return None, first
         inserted = 0
-        if fresh:
-            if connection.vendor == "postgresql":
-                inserted = _copy_postgresql(fresh, rows)
-            else:
-                inserted = _insert_sqlite(fresh, rows)
-        if inserted:
-            bump_months(repo_id, fp, (records[i].committed_at for i in fresh))
-        if last:
+        n = first
+        while n < len(parts):
+            part = parts[n]
+            existing = stored_shas(repo_id, fp, [rows.shas[i] for i in part])
+            fresh = [i for i in part if rows.shas[i] not in existing]
+            got = 0
+            if fresh:
+                if connection.vendor == "postgresql":
+                    got = _copy_postgresql(fresh, rows)
+                else:
+                    got = _insert_sqlite(fresh, rows)
+            if got:
+                bump_months(repo_id, fp, (records[i].committed_at for i in fresh))
+            inserted += got
+            n += 1
+            if n < len(parts) and wanted is not None and wanted():
+                break  # commit what is written: another writer waits for the lock
+        if n == len(parts):
             failpoint("analyze.writing", chunk.repository.name)
             Chunk.objects.filter(pk=chunk.pk).update(
                 state=Chunk.State.DONE, token=token, error="", finished_at=djtz.now()
@@ -437,7 +450,7 @@ def _write_slice(
         # commit itself. Exact because it is what this transaction inserted, and it
         # rolls back with the rows (see dashboard.repositories.commit_counts).
         add_stored(repo_id, fp, inserted)
-    return inserted
+    return inserted, n
 
 
 # ---------------------------------------------------------------------------- reads

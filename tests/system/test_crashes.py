@@ -4,6 +4,7 @@ written twice, and no lock file or git process is left behind."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from dashboard.infra import queues
 from dashboard.models import Commit, JobAttempt, JobRun, Repository, WorkerBeat
 from dashboard.operations.reconciler import reconcile
 from dashboard.repositories.lifecycle import submit_repository
@@ -24,6 +26,7 @@ from tests.support.processes import (
     children,
     end_tree,
     git_processes_under,
+    proc_state,
     run_burst_worker,
     worker_env,
 )
@@ -98,18 +101,41 @@ def test_a_work_horse_killed_between_two_slices_of_its_write_loses_and_doubles_n
     tmp_path: Path, settings
 ) -> None:
     """docs/scheduling.md#bulk-writes-in-slices-on-sqlite: slices of 2 rows (one commit
-    and its file each), one chunk of 6 commits; the work horse SIGKILLs itself after its
-    first slice committed. The retry stores the other five, the count stays exact and
-    the rows are git's."""
+    and its file each), one bulk chunk of 6 commits (``GITWARD_INTERACTIVE_MAX_COMMITS=0``:
+    the sync's inline chunk is not express). The horse is held just before its write
+    (SIGSTOP), express work begins (an entry in the express set), and it goes on: after
+    its first slice it commits for the express work and SIGKILLs itself there. The retry
+    stores the other five, the count stays exact and the rows are git's."""
     origin = make_repo(tmp_path, "sliced", 6)
     repo = submit_repository(url=str(origin.path))[0]
     once = tmp_path / "once"
     once.mkdir()
-    env = worker_env(settings, tmp_path, GITWARD_FAILPOINTS="analyze.between_slices=kill",
+    env = worker_env(settings, tmp_path,
+                     GITWARD_FAILPOINTS="analyze.before_write=stop,analyze.between_slices=kill",
                      GITWARD_FAILPOINTS_ONCE=str(once), GITWARD_SQLITE_WRITE_SLICE="2",
-                     GITWARD_CHUNK_SIZE="100")  # fmt: skip
-    result = run_burst_worker(env, timeout=180)
-    assert result.returncode == 0, result.stderr[-2000:]
+                     GITWARD_CHUNK_SIZE="100", GITWARD_INTERACTIVE_MAX_COMMITS="0",
+                     GITWARD_BULK_WRITE_YIELD="1")  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--burst"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            pids = [p for p in JobAttempt.objects.values_list("pid", flat=True) if p]
+            held = [p for p in pids if proc_state(p) == "T"]
+            if held:
+                break
+            assert time.monotonic() < deadline, "no horse stopped before its write"
+            time.sleep(0.05)
+        queues.express_begun("interactive-work")
+        os.kill(held[0], signal.SIGCONT)
+        _, err = worker.communicate(timeout=180)
+        assert worker.returncode == 0, err[-2000:]
+    finally:
+        queues.express_ended("interactive-work")
+        if worker.returncode is None:
+            end_tree(worker)
     assert (once / "analyze.between_slices").exists()
     crashed = JobAttempt.objects.filter(outcome="crashed")
     assert crashed.count() == 1 and "signal 9" in crashed[0].error

@@ -67,7 +67,7 @@ def test_a_large_chunk_is_written_in_slices_on_sqlite_and_in_one_transaction_els
         seen.append((stored_commits(repo.pk, "fp"), chunk.state, connection.in_atomic_block))
 
     assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
-                       pause=pause) == 12  # fmt: skip
+                       wanted=lambda: True, pause=pause) == 12  # fmt: skip
     if SQLITE:
         # commits of 1, 2, 3 files (2, 3, 4 rows) repeating: cut at 5 rows or more
         # → [2+3], [4+2], [3+4], [2+3], [4+2], [3+4]: six slices, each committed
@@ -78,6 +78,37 @@ def test_a_large_chunk_is_written_in_slices_on_sqlite_and_in_one_transaction_els
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DONE
     assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
+    _assert_rows_are_git(records, shas)
+    assert_counts_exact()
+
+
+@pytest.mark.skipif(not SQLITE, reason="PostgreSQL writes a chunk in one transaction")
+def test_with_nobody_waiting_the_slices_stay_one_transaction_and_commit_when_asked(
+    tmp_path: Path, settings
+) -> None:
+    """``wanted`` is asked after each slice; the write commits only when it says so (a
+    backfill alone keeps one transaction: committing every slice cost it half again its
+    write time), and goes on in a new transaction after ``pause``."""
+    settings.SQLITE_WRITE_SLICE = 5
+    shas, records = _history(tmp_path / "h", 12)
+    repo = Repository.objects.create(url=str(tmp_path / "h"))
+    alone = _chunk(repo, shas[:6])
+    asked: list[int] = []
+    paused: list[int] = []
+    assert write_chunk(chunk=alone, records=records[:6], token=next_token(alone.lock_key()),
+                       wanted=lambda: bool(asked.append(1)),
+                       pause=lambda: paused.append(1)) == 6  # fmt: skip
+    assert (len(asked), paused) == (2, [])  # three slices, two boundaries, one transaction
+    busy = _chunk(repo, shas[6:])
+    answers = iter([False, True, False])  # someone waits after the second slice only
+    seen: list[tuple[int, bool]] = []
+    assert write_chunk(chunk=busy, records=records[6:], token=next_token(busy.lock_key()),
+                       wanted=lambda: next(answers),
+                       pause=lambda: seen.append((stored_commits(repo.pk, "fp"),
+                                                  connection.in_atomic_block))) == 6  # fmt: skip
+    assert seen == [(6 + 4, False)]  # two slices committed, then the rest in another
+    busy.refresh_from_db()
+    assert busy.state == Chunk.State.DONE
     _assert_rows_are_git(records, shas)
     assert_counts_exact()
 
@@ -100,7 +131,7 @@ def test_a_lease_lost_between_slices_keeps_whole_commits_and_the_next_holder_com
 
     with pytest.raises(StaleToken):
         write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
-                    pause=lose_the_lease)  # fmt: skip
+                    wanted=lambda: True, pause=lose_the_lease)  # fmt: skip
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.QUEUED  # never done without every row
     assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 4
@@ -108,7 +139,7 @@ def test_a_lease_lost_between_slices_keeps_whole_commits_and_the_next_holder_com
     _assert_rows_are_git(records, shas)
     assert_counts_exact()
     # the new holder's attempt skips the four and stores the rest, in slices again
-    assert write_chunk(chunk=chunk, records=records, token=newer[0]) == 8
+    assert write_chunk(chunk=chunk, records=records, token=newer[0], wanted=lambda: True) == 8
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DONE
     assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
@@ -132,7 +163,7 @@ def test_commits_already_stored_inside_a_slice_are_skipped_and_the_rest_keep_the
     chunk = _chunk(repo, shas)
     pauses: list[int] = []
     assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
-                       pause=lambda: pauses.append(1)) == 9  # fmt: skip
+                       wanted=lambda: True, pause=lambda: pauses.append(1)) == 9  # fmt: skip
     assert len(pauses) == 3  # rows 2, 3, 4 repeating: four slices of 9 rows
     assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
     _assert_rows_are_git(records, shas)
@@ -150,7 +181,7 @@ def test_a_chunk_dropped_between_slices_stores_nothing_more(tmp_path: Path, sett
         Chunk.objects.filter(pk=chunk.pk).update(state=Chunk.State.DROPPED)
 
     assert write_chunk(chunk=chunk, records=records, token=next_token(chunk.lock_key()),
-                       pause=drop) == 2  # fmt: skip
+                       wanted=lambda: True, pause=drop) == 2  # fmt: skip
     chunk.refresh_from_db()
     assert chunk.state == Chunk.State.DROPPED
     assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 2
