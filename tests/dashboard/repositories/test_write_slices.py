@@ -52,6 +52,17 @@ def _assert_rows_are_git(records: list[CommitRecord], shas: list[str]) -> None:
         assert c.files_changed == len(files)
 
 
+def _assert_whole(
+    chunk: Chunk, repo: Repository, records: list[CommitRecord], shas: list[str]
+) -> None:
+    """The chunk is done with every commit stored once, its rows git's, the count exact."""
+    chunk.refresh_from_db()
+    assert chunk.state == Chunk.State.DONE
+    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == len(shas)
+    _assert_rows_are_git(records, shas)
+    assert_counts_exact()
+
+
 def test_a_large_chunk_is_written_in_slices_on_sqlite_and_in_one_transaction_elsewhere(
     tmp_path: Path, settings
 ) -> None:
@@ -75,11 +86,7 @@ def test_a_large_chunk_is_written_in_slices_on_sqlite_and_in_one_transaction_els
         assert seen == [(n, "queued", False) for n in (2, 4, 6, 8, 10)]
     else:
         assert seen == []
-    chunk.refresh_from_db()
-    assert chunk.state == Chunk.State.DONE
-    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
-    _assert_rows_are_git(records, shas)
-    assert_counts_exact()
+    _assert_whole(chunk, repo, records, shas)
 
 
 @pytest.mark.skipif(not SQLITE, reason="PostgreSQL writes a chunk in one transaction")
@@ -140,11 +147,7 @@ def test_a_lease_lost_between_slices_keeps_whole_commits_and_the_next_holder_com
     assert_counts_exact()
     # the new holder's attempt skips the four and stores the rest, in slices again
     assert write_chunk(chunk=chunk, records=records, token=newer[0], wanted=lambda: True) == 8
-    chunk.refresh_from_db()
-    assert chunk.state == Chunk.State.DONE
-    assert stored_commits(repo.pk, "fp") == Commit.objects.count() == 12
-    _assert_rows_are_git(records, shas)
-    assert_counts_exact()
+    _assert_whole(chunk, repo, records, shas)
 
 
 @pytest.mark.skipif(not SQLITE, reason="PostgreSQL writes a chunk in one transaction")
