@@ -331,8 +331,9 @@ def _inline_fingerprints(listed: int = 0) -> list[str]:
 
 
 def _analyze(attempt: runs.Attempt) -> str:
-    """Analyse one chunk with one streaming git process; write it fenced (one
-    transaction, or on SQLite one per slice of a large chunk: ``write_chunk``).
+    """Analyse one chunk with one streaming git process; write it fenced, in one
+    transaction (on SQLite a bulk chunk commits part of it when express work waits for
+    the write lock, and goes on after: ``write_chunk``, ``_write_wanted``).
 
     Holds ``locks:git:repo:{id}:commit:{first}..{last}``; if the lock is lost the
     heartbeat kills git's process group and ``lock.check()``/the fencing check stop any
@@ -505,15 +506,16 @@ def _express_job(job: Job | None) -> bool:
 
 
 def _yield_write(repo_name: str, allowance: list[float]) -> None:
-    """Before a chunk's write transaction, and before each further slice of it: on
-    SQLite, a chunk that is not express waits while an express job runs, up to
+    """Before a chunk's write transaction, and before it goes on after committing part
+    of its write for express work (``_write_wanted``): on SQLite, a chunk that is not
+    express waits while an express job runs, up to
     ``GITWARD_BULK_WRITE_YIELD`` seconds over all its slices (``allowance``: the seconds
     it has left, one list per chunk, lowered here by each wait), so a stream of small
     jobs delays a backfill's chunk by that much at most and never stalls it
     (docs/scheduling.md#bulk-writes-yield-on-sqlite).
     SQLite has one writer at a time, and a large chunk's write started beside a small
     job holds up every write of that job: for one slice at most
-    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite), as the next slice waits here.
+    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite), as the rest waits here.
     The chunk's lock stays held and renewed while it waits, and its fencing token is
     checked after (``lock.check``, ``write_chunk``).
 
