@@ -425,16 +425,16 @@ def express_writing(name: str) -> Iterator[None]:
     on unmarked (bulk writes then do not hold back for it; nothing else rests on the
     mark)."""
     key = f"{name}:{secrets.token_hex(6)}"
-    try:
+    began = False
+    with contextlib.suppress(Exception):
         express_begun(key)
-    except Exception:
-        yield
-        return
+        began = True
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
-            express_ended(key)
+        if began:
+            with contextlib.suppress(Exception):
+                express_ended(key)
 
 
 def express_running() -> int:
