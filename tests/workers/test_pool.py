@@ -581,8 +581,11 @@ def test_a_stopped_idle_worker_takes_no_new_job_drops_none_and_stops_at_once(
     signal handler (``_shutdown`` in workers/pool.py). Raised inside the pause read, it
     was swallowed: the retired worker went on taking jobs until its grace ran out and
     stopped cold. Raised between a dequeue and the job's start, it dropped that job (a
-    promote's catch-up, docs/rollouts.md, then never ran)."""
-    env = worker_env(settings, tmp_path, GITWARD_WORKER_GRACE="5")
+    promote's catch-up, docs/rollouts.md, then never ran). The grace is long (60 s): a
+    warm stop takes well under a second, and a 5 s grace was once outlived by the warm
+    stop of a loaded CI machine (two suites and more on two cores); a stop that is
+    swallowed still runs into it and stops cold, which the test sees."""
+    env = worker_env(settings, tmp_path, GITWARD_WORKER_GRACE="60")
     env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
     ran = tmp_path / "ran"
     done = subprocess.run(
