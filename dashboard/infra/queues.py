@@ -349,7 +349,7 @@ def take_express(q: Queue) -> str | None:
 #: A list the reserved slot's idle workers block on between two looks at their queues
 #: (``wait_for_express``): every express job enqueued pushes a token (``_put``), so an
 #: idle slot takes it at once instead of at its next look (``GITWARD_EXPRESS_POLL`` later,
-#: 0.1 s on average: BENCHMARKS.md, "Beside a running backfill").
+#: 0.1 s on average: BENCHMARKS.md, "On an idle machine").
 EXPRESS_WAKE_KEY = "gitward:express:wake"
 
 #: Tokens kept at most: enqueues while no slot waits leave at most this many early looks.
@@ -486,8 +486,10 @@ def _put(
             q.connection.hset(Job.key_for(job_id), mapping=marks)
         place(q, job_id)
         if express:
-            # after the job is in its place and marked: a slot woken now finds it
-            express_enqueued(q.connection)
+            # after the job is in its place and marked: a slot woken now finds it. The
+            # job is enqueued whatever happens here: a lost wake costs one poll at most.
+            with contextlib.suppress(redis.RedisError):
+                express_enqueued(q.connection)
 
 
 def place(q: Queue, job_id: str) -> int:
