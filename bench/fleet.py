@@ -45,8 +45,9 @@ table's ``beside`` column says how many counted)::
 Where the time went, per small history, from its runs' rows: ``wait`` (submission to its
 first run's claim: no worker free, or the slot not looking yet), ``work`` (to its last
 run's end: the sync, its inline chunk and any other chunk) and ``tail`` (to ready as the
-bench saw it), and how many ran entirely on the reserved slot. ``--json FILE`` keeps
-every small history's figures.
+bench saw it), and how many ran entirely on the reserved slot; then, from its attempts'
+traces, each span's median seconds alone and beside (which phase grows). ``--json FILE``
+keeps every small history's figures.
 
 ``--histories DIR`` builds the histories once and reuses them; ``--postgres URL`` gives
 each mode a fresh PostgreSQL database there; ``--nice N`` sets ``GITWARD_BULK_NICE``
@@ -178,6 +179,10 @@ def main() -> None:
                       + f" {part['express']:>5} of {n:<4}"
                       + f" {part['slow_beside_write']:>5.2f}/"
                       + f"{part['fast_beside_write']:<5.2f}s")  # fmt: skip
+        for mode, r in beside.items():
+            print(f"{mode}: a small history's spans, median seconds solo → beside")
+            for key, (alone, near) in r["spans"].items():
+                print(f"  {key:34} {alone:7.3f} → {near:7.3f}  ({near - alone:+.3f})")
         print(
             "goal: beside p95 ≤ 1.5 × solo p95. beside: small histories ready while the "
             "large one was still analysing / submitted. large left: its chunks not yet "
@@ -370,13 +375,23 @@ def timeline(pk: int, submitted: float, took: float, express: set[str]) -> dict[
     the submission to its first run's claim, ``work`` from there to its last run's end
     (the sync, its inline chunk, any other chunk and the waits between them), ``tail``
     from there to ready as the bench saw it; ``express``: every run on the reserved slot."""
-    from dashboard.models import JobRun
+    from dashboard.models import JobAttempt, JobRun
 
     rows = list(
         JobRun.objects.filter(repository_id=pk).values(
             "kind", "worker", "enqueued_at", "started_at", "finished_at"
         )
     )
+    # its attempts' traces (dashboard/observability/traces.py): seconds per "kind span",
+    # summed over the history's attempts, to tell which phase grows beside the backfill
+    spans: dict[str, float] = {}
+    for kind, trace in JobAttempt.objects.filter(run__repository_id=pk).values_list(
+        "run__kind", "spans"
+    ):
+        for span in trace or []:
+            if span.get("end") is not None:
+                key = f"{kind} {span['name']}"
+                spans[key] = round(spans.get(key, 0.0) + span["end"] - span["start"], 4)
     # a run may still be writing its end when the repository is ready (its row's
     # finished_at comes last): such a run counts as ending at ready
     first = min(r["started_at"].timestamp() for r in rows if r["started_at"])
@@ -395,6 +410,7 @@ def timeline(pk: int, submitted: float, took: float, express: set[str]) -> dict[
         "express": all(r["worker"] in express for r in rows),
         "runs": len(rows),
         "kinds": sorted(f"{r['kind']}:{'x' if r['worker'] in express else 'r'}" for r in rows),
+        "spans": spans,
     }
 
 
@@ -500,6 +516,13 @@ def measure_beside(
         "solo_parts": parts(solo_rows),
         "times": [round(t, 2) for t in times],
         "solo": [round(t, 2) for t in solo_times],
+        "spans": {
+            key: (
+                statistics.median(r["spans"].get(key, 0.0) for r in solo_rows),
+                statistics.median(r["spans"].get(key, 0.0) for r in counted),
+            )
+            for key in sorted({k for r in solo_rows + counted for k in r["spans"]})
+        },
         "large_left": chunks.exclude(state=JobRun.State.SUCCEEDED).count(),
         "large_chunks": chunks.count(),
         "load_start": load_start,

@@ -204,8 +204,8 @@ def _drop_unreachable(repo_id: int, fingerprint: str, reachable: _Reachable) -> 
     bump_months(repo_id, fingerprint, gone_at)
     ids = list(gone)
     deleted = 0
-    for i in range(0, len(ids), _SHA_BATCH):
-        batch = ids[i : i + _SHA_BATCH]
+    for i in range(0, len(ids), _PARAM_BATCH):
+        batch = ids[i : i + _PARAM_BATCH]
         FileChange.objects.filter(commit_id__in=batch).delete()
         deleted += Commit.objects.filter(pk__in=batch).delete()[1].get(Commit._meta.label, 0)
     remove_stored(repo_id, fingerprint, deleted)
@@ -225,8 +225,8 @@ def _drop_unreachable(repo_id: int, fingerprint: str, reachable: _Reachable) -> 
 
 
 def _drop_chunks(ids: list[int], now: Any) -> None:
-    for i in range(0, len(ids), _SHA_BATCH):
-        Chunk.objects.filter(pk__in=ids[i : i + _SHA_BATCH]).update(
+    for i in range(0, len(ids), _PARAM_BATCH):
+        Chunk.objects.filter(pk__in=ids[i : i + _PARAM_BATCH]).update(
             state=Chunk.State.DROPPED, error=DROPPED, finished_at=now
         )
 
@@ -243,7 +243,7 @@ def _first_fresh(run_ids: list[int]) -> int | None:
     """
     fresh = set(
         JobRun.objects.filter(
-            pk__in=run_ids[:_SHA_BATCH], state=JobRun.State.QUEUED, attempts=0
+            pk__in=run_ids[:_PARAM_BATCH], state=JobRun.State.QUEUED, attempts=0
         ).values_list("pk", flat=True)
     )
     return next((pk for pk in run_ids if pk in fresh), None)
@@ -252,7 +252,7 @@ def _first_fresh(run_ids: list[int]) -> int | None:
 #: Up to this many shas, the stored ones among them are looked up by sha (in batches);
 #: beyond, every stored sha of the repository is read once (cheaper for a whole history).
 LOOKUP_BY_SHA = 2000
-_SHA_BATCH = 500  # below SQLite's bound on query parameters
+_PARAM_BATCH = 500  # below SQLite's bound on query parameters
 
 
 def incremental_base(repo: Repository) -> str | None:
@@ -295,10 +295,7 @@ def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
     rows = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
     if len(shas) > LOOKUP_BY_SHA:
         return set(rows.values_list("sha", flat=True))
-    found: set[str] = set()
-    for i in range(0, len(shas), _SHA_BATCH):
-        found.update(rows.filter(sha__in=shas[i : i + _SHA_BATCH]).values_list("sha", flat=True))
-    return found
+    return stored_shas(repo_id, fingerprint, shas)
 
 
 #: Chunk rows per INSERT while planning: the plan holds this many chunks' text at most.

@@ -295,25 +295,45 @@ def _copy_postgresql(fresh: list[int], rows: _Rows) -> int:
 
 
 def stored_shas(repo_id: int, fp: str, shas: Sequence[str]) -> set[str]:
-    """The shas of ``shas`` already stored for (repository, fingerprint): one query on the
-    unique index, its 1,000 shas passed as one array (PostgreSQL) or as a JSON array read
-    by ``json_each`` (SQLite) instead of 1,000 bound parameters quoted one by one."""
-    commits = _table(Commit)
+    """The shas of ``shas`` already stored for (repository, fingerprint): one query that
+    probes the unique index once per sha, its 1,000 shas passed as one array (PostgreSQL)
+    or as a JSON array read by ``json_each`` (SQLite) instead of 1,000 bound parameters
+    quoted one by one.
+
+    On PostgreSQL the probe is spelled as a ``LATERAL … LIMIT 1`` per sha, not as
+    ``sha = ANY(array)``: with no statistics for the repository (a backfill that began
+    after the table's last ``ANALYZE``: autovacuum analyses a big table rarely, and a new
+    repository's rows are not in its statistics until then) the planner expects one row
+    for (repository, fingerprint) and keeps ``ANY`` as a filter, scanning every stored
+    commit of the repository and comparing each to the whole array. That made each call
+    grow with the history (471 ms at 171,000 stored commits against 17 ms per sha probe;
+    docs/scheduling.md, "Stored-commit checks on PostgreSQL"). A ``LIMIT`` inside the
+    lateral subquery keeps the planner from flattening it into a join, so the plan is an
+    index probe per sha whatever the statistics say."""
+    sql, params = stored_shas_query(connection.vendor, repo_id, fp, shas)
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.cursor.execute(
-                f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
-                "WHERE repository_id = %s AND fingerprint = %s AND sha = ANY(%s)",
-                [repo_id, fp, list(shas)],
-            )
-        else:
-            cursor.cursor.execute(
-                f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
-                "WHERE repository_id = ? AND fingerprint = ? "
-                "AND sha IN (SELECT value FROM json_each(?))",
-                [repo_id, fp, json.dumps(list(shas))],
-            )
+        cursor.cursor.execute(sql, params)
         return {row[0] for row in cursor.cursor.fetchall()}
+
+
+def stored_shas_query(
+    vendor: str, repo_id: int, fp: str, shas: Sequence[str]
+) -> tuple[str, list[object]]:
+    """``stored_shas``'s SQL and parameters for a database ``vendor`` (its plan is tested)."""
+    commits = _table(Commit)
+    if vendor == "postgresql":
+        probe = (
+            "SELECT c.sha FROM unnest(%s::text[]) AS s(sha) CROSS JOIN LATERAL ("  # noqa: S608 - identifiers from model metadata
+            f"SELECT sha FROM {commits} "
+            "WHERE repository_id = %s AND fingerprint = %s AND sha = s.sha LIMIT 1) AS c"
+        )
+        return probe, [list(shas), repo_id, fp]
+    return (
+        f"SELECT sha FROM {commits} "  # noqa: S608 - identifiers from model metadata
+        "WHERE repository_id = ? AND fingerprint = ? "
+        "AND sha IN (SELECT value FROM json_each(?))",
+        [repo_id, fp, json.dumps(list(shas))],
+    )
 
 
 def write_chunk(
