@@ -4,7 +4,7 @@ its ``.idx``.
 
 The stop is made by a tiny ``LD_PRELOAD`` shim, compiled here, that makes the git process
 that links a pack's ``.idx`` into ``objects/pack`` (``index-pack``) stop itself (SIGSTOP)
-just before; the test resumes it with SIGCONT.  The fixtures are registered in conftest.
+just before; the test lets it on with ``release``.  The fixtures are registered in conftest.
 """
 
 from __future__ import annotations
@@ -53,7 +53,15 @@ static void maybe_stall(const char *target) {
         dprintf(fd, "%d\n", (int)getpid());
         close(fd);
     }
-    raise(SIGSTOP);
+    /* Stopped until the test says go (the marker's path + ".go", ``release``): SIGCONT
+       alone does not let it on. When the worker that started git is SIGKILLed, git's
+       process group is orphaned with a stopped member, and the kernel sends the group
+       SIGHUP and SIGCONT: ignoring the one and stopping again after the other keeps the
+       orphan alive and stopped, as a running index-pack would live on. */
+    signal(SIGHUP, SIG_IGN);
+    char go[4096];
+    snprintf(go, sizeof go, "%s.go", marker);
+    do raise(SIGSTOP); while (access(go, F_OK) != 0);
 }
 
 int link(const char *from, const char *to) {
@@ -229,6 +237,14 @@ def spawn(processes: Procs, args: list[str], **kw: object) -> subprocess.Popen[s
     )
     processes.append(proc)
     return proc
+
+
+def release(pid: int, marker: Path) -> bool:
+    """Let the git the shim stopped (its pid written to ``marker``) go on; ``False``, for
+    use in a ``wait_for`` condition."""
+    marker.with_name(marker.name + ".go").touch()
+    os.kill(pid, signal.SIGCONT)
+    return False
 
 
 def stalled_worker(

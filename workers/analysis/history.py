@@ -90,7 +90,8 @@ def default_git_runner(
     environment and ``-c`` overrides as :mod:`workers.git.runner` (nothing inherited from the
     caller's environment: no ``GIT_EXTERNAL_DIFF``, ``GIT_PAGER``, ``GIT_CONFIG_*``).
 
-    The process gets its own session/process group so it can be killed as a whole.
+    The process gets its own process group, in the caller's session, so it can be
+    killed as a whole and the caller's niceness holds it back (workers/git/runner.py).
     """
     env = hardened_env({"LC_ALL": "C"})
     env["GIT_DIR"] = os.fspath(cwd)
@@ -101,7 +102,7 @@ def default_git_runner(
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        start_new_session=True,
+        process_group=0,  # own group, same session: workers/git/runner.py
     )
 
 

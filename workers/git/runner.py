@@ -78,6 +78,15 @@ class GitTimeout(GitError):
     """A git command ran past its deadline and was killed with its process group."""
 
 
+# Process groups, not sessions. Every git process a job starts gets a process group of
+# its own (``process_group=0``), so ``killpg`` reaches git's children, inside the
+# caller's session. Not a session of its own (``start_new_session``): with Linux's
+# autogroup scheduling (on by default) every session is a scheduling group with a fair
+# share of the CPU whatever its processes' niceness, so a bulk chunk's ``git log`` in a
+# session of its own ran at full weight beside express work and ``GITWARD_BULK_NICE``
+# held back only the parse (docs/scheduling.md, "Niceness reaches git").
+
+
 @functools.cache
 def death_prefix() -> tuple[str, ...]:
     """``setpriv --pdeathsig KILL --`` when available: git is killed by the kernel if the
@@ -249,7 +258,7 @@ class Runner:
             stdin=stdin if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,  # own process group: killpg reaches git's children
+            process_group=0,  # own group, same session: "Process groups, not sessions"
         )
         self.groups.add(proc.pid)
         return proc

@@ -3,6 +3,7 @@ scenarios that go through the whole pipeline are in tests/workers/git/test_harde
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.gitrepo import GitRepo
+from workers.analysis.history import default_git_runner
+from workers.git.commit_view import open_mirror
 from workers.git.runner import (
     GitError,
     GitTimeout,
@@ -89,6 +92,36 @@ def test_the_group_is_its_own_and_children_are_in_it(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_git_stays_in_the_callers_session_so_niceness_reaches_it(tmp_path: Path) -> None:
+    """Every way a job starts git (the runner, the history stream, GitPython's commit view)
+    gives it a process group of its own inside the caller's session. A session of its own
+    is an autogroup of its own on Linux, scheduled as a peer of the worker whatever
+    GITWARD_BULK_NICE says (docs/scheduling.md#niceness-reaches-git)."""
+    repo = GitRepo.create(tmp_path / "r")
+    repo.commit("one", {"a.txt": "a\n"})
+    git_dir = repo.path / ".git"
+    runner = Runner()
+    started = [
+        runner(HANG, cwd=tmp_path),
+        default_git_runner(["cat-file", "--batch"], cwd=git_dir, stdin=subprocess.PIPE),
+    ]
+    try:
+        with open_mirror(git_dir) as mirror:
+            wrapped = mirror.git.execute(
+                ["git", "cat-file", "--batch"], as_process=True, istream=subprocess.PIPE
+            )
+            assert wrapped.proc is not None
+            started.append(wrapped.proc)
+            for proc in started:
+                assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+                assert os.getsid(proc.pid) == os.getsid(0)
+    finally:
+        for proc in started:  # each with its group: HANG's sleep holds git's pipes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
 
 def _pgid_of(entry: Path) -> int:

@@ -25,6 +25,7 @@ from tests.support.mirror_writers import (
     lock_files,
     raw_fetch,
     ref_transaction,
+    release,
     rev_list,
     spawn,
     stall_env,
@@ -52,11 +53,6 @@ def sync(workspace: Path, origin: GitRepo, **kw: object) -> str:
         timeout=60,
         **kw,  # type: ignore[arg-type]
     )
-
-
-def resume(pid: int) -> bool:
-    os.kill(pid, signal.SIGCONT)
-    return False
 
 
 def test_the_ref_lock_of_a_sigkilled_workers_git_is_removed_at_once_and_the_retry_succeeds(
@@ -117,13 +113,14 @@ def test_the_young_pack_of_an_orphaned_index_pack_is_kept_until_old(
         [pack] = incomplete_packs(path)
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(timeout=60)
-        assert proc_state(index_pack) == "T"  # the orphan: not killed with the worker
+        # the orphan: not killed with the worker, stopped again after the kernel's SIGCONT
+        wait_for("the orphan to stop again", lambda: proc_state(index_pack) == "T")
 
         report = sanitize_mirror(workspace=workspace, repo_id=REPO_ID, runner=Runner())
         assert report["stale"] == [] and report["recloned"] is False
         assert pack.exists(), "an orphaned index-pack's young pack was deleted"
 
-        os.kill(index_pack, signal.SIGCONT)
+        release(index_pack, marker)
         wait_for("the orphan to finish its pack", lambda: pack.with_suffix(".idx").exists())
         wait_for("the orphan to exit", lambda: gone(index_pack))
     finally:
@@ -233,7 +230,7 @@ def test_the_half_built_clone_of_a_sigkilled_worker_is_removed_and_the_next_sync
         # reaches the workspace.
         # (The shim stops it again before each further try to put its .idx in: resume it
         # until it has given up.)
-        wait_for("the orphan to exit", lambda: gone(index_pack) or resume(index_pack))
+        wait_for("the orphan to exit", lambda: gone(index_pack) or release(index_pack, marker))
     finally:
         if not gone(index_pack):
             os.kill(index_pack, signal.SIGKILL)
