@@ -10,8 +10,6 @@ The host lock alone: ``tests/workers/git/test_host_lock.py``; the leftovers of d
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +24,7 @@ from tests.support.mirror_writers import (
     Procs,
     grow,
     incomplete_packs,
+    release,
     rev_list,
     spawn,
     stall_env,
@@ -60,7 +59,7 @@ def test_a_fetch_stopped_between_its_pack_and_idx_leaves_readers_the_old_head_co
         sanitize_mirror(workspace=workspace, repo_id=REPO_ID, runner=Runner(), wait=0.3)
     assert pack.exists(), "the live fetch's pack was deleted"
 
-    os.kill(pid, signal.SIGCONT)
+    release(pid, marker)
     out, err = worker.communicate(timeout=120)
     assert worker.returncode == 0, err
     assert out.strip() == new_head == rev_list(path)[0]
@@ -88,7 +87,7 @@ def test_two_workers_on_one_host_without_redis_never_delete_each_others_work(
     assert b.poll() is None and a.poll() is None
     assert pack.exists() and is_valid(path)
 
-    os.kill(int(marker.read_text()), signal.SIGCONT)  # A's index-pack goes on
+    release(int(marker.read_text()), marker)  # A's index-pack goes on
     out_a, err_a = a.communicate(timeout=120)
     out_b, err_b = b.communicate(timeout=120)
     assert a.returncode == 0, err_a
@@ -138,7 +137,7 @@ def test_a_lease_lost_during_a_clone_stops_it_before_the_rename_and_the_mirror_s
         # finds out on the next extension.
         assert redlock.force_release(key, lock.nonce) == 3
         wait_for("the heartbeat to see the lease lost", lock.lost.is_set)
-        os.kill(pid, signal.SIGCONT)
+        release(pid, marker)
         worker.join(timeout=120)
         assert not worker.is_alive()
 
