@@ -57,7 +57,7 @@ from workers.analysis.numstat import (
     HistoryError,
     _parse_log,
 )
-from workers.git import command, death_prefix, hardened_env
+from workers.git import command, death_prefix, follow_niceness, hardened_env
 
 __all__ = [
     "CommitRecord",
@@ -90,20 +90,22 @@ def default_git_runner(
     environment and ``-c`` overrides as :mod:`workers.git.runner` (nothing inherited from the
     caller's environment: no ``GIT_EXTERNAL_DIFF``, ``GIT_PAGER``, ``GIT_CONFIG_*``).
 
-    The process gets its own process group, in the caller's session, so it can be
-    killed as a whole and the caller's niceness holds it back (workers/git/runner.py).
+    The process gets its own session/process group so it can be killed as a whole, and
+    that session the caller's niceness (``follow_niceness``).
     """
     env = hardened_env({"LC_ALL": "C"})
     env["GIT_DIR"] = os.fspath(cwd)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [*death_prefix(), *command(args)],
         cwd=cwd,
         env=env,
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        process_group=0,  # own group, same session: workers/git/runner.py
+        start_new_session=True,
     )
+    follow_niceness(proc.pid)
+    return proc
 
 
 # --------------------------------------------------------------------------- process helpers

@@ -29,7 +29,15 @@ from workers.git.fetch_limits import (
 )
 from workers.git.mirror import mirror_head, pins_for, update_mirror
 from workers.git.paths import path_text
-from workers.git.runner import GitError, ProcessGroups, Runner, command, death_prefix, hardened_env
+from workers.git.runner import (
+    GitError,
+    ProcessGroups,
+    Runner,
+    command,
+    death_prefix,
+    follow_niceness,
+    hardened_env,
+)
 from workers.git.workspace import mirror_path
 
 __all__ = [
@@ -49,6 +57,7 @@ __all__ = [
     "back_off",
     "command",
     "death_prefix",
+    "follow_niceness",
     "hardened_env",
     "host_status",
     "known_hosts",

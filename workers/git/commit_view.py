@@ -103,8 +103,7 @@ class HardenedGit(git.Git):
                 *(f"{k}={v}" for k, v in env.items()),
                 *command([str(a) for a in command_[1:]]),
             ]
-            # own group (killpg reaches it all), same session: workers/git/runner.py
-            kwargs.setdefault("process_group", 0)
+            kwargs.setdefault("start_new_session", True)  # own group: killpg reaches it all
         return super().execute(command_, *args, **kwargs)
 
 

@@ -78,13 +78,25 @@ class GitTimeout(GitError):
     """A git command ran past its deadline and was killed with its process group."""
 
 
-# Process groups, not sessions. Every git process a job starts gets a process group of
-# its own (``process_group=0``), so ``killpg`` reaches git's children, inside the
-# caller's session. Not a session of its own (``start_new_session``): with Linux's
-# autogroup scheduling (on by default) every session is a scheduling group with a fair
-# share of the CPU whatever its processes' niceness, so a bulk chunk's ``git log`` in a
-# session of its own ran at full weight beside express work and ``GITWARD_BULK_NICE``
-# held back only the parse (docs/scheduling.md, "Niceness reaches git").
+def follow_niceness(pid: int) -> None:
+    """Give git's session the niceness git inherited from the thread that started it.
+
+    Every git a job starts runs in a session of its own (``start_new_session``), so that
+    ``killpg`` reaches git's children. With Linux's autogroup scheduling (on by default)
+    every session is a scheduling group with a fair share of the CPU whatever its
+    processes' niceness: a bulk chunk's ``git log`` in its session ran at full weight
+    beside express work, and ``GITWARD_BULK_NICE`` held back only the parse
+    (docs/scheduling.md, "Niceness reaches git"). Writing the niceness to
+    ``/proc/<pid>/autogroup`` gives the group the weight the process has; raising a
+    niceness needs no privilege. No autogroup (another kernel, or it is off): nothing
+    to do, the process's own niceness already counts. Race: git runs at its group's
+    default weight for the moment between its start and this write."""
+    try:
+        nice = os.getpriority(os.PRIO_PROCESS, pid)
+        if nice > 0:
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:
+        pass
 
 
 @functools.cache
@@ -258,8 +270,9 @@ class Runner:
             stdin=stdin if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            process_group=0,  # own group, same session: "Process groups, not sessions"
+            start_new_session=True,  # own process group: killpg reaches git's children
         )
+        follow_niceness(proc.pid)
         self.groups.add(proc.pid)
         return proc
 

@@ -3,10 +3,10 @@ scenarios that go through the whole pipeline are in tests/workers/git/test_harde
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +14,6 @@ import pytest
 
 from tests.support.gitrepo import GitRepo
 from workers.analysis.history import default_git_runner
-from workers.git.commit_view import open_mirror
 from workers.git.runner import (
     GitError,
     GitTimeout,
@@ -94,34 +93,46 @@ def test_the_group_is_its_own_and_children_are_in_it(tmp_path: Path) -> None:
         proc.communicate()
 
 
-def test_git_stays_in_the_callers_session_so_niceness_reaches_it(tmp_path: Path) -> None:
-    """Every way a job starts git (the runner, the history stream, GitPython's commit view)
-    gives it a process group of its own inside the caller's session. A session of its own
-    is an autogroup of its own on Linux, scheduled as a peer of the worker whatever
-    GITWARD_BULK_NICE says (docs/scheduling.md#niceness-reaches-git)."""
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling")
+def test_a_niced_caller_s_git_gets_a_niced_session(tmp_path: Path) -> None:
+    """A job's git runs in a session of its own, which Linux schedules as a group of its
+    own (autogroup) whatever the processes' niceness; the runner and the history stream
+    give that group the niceness git inherited from the thread that started it, so a bulk
+    chunk's GITWARD_BULK_NICE holds its git back too (docs/scheduling.md#niceness-reaches-git)."""
     repo = GitRepo.create(tmp_path / "r")
     repo.commit("one", {"a.txt": "a\n"})
     git_dir = repo.path / ".git"
-    runner = Runner()
-    started = [
-        runner(HANG, cwd=tmp_path),
-        default_git_runner(["cat-file", "--batch"], cwd=git_dir, stdin=subprocess.PIPE),
-    ]
-    try:
-        with open_mirror(git_dir) as mirror:
-            wrapped = mirror.git.execute(
-                ["git", "cat-file", "--batch"], as_process=True, istream=subprocess.PIPE
-            )
-            assert wrapped.proc is not None
-            started.append(wrapped.proc)
-            for proc in started:
-                assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
-                assert os.getsid(proc.pid) == os.getsid(0)
-    finally:
-        for proc in started:  # each with its group: HANG's sleep holds git's pipes
-            with contextlib.suppress(ProcessLookupError):
+    seen: dict[str, tuple[int, str, bool]] = {}
+
+    def start_all(label: str, nice: int) -> None:
+        os.nice(nice)  # this thread only (Linux keeps a niceness per thread)
+        for how, start in (
+            ("runner", lambda: Runner()(HANG, cwd=tmp_path)),
+            ("history", lambda: default_git_runner(
+                ["cat-file", "--batch"], cwd=git_dir, stdin=subprocess.PIPE)),
+        ):  # fmt: skip
+            proc = start()
+            try:
+                group = Path(f"/proc/{proc.pid}/autogroup").read_text()
+                own = os.getsid(proc.pid) == proc.pid == os.getpgid(proc.pid)
+                seen[f"{label} {how}"] = (os.getpriority(os.PRIO_PROCESS, proc.pid), group, own)
+            finally:
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+                proc.communicate()
+
+    for label, nice in (("niced", 5), ("as is", 0)):
+        thread = threading.Thread(target=start_all, args=(label, nice))
+        thread.start()
+        thread.join(60)
+    assert len(seen) == 4, seen
+    for what, (nice, group, own) in seen.items():
+        assert own, what  # killpg reaches git's children
+        assert group.split()[-2:] == ["nice", str(nice)], (what, group)
+    assert (
+        seen["niced runner"][0]
+        == seen["niced history"][0]
+        == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    )
 
 
 def _pgid_of(entry: Path) -> int:
