@@ -90,7 +90,9 @@ def follow_niceness(pid: int) -> None:
     ``/proc/<pid>/autogroup`` gives the group the weight the process has; raising a
     niceness needs no privilege. No autogroup (another kernel, or it is off): nothing
     to do, the process's own niceness already counts. Race: git runs at its group's
-    default weight for the moment between its start and this write."""
+    default weight for the moment between its start and this write; a git that has
+    already exited is a zombie until the caller waits for it, so its pid cannot have
+    been reused by then (and the write fails harmlessly if its group is gone)."""
     try:
         nice = os.getpriority(os.PRIO_PROCESS, pid)
         if nice > 0:
