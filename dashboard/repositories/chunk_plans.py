@@ -249,10 +249,10 @@ def _first_fresh(run_ids: list[int]) -> int | None:
     return next((pk for pk in run_ids if pk in fresh), None)
 
 
-#: Up to this many shas, the stored ones among them are looked up by sha (in batches);
+#: Up to this many shas, the stored ones among them are looked up by sha (``stored_shas``);
 #: beyond, every stored sha of the repository is read once (cheaper for a whole history).
 LOOKUP_BY_SHA = 2000
-_PARAM_BATCH = 500  # below SQLite's bound on query parameters
+_PARAM_BATCH = 500  # ids per ``IN (…)``: below SQLite's bound on query parameters
 
 
 def incremental_base(repo: Repository) -> str | None:
@@ -292,10 +292,10 @@ def _uncovered_failures(repo_id: int, fingerprint: str) -> bool:
 
 def _stored(repo_id: int, fingerprint: str, shas: Sequence[str]) -> set[str]:
     """The shas of ``shas`` stored under ``fingerprint`` (possibly a superset: others)."""
+    if len(shas) <= LOOKUP_BY_SHA:
+        return stored_shas(repo_id, fingerprint, shas)
     rows = Commit.objects.filter(repository_id=repo_id, fingerprint=fingerprint)
-    if len(shas) > LOOKUP_BY_SHA:
-        return set(rows.values_list("sha", flat=True))
-    return stored_shas(repo_id, fingerprint, shas)
+    return set(rows.values_list("sha", flat=True))
 
 
 #: Chunk rows per INSERT while planning: the plan holds this many chunks' text at most.
