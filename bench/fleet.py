@@ -107,13 +107,13 @@ def main() -> None:
         type=float,
         default=None,
         help="GITWARD_BULK_WRITE_YIELD of the pool (default: the production default; "
-        "0: bulk chunks on SQLite never hold their write back for express work)",
+        "0: bulk chunks never hold their write back for express work)",
     )
     parser.add_argument(
         "--write-slice",
         type=int,
         default=None,
-        help="GITWARD_SQLITE_WRITE_SLICE of the pool (default: the production default; "
+        help="GITWARD_WRITE_SLICE of the pool (default: the production default; "
         "a very large number: every chunk in one write transaction, as before slices)",
     )
     parser.add_argument(
@@ -189,8 +189,8 @@ def main() -> None:
             "analysed at the end. wait: submission to its first run's claim (submit: to "
             "its first run's row; pickup: from there); work: to its "
             "last run's end; tail: to ready as the bench saw it; large writing: seconds of "
-            "its work during a large chunk's write phase, analysed to written, which on "
-            "SQLite includes a yield to express work (median of the slowest 5 % / of the "
+            "its work during a large chunk's write phase, analysed to written, which "
+            "includes its yield to express work (median of the slowest 5 % / of the "
             "fastest half)"
         )
     results = {m: r for m, r in results.items() if m not in beside}
@@ -242,7 +242,7 @@ def run_mode(args: Any) -> dict[str, Any]:
         if args.write_yield is not None:
             os.environ["GITWARD_BULK_WRITE_YIELD"] = str(args.write_yield)
         if args.write_slice is not None:
-            os.environ["GITWARD_SQLITE_WRITE_SLICE"] = str(args.write_slice)
+            os.environ["GITWARD_WRITE_SLICE"] = str(args.write_slice)
         if args.child.startswith("beside"):  # production chunks; the slot on or off
             os.environ["GITWARD_INTERACTIVE_WORKERS"] = "0" if args.child == "beside0" else "1"
         else:

@@ -356,14 +356,15 @@ EXPRESS_POLL = env_float("GITWARD_EXPRESS_POLL", 0.2, minimum=0.01)
 #: Niceness a regular worker's work horse adds to itself for a job that is not express
 #: (docs/scheduling.md#the-reserved-interactive-slot): the CPU goes to small work first.
 BULK_NICE = env_int("GITWARD_BULK_NICE", 10, minimum=0, maximum=19)
-#: Seconds at most a chunk that is not express holds back its write on SQLite while an
-#: express job runs (docs/scheduling.md#bulk-writes-yield-on-sqlite); 0: never.
+#: Seconds at most a chunk that is not express holds back its write (all its slices
+#: together) while an express job runs (docs/scheduling.md#bulk-writes-yield-to-express-work);
+#: 0: never.
 BULK_WRITE_YIELD = env_float("GITWARD_BULK_WRITE_YIELD", 10.0, minimum=0.0)
-#: On SQLite, the rows (commits and file rows) a bulk chunk writes between two looks at
-#: whether express work waits for the write lock; if so it commits and yields
-#: (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). PostgreSQL writes a chunk in one
+#: The rows (commits and file rows) a bulk chunk writes between two looks at whether
+#: express work runs; if so it commits what it wrote and yields
+#: (docs/scheduling.md#bulk-writes-in-slices). With nobody waiting a chunk is one
 #: transaction whatever its size.
-SQLITE_WRITE_SLICE = env_int("GITWARD_SQLITE_WRITE_SLICE", 1000, minimum=1)
+WRITE_SLICE = env_int("GITWARD_WRITE_SLICE", 1000, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 

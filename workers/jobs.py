@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection as django_connection
 from django.utils import timezone
 from rq import get_current_job
 from rq.job import Job
@@ -368,7 +367,7 @@ def _analyze(attempt: runs.Attempt) -> str:
         if altered("analyze.alter_row", repo.name):
             records = _alter_one_row(records)
 
-        def between_slices() -> None:  # SQLite: a large chunk's write let express work in
+        def between_slices() -> None:  # a large chunk's write lets express work in
             failpoint("analyze.between_slices", repo.name)
             _yield_write(repo.name, allowance)
             lock.check()
@@ -444,7 +443,7 @@ def _express_marked() -> Iterator[None]:
     """Around a whole RQ job (a sync with its inline chunk, or a chunk): an express job
     (docs/scheduling.md#the-reserved-interactive-slot) is recorded as running
     (``infra.express_begun``) from before its first claim to after its last outcome, so
-    a bulk chunk on SQLite holds its write back meanwhile (``_yield_write``)."""
+    a bulk chunk holds its write back meanwhile (``_yield_write``)."""
     job = get_current_job()
     express = _express_job(job)
     _RUNNING_EXPRESS[0] = express
@@ -507,22 +506,23 @@ def _express_job(job: Job | None) -> bool:
 
 def _yield_write(repo_name: str, allowance: list[float]) -> None:
     """Before a chunk's write transaction, and before it goes on after committing part
-    of its write for express work (``_write_wanted``): on SQLite, a chunk that is not
-    express waits while an express job runs, up to
-    ``GITWARD_BULK_WRITE_YIELD`` seconds over all its slices (``allowance``: the seconds
-    it has left, one list per chunk, lowered here by each wait), so a stream of small
-    jobs delays a backfill's chunk by that much at most and never stalls it
-    (docs/scheduling.md#bulk-writes-yield-on-sqlite).
-    SQLite has one writer at a time, and a large chunk's write started beside a small
-    job holds up every write of that job: for one slice at most
-    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite), as the rest waits here.
+    of its write for express work (``_write_wanted``): a chunk that is not express
+    waits while an express job runs, up to ``GITWARD_BULK_WRITE_YIELD`` seconds over
+    all its slices (``allowance``: the seconds it has left, one list per chunk, lowered
+    here by each wait), so a stream of small jobs delays a backfill's chunk by that much
+    at most and never stalls it (docs/scheduling.md#bulk-writes-yield-to-express-work).
+    On SQLite (one writer at a time) a large chunk's write started beside a small job
+    holds up every write of that job; on PostgreSQL its COPY, index maintenance and
+    foreign-key checks take the database server's CPU at full priority, whatever the
+    horse's niceness. Either way for one slice at most
+    (docs/scheduling.md#bulk-writes-in-slices), as the rest waits here.
     The chunk's lock stays held and renewed while it waits, and its fencing token is
     checked after (``lock.check``, ``write_chunk``).
 
     Race: an express job that begins just after this returned finds the write under
     way and waits for it, as without the yield; the yield only orders the writes, no
     correctness rests on it."""
-    if allowance[0] <= 0 or _RUNNING_EXPRESS[0] or django_connection.vendor != "sqlite":
+    if allowance[0] <= 0 or _RUNNING_EXPRESS[0]:
         return
     start = time.monotonic()
     deadline = start + allowance[0]
@@ -543,9 +543,9 @@ def _yield_write(repo_name: str, allowance: list[float]) -> None:
 
 
 def _write_wanted(allowance: list[float]) -> bool:
-    """Asked by ``write_chunk`` after each slice of a chunk's write on SQLite: whether to
-    commit now and let express work write (``_yield_write`` then holds the next slice
-    back), i.e. whether an express job runs while this bulk chunk still has yield
+    """Asked by ``write_chunk`` after each slice of a chunk's write: whether to commit
+    now and let express work have the database (``_yield_write`` then holds the next
+    slice back), i.e. whether an express job runs while this bulk chunk still has yield
     allowance. With nobody waiting the chunk stays one transaction: committing after
     every slice cost a backfill alone half again its write time (two bulk writers
     handing the lock back and forth; BENCHMARKS.md, "On an idle machine"). Redis

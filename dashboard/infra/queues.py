@@ -378,7 +378,7 @@ def wait_for_express(conn: redis.Redis, timeout: float) -> bool:
 
 
 #: Sorted set of the express jobs running now: member a job id, score the end of its
-#: lease (ms, the queue server's clock) (docs/scheduling.md#bulk-writes-yield-on-sqlite).
+#: lease (ms, the queue server's clock) (docs/scheduling.md#bulk-writes-yield-to-express-work).
 EXPRESS_RUNNING_KEY = "gitward:express:running"
 
 #: Lease of an entry of ``EXPRESS_RUNNING_KEY``: a work horse killed before it takes its
@@ -419,9 +419,9 @@ def express_ended(job_id: str) -> None:
 def express_writing(name: str) -> Iterator[None]:
     """Around an interactive write that is not an RQ job (a submission from the form,
     the API or the CLI): counted as an express job running (``express_begun``, under
-    ``name`` plus a random suffix), so a bulk chunk on SQLite begins no further write
-    slice meanwhile and the write waits for one slice at most
-    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). Redis trouble: the write goes
+    ``name`` plus a random suffix), so a bulk chunk begins no further write slice
+    meanwhile and the write waits for one slice at most
+    (docs/scheduling.md#bulk-writes-in-slices). Redis trouble: the write goes
     on unmarked (bulk writes then do not hold back for it; nothing else rests on the
     mark)."""
     key = f"{name}:{secrets.token_hex(6)}"

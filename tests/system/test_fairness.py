@@ -18,7 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from dashboard.infra.queues import express_running
@@ -258,11 +257,10 @@ def stopped(pid: int | None) -> bool:
     return bool(pid) and proc_state(int(pid)) == "T"  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="the yield is SQLite's (one writer)")
-def test_on_sqlite_a_bulk_chunk_holds_its_write_back_while_an_express_job_runs(
+def test_a_bulk_chunk_holds_its_write_back_while_an_express_job_runs(
     tmp_path: Path, settings
 ) -> None:
-    """docs/scheduling.md#bulk-writes-yield-on-sqlite: a small submission's sync runs on
+    """docs/scheduling.md#bulk-writes-yield-to-express-work: a small submission's sync runs on
     the reserved slot and is held inside its job (SIGSTOP after its fetch). A regular
     worker then analyses a chunk of the large history: before its write transaction it
     finds the express job running and yields (held there by ``analyze.yielding``, which
@@ -314,7 +312,7 @@ def test_on_sqlite_a_bulk_chunk_holds_its_write_back_while_an_express_job_runs(
 def test_a_large_submissions_sync_stops_counting_as_express_before_its_inline_chunk(
     tmp_path: Path, settings
 ) -> None:
-    """docs/scheduling.md#bulk-writes-yield-on-sqlite: a new submission's sync is express
+    """docs/scheduling.md#bulk-writes-yield-to-express-work: a new submission's sync is express
     (its size unknown when it was enqueued). Held at ``sync.inline`` (SIGSTOP, right
     before it analyses its first chunk inline), it still counts as an express job running
     when it listed a small history (4 commits), and no longer when it listed a large one

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 from rq import SimpleWorker
 from rq.job import Job
 from rq.registry import FailedJobRegistry
@@ -444,11 +443,10 @@ def test_a_driver_job_of_a_rollout_aborted_before_it_ran_returns_at_once() -> No
     assert jobs.drive_rollout(ro.pk) == f"nothing to drive: rollout #{ro.pk} is aborted"
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="the yield is SQLite's")
 def test_a_chunk_holds_its_writes_back_for_at_most_its_allowance_over_all_its_slices(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/scheduling.md#bulk-writes-yield-on-sqlite: with express work running all the
+    """docs/scheduling.md#bulk-writes-yield-to-express-work: with express work running all the
     while, the first slice waits out the chunk's whole allowance; every later slice of
     the same chunk then writes at once (a stream of small jobs delays a backfill's chunk
     by ``GITWARD_BULK_WRITE_YIELD`` at most, it never stalls it)."""

@@ -146,7 +146,7 @@ def test_a_promoted_express_retry_keeps_its_mark() -> None:
 
 
 def test_express_jobs_running_are_counted_until_they_end_or_their_lease_does() -> None:
-    """docs/scheduling.md#bulk-writes-yield-on-sqlite: ``express_begun`` / ``ended``
+    """docs/scheduling.md#bulk-writes-yield-to-express-work: ``express_begun`` / ``ended``
     count the express jobs running; an entry whose lease has ended (a killed horse never
     took itself out) is dropped by the next count."""
     assert queues.express_running() == 0
