@@ -19,6 +19,7 @@ from dashboard.analytics.author_months import (
 )
 from dashboard.analytics.coupling import Thresholds, coupled_with
 from dashboard.analytics.rows import Scope, as_instant, author_names, fetch
+from dashboard.analytics.window import Window
 from dashboard.models import Commit, FileChange
 
 _C = Commit._meta.db_table
@@ -45,7 +46,15 @@ def newest_commits(scope: Scope, path: str, revisions: int, limit: int) -> list[
     way: the commits are read in the answer's own order (committer date, then id, both
     descending), so ``limit`` rows found among the newest ones are the newest of all,
     and so is whatever a read of the whole window finds. (On PostgreSQL the same steps
-    measured 2–3× slower than its own choice: each step's bound reads the page index.)"""
+    measured 2–3× slower than its own choice: each step's bound reads the page index.)
+
+    When the steps end without them (a file changed rarely in the window), SQLite is
+    told which way to read too (``_path_first``): the path index holds the file's rows
+    of every date, so it is read first only when those rows are fewer than the window's
+    commits (by ``PATH_ROW_COST``), else the whole window newest first. Left to itself
+    with a window that has a start and an end, SQLite read the window's commits and
+    probed the path index for each of them, every row of the file each time (1.9 s for
+    a file of six revisions in a 234,000-commit window)."""
     where, params = scope.commit_filter()
     files_sql, file_params = scope.file_filter()
     columns = (
@@ -63,20 +72,43 @@ def newest_commits(scope: Scope, path: str, revisions: int, limit: int) -> list[
             "ORDER BY c.committed_at DESC, c.id DESC LIMIT 1 OFFSET %s",
             [*bound_params, budget - 1],
         )
-        since, since_params = "", []
+        step, step_params, since, since_params = where, params, "", []
         if found:
+            # The bound stands for the window's start (it is inside the window): given
+            # both, SQLite ranged the page index from the first one written and filtered
+            # by the other, reading the whole window (36 ms against 0.4 ms for 234,000
+            # commits).
+            step, step_params = scope.within(Window(None, scope.window.end)).commit_filter()
             since, since_params = " AND c.committed_at >= %s", [found[0][0]]
         # No condition on the file row's repository and fingerprint (copies of its
         # commit's): without them no index leads with the path, so both databases read
         # the commits first, newest first through the page index, and stop at ``limit``.
         rows = fetch(
             f"{columns} FROM {_C} c JOIN {_F} f ON f.commit_id = c.id "
-            f"WHERE {where}{since}{files_sql} AND f.path = %s {order}",
-            [*params, *since_params, *file_params, path, limit],
+            f"WHERE {step}{since}{files_sql} AND f.path = %s {order}",
+            [*step_params, *since_params, *file_params, path, limit],
         )
         if len(rows) == limit or not found:  # the newest, or the whole window read
             return rows
         budget *= 4
+    if connection.vendor == "sqlite":
+        if not _path_first(scope, path):
+            # The whole window newest first, as the steps read it, without a bound.
+            return fetch(
+                f"{columns} FROM {_C} c JOIN {_F} f ON f.commit_id = c.id "
+                f"WHERE {where}{files_sql} AND f.path = %s {order}",
+                [*params, *file_params, path, limit],
+            )
+        # The file's rows through the path index, each one's commit by key: CROSS JOIN
+        # keeps that order (SQLite never reorders it). A plain join over a window with
+        # both ends read every commit of the window first, probing the path index for
+        # each (docs/analytics.md#performance).
+        return fetch(
+            f"{columns} FROM {_F} f CROSS JOIN {_C} c WHERE c.id = f.commit_id "
+            f"AND {where}{files_sql} AND f.repository_id = %s AND f.fingerprint = %s "
+            f"AND f.path = %s {order}",
+            [*params, *file_params, scope.repo.pk, scope.fingerprint, path, limit],
+        )
     # The file row's own repository and fingerprint let the path index find its rows
     # (PostgreSQL reads the commits newest first instead where its statistics say so).
     return fetch(
@@ -85,6 +117,32 @@ def newest_commits(scope: Scope, path: str, revisions: int, limit: int) -> list[
         f"AND f.path = %s {order}",
         [*params, *file_params, scope.repo.pk, scope.fingerprint, path, limit],
     )
+
+
+#: What reading one of a file's rows through the path index costs against reading one
+#: commit of the window newest first through the page index (the file row and its
+#: commit by key, then a sort, against an index entry and a look-up of the commit's
+#: file rows): ×5 measured at 1,000,000 commits on SQLite (docs/analytics.md#performance).
+PATH_ROW_COST = 4
+
+
+def _path_first(scope: Scope, path: str) -> bool:
+    """SQLite: whether ``newest_commits`` reads the file's rows through the path index
+    (every date: the index holds none) rather than the window's commits newest first:
+    when the rows are fewer than the commits by ``PATH_ROW_COST``. Two counts read from
+    those indexes alone, the window's stopped past that many (merges counted too)."""
+    (stored,) = fetch(
+        f"SELECT COUNT(*) FROM {_F} f WHERE f.repository_id = %s "  # noqa: S608
+        "AND f.fingerprint = %s AND f.path = %s",
+        [scope.repo.pk, scope.fingerprint, path],
+    )[0]
+    enough = PATH_ROW_COST * int(stored)
+    bound, bound_params = _window_keys(scope)
+    (commits,) = fetch(
+        f"SELECT COUNT(*) FROM (SELECT 1 FROM {_C} c WHERE {bound} LIMIT %s) w",  # noqa: S608
+        [*bound_params, enough + 1],
+    )[0]
+    return int(commits) > enough
 
 
 def _window_keys(scope: Scope) -> tuple[str, list[Any]]:

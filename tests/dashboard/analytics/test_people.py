@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard.analytics import people
 from dashboard.analytics.people import author_activity, authors, file_history
 from dashboard.analytics.rows import Scope
 from dashboard.analytics.window import parse_window
@@ -21,6 +22,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def monday(iso: str) -> str:
     day = datetime.fromisoformat(iso).date()
     return (day - timedelta(days=day.weekday())).isoformat()
+
+
+def inside(scope: Scope, iso: str) -> bool:
+    at = datetime.fromisoformat(iso)
+    start, end = scope.window.start, scope.window.end
+    return (start is None or at >= start) and (end is None or at < end)
 
 
 def test_authors_and_one_authors_activity_equal_git(tmp_path: Path) -> None:
@@ -66,22 +73,28 @@ def test_one_files_history_equals_git(tmp_path: Path) -> None:
     assert file_history(scope, "no/such.py") is None
 
 
-def test_one_files_newest_commits_equal_git_by_either_index(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path_row_cost", [0, 4, 10**9])
+def test_one_files_newest_commits_equal_git_by_either_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path_row_cost: int
+) -> None:
     """The newest commits of a file come from the window's newest commits when enough of
-    them changed it, else through the path index (docs/analytics.md#performance): either
-    way exactly ``git log -- <path>``'s first ``limit``, newest first."""
+    them changed it, else through the path index or the whole window, whichever reads
+    fewer rows on SQLite (docs/analytics.md#performance; ``PATH_ROW_COST`` 0: always the
+    path index, 10**9: never): every way exactly ``git log -- <path>``'s first
+    ``limit``, newest first, over windows with an end and with both ends."""
+    monkeypatch.setattr(people, "PATH_ROW_COST", path_row_cost)
     origin = build(tmp_path / "origin")
     repo = analysed(origin)
+    log = git_log(origin)  # newest first
     whole = Scope.of(repo, parse_window())
-    older = Scope.of(repo, parse_window(until=git_log(origin)[3].committed_at[:10]))
-    for scope in (whole, older):
-        for path in ("handbook/guide.md", "core/a.py", "core/b.py", "README.md"):
-            logged = [
-                c.sha
-                for c in git_log(origin, "--", path)
-                if scope.window.end is None
-                or datetime.fromisoformat(c.committed_at) < scope.window.end
-            ]
+    older = Scope.of(repo, parse_window(until=log[3].committed_at[:10]))
+    middle = Scope.of(repo, parse_window(log[-6].committed_at[:10], log[3].committed_at[:10]))
+    for scope in (whole, older, middle):
+        for path in ("handbook/guide.md", "core/a.py", "core/b.py", "README.md", "legacy/old.py"):
+            logged = [c.sha for c in git_log(origin, "--", path) if inside(scope, c.committed_at)]
+            if not logged:
+                assert file_history(scope, path, coupled=False) is None
+                continue
             for limit in (1, 2, 3, 100):
                 got = file_history(scope, path, limit=limit, coupled=False)
                 assert got is not None
@@ -120,3 +133,66 @@ def test_a_busy_files_newest_commits_are_read_newest_first_through_the_page_inde
     assert any("commit_page_idx" in step for step in plan), plan
     assert not any("file_repo_fp_path_idx" in step for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+@pytest.mark.skipif(
+    "sqlite" not in __import__("django.conf").conf.settings.DATABASES["default"]["ENGINE"],
+    reason="SQLite's query plan",
+)
+def test_a_rare_files_newest_commits_in_a_bounded_window_are_read_through_the_path_index(
+    tmp_path: Path,
+) -> None:
+    """``legacy/util.py`` has one stored row; the window (a start and an end) holds
+    twenty commits. Its newest commits are read from its rows through the path index,
+    each one's commit by key: not every commit of the window through the page index,
+    each probing the path index for that file's rows (SQLite's plan for a window with
+    both ends: 1.9 s for a file of six revisions in a 234,000-commit window,
+    docs/analytics.md#performance)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    log = git_log(origin)  # newest first
+    scope = Scope.of(repo, parse_window(log[-1].committed_at[:10], log[5].committed_at[:10]))
+    with CaptureQueriesContext(connection) as captured:
+        got = file_history(scope, "legacy/util.py", coupled=False)
+    assert got is not None
+    assert [c["sha"] for c in got["commits"]] == [
+        c.sha for c in git_log(origin, "--", "legacy/util.py")
+    ]
+    newest = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT c.sha")]
+    assert len(newest) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN QUERY PLAN {newest[0]}")
+        plan = [row[3] for row in cursor.fetchall()]
+    assert "SEARCH f USING INDEX file_repo_fp_path_idx" in plan[0], plan
+    assert any("SEARCH c USING INTEGER PRIMARY KEY" in step for step in plan), plan
+    assert not any("commit_page_idx" in step for step in plan), plan
+
+
+def test_a_busy_files_steps_in_a_window_with_a_start_bound_the_page_index_once(
+    tmp_path: Path,
+) -> None:
+    """Each step's bound on the committer date replaces the window's start: given both
+    lower bounds, SQLite ranged the page index from the window's start and filtered by
+    the bound, reading the whole window at each step (docs/analytics.md#performance)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    origin = build(tmp_path / "origin")
+    repo = analysed(origin)
+    log = git_log(origin)  # newest first
+    scope = Scope.of(repo, parse_window(log[-1].committed_at[:10], log[0].committed_at[:10]))
+    with CaptureQueriesContext(connection) as captured:
+        got = file_history(scope, "handbook/guide.md", limit=2, coupled=False)
+    assert got is not None
+    logged = [
+        c.sha for c in git_log(origin, "--", "handbook/guide.md") if inside(scope, c.committed_at)
+    ]
+    assert [c["sha"] for c in got["commits"]] == logged[:2]
+    newest = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT c.sha")]
+    if connection.vendor == "sqlite":
+        assert len(newest) == 1  # found among the window's eight newest commits
+    for sql in newest:
+        assert sql.count("c.committed_at >=") == 1, sql
