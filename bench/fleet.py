@@ -113,7 +113,7 @@ def main() -> None:
         "--write-slice",
         type=int,
         default=None,
-        help="GITWARD_WRITE_SLICE of the pool (default: the production default; "
+        help="GITWARD_SQLITE_WRITE_SLICE of the pool (default: the production default; "
         "a very large number: every chunk in one write transaction, as before slices)",
     )
     parser.add_argument(
@@ -242,7 +242,7 @@ def run_mode(args: Any) -> dict[str, Any]:
         if args.write_yield is not None:
             os.environ["GITWARD_BULK_WRITE_YIELD"] = str(args.write_yield)
         if args.write_slice is not None:
-            os.environ["GITWARD_WRITE_SLICE"] = str(args.write_slice)
+            os.environ["GITWARD_SQLITE_WRITE_SLICE"] = str(args.write_slice)
         if args.child.startswith("beside"):  # production chunks; the slot on or off
             os.environ["GITWARD_INTERACTIVE_WORKERS"] = "0" if args.child == "beside0" else "1"
         else:

@@ -360,11 +360,11 @@ BULK_NICE = env_int("GITWARD_BULK_NICE", 10, minimum=0, maximum=19)
 #: together) while an express job runs (docs/scheduling.md#bulk-writes-yield-to-express-work);
 #: 0: never.
 BULK_WRITE_YIELD = env_float("GITWARD_BULK_WRITE_YIELD", 10.0, minimum=0.0)
-#: The rows (commits and file rows) a bulk chunk writes between two looks at whether
-#: express work runs; if so it commits what it wrote and yields
-#: (docs/scheduling.md#bulk-writes-in-slices). With nobody waiting a chunk is one
+#: On SQLite, the rows (commits and file rows) a bulk chunk writes between two looks at
+#: whether express work waits for the write lock; if so it commits and yields
+#: (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). PostgreSQL writes a chunk in one
 #: transaction whatever its size.
-WRITE_SLICE = env_int("GITWARD_WRITE_SLICE", 1000, minimum=1)
+SQLITE_WRITE_SLICE = env_int("GITWARD_SQLITE_WRITE_SLICE", 1000, minimum=1)
 RETRY_BACKOFF = _seconds_list("GITWARD_RETRY_BACKOFF", env_list("GITWARD_RETRY_BACKOFF", "2,10"))
 WORKER_DEAD_AFTER = env_float("GITWARD_WORKER_DEAD_AFTER", 30.0, minimum=1.0)
 

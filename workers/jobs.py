@@ -367,7 +367,7 @@ def _analyze(attempt: runs.Attempt) -> str:
         if altered("analyze.alter_row", repo.name):
             records = _alter_one_row(records)
 
-        def between_slices() -> None:  # a large chunk's write lets express work in
+        def between_slices() -> None:  # SQLite: a large chunk's write let express work in
             failpoint("analyze.between_slices", repo.name)
             _yield_write(repo.name, allowance)
             lock.check()
@@ -512,10 +512,12 @@ def _yield_write(repo_name: str, allowance: list[float]) -> None:
     here by each wait), so a stream of small jobs delays a backfill's chunk by that much
     at most and never stalls it (docs/scheduling.md#bulk-writes-yield-to-express-work).
     On SQLite (one writer at a time) a large chunk's write started beside a small job
-    holds up every write of that job; on PostgreSQL its COPY, index maintenance and
-    foreign-key checks take the database server's CPU at full priority, whatever the
-    horse's niceness. Either way for one slice at most
-    (docs/scheduling.md#bulk-writes-in-slices), as the rest waits here.
+    holds up every write of that job, for one slice at most
+    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite), as the rest waits here. On
+    PostgreSQL the write's COPY, index maintenance and foreign-key checks run in the
+    database server at full priority, whatever the horse's niceness, and took the CPU
+    from the small job's every step; there the chunk is one transaction, so the yield
+    happens before it only.
     The chunk's lock stays held and renewed while it waits, and its fencing token is
     checked after (``lock.check``, ``write_chunk``).
 
@@ -543,9 +545,9 @@ def _yield_write(repo_name: str, allowance: list[float]) -> None:
 
 
 def _write_wanted(allowance: list[float]) -> bool:
-    """Asked by ``write_chunk`` after each slice of a chunk's write: whether to commit
-    now and let express work have the database (``_yield_write`` then holds the next
-    slice back), i.e. whether an express job runs while this bulk chunk still has yield
+    """Asked by ``write_chunk`` after each slice of a chunk's write on SQLite: whether to
+    commit now and let express work write (``_yield_write`` then holds the next slice
+    back), i.e. whether an express job runs while this bulk chunk still has yield
     allowance. With nobody waiting the chunk stays one transaction: committing after
     every slice cost a backfill alone half again its write time (two bulk writers
     handing the lock back and forth; BENCHMARKS.md, "On an idle machine"). Redis

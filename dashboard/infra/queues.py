@@ -419,9 +419,10 @@ def express_ended(job_id: str) -> None:
 def express_writing(name: str) -> Iterator[None]:
     """Around an interactive write that is not an RQ job (a submission from the form,
     the API or the CLI): counted as an express job running (``express_begun``, under
-    ``name`` plus a random suffix), so a bulk chunk begins no further write slice
-    meanwhile and the write waits for one slice at most
-    (docs/scheduling.md#bulk-writes-in-slices). Redis trouble: the write goes
+    ``name`` plus a random suffix), so a bulk chunk holds its write back meanwhile
+    (on SQLite it begins no further write slice, and the write waits for one slice at
+    most)
+    (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). Redis trouble: the write goes
     on unmarked (bulk writes then do not hold back for it; nothing else rests on the
     mark)."""
     key = f"{name}:{secrets.token_hex(6)}"

@@ -359,16 +359,15 @@ def write_chunk(
     6. Add the number of commit rows the database reported inserted to the stored
        count (``commit_counts.add_stored``), last, in the same transaction.
 
-    Step 5 goes slice by slice (about ``GITWARD_WRITE_SLICE`` rows each, ``_slices``),
-    and after each slice ``wanted()`` is asked whether express work should have the
-    database now (a bulk chunk's job: whether express work runs; on SQLite a large
-    chunk's transaction would hold the single write lock for seconds, on PostgreSQL its
-    COPY and index maintenance take the server's CPU at full priority). If so, the
-    transaction commits what it wrote so far (steps 5 and 6 for those slices),
-    ``pause()`` runs (the job holds its next slice back while express work runs and
-    checks its lease), and a new transaction goes on from step 2
-    (docs/scheduling.md#bulk-writes-in-slices). With nobody waiting it stays one
-    transaction, whatever its size. Only the transaction that writes
+    PostgreSQL does all of it in one transaction. On SQLite, whose single write lock a
+    large chunk's transaction would hold for seconds, step 5 goes slice by slice (about
+    ``GITWARD_SQLITE_WRITE_SLICE`` rows each, ``_slices``), and after each slice
+    ``wanted()`` is asked whether another writer should get the lock now (a bulk chunk's
+    job: whether express work runs). If so, the transaction commits what it wrote so
+    far (steps 5 and 6 for those slices), ``pause()`` runs (the job holds its next slice
+    back while express work runs and checks its lease), and a new transaction goes on
+    from step 2 (docs/scheduling.md#bulk-writes-in-slices-on-sqlite). With nobody
+    waiting it stays one transaction, as on PostgreSQL. Only the transaction that writes
     the last slice marks the chunk done, so a chunk is never done without every row; a
     crash or a lost lease between two transactions leaves whole commits stored and
     counted, which the chunk's next attempt skips (step 4), as it skips another chunk's.
@@ -380,7 +379,10 @@ def write_chunk(
             f"chunk {chunk.key}: git returned {len(got)} commits, {len(planned)} planned"
         )
     rows = _Rows(chunk.repository_id, chunk.fingerprint, records, token or 0)
-    parts = _slices(rows, int(settings.WRITE_SLICE))
+    if connection.vendor == "sqlite":
+        parts = _slices(rows, int(settings.SQLITE_WRITE_SLICE))
+    else:
+        parts = [range(len(rows.shas))]
     inserted = done = 0
     while done < len(parts):
         if done and pause is not None:

@@ -86,9 +86,9 @@ def submit_repository(
     queued, generation + 1) and only the caller whose UPDATE matched a row enqueues.
     The sync job id contains the generation, so even a repeated enqueue is one job.
 
-    The write counts as express work while it runs (``infra.express_writing``): a
-    backfill's chunk begins no further write slice meanwhile, so a submission waits for
-    one slice at most (docs/scheduling.md#bulk-writes-in-slices).
+    The write counts as express work while it runs (``infra.express_writing``): on
+    SQLite a backfill's chunk begins no further write slice meanwhile, so a submission
+    waits for one slice at most (docs/scheduling.md#bulk-writes-in-slices-on-sqlite).
     """
     with infra.express_writing("submit"), transaction.atomic():
         repo, created = get_or_create_repository(url=url, branch=branch, user=user)
