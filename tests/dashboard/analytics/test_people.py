@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from dashboard.analytics import people
 from dashboard.analytics.people import author_activity, authors, file_history
@@ -17,6 +19,21 @@ from dashboard.analytics.window import parse_window
 from tests.support.analytics_history import analysed, build, git_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+#: For the tests of SQLite's query plans (PostgreSQL chooses by its own statistics).
+sqlite_plan = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's query plan")
+
+
+def newest_commits_sql(captured: CaptureQueriesContext) -> list[str]:
+    """The statements ``people.newest_commits`` ran while ``captured``."""
+    return [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT c.sha")]
+
+
+def sqlite_plan_of(sql: str) -> list[str]:
+    """SQLite's ``EXPLAIN QUERY PLAN`` of ``sql``, a step per line."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+        return [row[3] for row in cursor.fetchall()]
 
 
 def monday(iso: str) -> str:
@@ -105,10 +122,7 @@ def test_one_files_newest_commits_equal_git_by_either_index(
                 assert raw == got
 
 
-@pytest.mark.skipif(
-    "sqlite" not in __import__("django.conf").conf.settings.DATABASES["default"]["ENGINE"],
-    reason="SQLite's query plan",
-)
+@sqlite_plan
 def test_a_busy_files_newest_commits_are_read_newest_first_through_the_page_index(
     tmp_path: Path,
 ) -> None:
@@ -117,28 +131,20 @@ def test_a_busy_files_newest_commits_are_read_newest_first_through_the_page_inde
     stopped early; not every revision of the file through the path index and then sorted
     (SQLite has no per-path statistics, and took that plan: 2.2 s for the busiest file
     of a 1,000,000-commit history, docs/analytics.md#performance)."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     repo = analysed(build(tmp_path / "origin"))
     scope = Scope.of(repo, parse_window())
     with CaptureQueriesContext(connection) as captured:
         got = file_history(scope, "handbook/guide.md", limit=2, coupled=False)
     assert got is not None and len(got["commits"]) == 2
-    newest = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT c.sha")]
+    newest = newest_commits_sql(captured)
     assert len(newest) == 1
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN QUERY PLAN {newest[0]}")
-        plan = [row[3] for row in cursor.fetchall()]
+    plan = sqlite_plan_of(newest[0])
     assert any("commit_page_idx" in step for step in plan), plan
     assert not any("file_repo_fp_path_idx" in step for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
 
 
-@pytest.mark.skipif(
-    "sqlite" not in __import__("django.conf").conf.settings.DATABASES["default"]["ENGINE"],
-    reason="SQLite's query plan",
-)
+@sqlite_plan
 def test_a_rare_files_newest_commits_in_a_bounded_window_are_read_through_the_path_index(
     tmp_path: Path,
 ) -> None:
@@ -148,9 +154,6 @@ def test_a_rare_files_newest_commits_in_a_bounded_window_are_read_through_the_pa
     each probing the path index for that file's rows (SQLite's plan for a window with
     both ends: 1.9 s for a file of six revisions in a 234,000-commit window,
     docs/analytics.md#performance)."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     origin = build(tmp_path / "origin")
     repo = analysed(origin)
     log = git_log(origin)  # newest first
@@ -161,11 +164,9 @@ def test_a_rare_files_newest_commits_in_a_bounded_window_are_read_through_the_pa
     assert [c["sha"] for c in got["commits"]] == [
         c.sha for c in git_log(origin, "--", "legacy/util.py")
     ]
-    newest = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT c.sha")]
+    newest = newest_commits_sql(captured)
     assert len(newest) == 1
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN QUERY PLAN {newest[0]}")
-        plan = [row[3] for row in cursor.fetchall()]
+    plan = sqlite_plan_of(newest[0])
     assert "SEARCH f USING INDEX file_repo_fp_path_idx" in plan[0], plan
     assert any("SEARCH c USING INTEGER PRIMARY KEY" in step for step in plan), plan
     assert not any("commit_page_idx" in step for step in plan), plan
@@ -177,9 +178,6 @@ def test_a_busy_files_steps_in_a_window_with_a_start_bound_the_page_index_once(
     """Each step's bound on the committer date replaces the window's start: given both
     lower bounds, SQLite ranged the page index from the window's start and filtered by
     the bound, reading the whole window at each step (docs/analytics.md#performance)."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     origin = build(tmp_path / "origin")
     repo = analysed(origin)
     log = git_log(origin)  # newest first
@@ -191,7 +189,7 @@ def test_a_busy_files_steps_in_a_window_with_a_start_bound_the_page_index_once(
         c.sha for c in git_log(origin, "--", "handbook/guide.md") if inside(scope, c.committed_at)
     ]
     assert [c["sha"] for c in got["commits"]] == logged[:2]
-    newest = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT c.sha")]
+    newest = newest_commits_sql(captured)
     if connection.vendor == "sqlite":
         assert len(newest) == 1  # found among the window's eight newest commits
     for sql in newest:
